@@ -1,0 +1,1 @@
+"""The `cts` command line: one typer sub-app per package, nothing else."""

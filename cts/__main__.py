@@ -1,0 +1,3 @@
+from cts.cli import main
+
+main()

@@ -1,0 +1,27 @@
+"""The `cts` command: mounts each package's sub-app."""
+
+from __future__ import annotations
+
+import typer
+
+from eval import cli as eval_cli
+from serving import cli as serving_cli
+
+app = typer.Typer(
+    help="Clarify-Then-Search: does a clarification question, asked before a deep search, "
+    "restore what a vague query left out? Runs the benchmark on local models.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+serving_cli.app.command("check")(eval_cli.models_check)
+app.add_typer(serving_cli.app, name="models")
+app.add_typer(eval_cli.config_app, name="config")
+app.command("run")(eval_cli.run)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2 @@
+"""Datasets, the pipeline per condition, the runner, scoring, diagnostics, reports, golden
+construction — and the experiment configs that drive them."""

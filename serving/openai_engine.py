@@ -1,0 +1,173 @@
+"""Any OpenAI-compatible chat server, vLLM first.
+
+Constraints travel as vLLM's `structured_outputs` (json / choice / regex) or, for JSON, as
+`response_format` json_schema. Never as `guided_json`, `guided_choice`, …: vLLM >= 0.12 ignores
+those silently and answers 200 with unconstrained text. The base class validates every
+constrained answer anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from typing import Any, Literal
+
+import httpx
+
+from serving.engine import Engine
+from serving.errors import EngineError, EngineUnavailable
+from serving.types import (
+    ChatRequest,
+    ChatResponse,
+    ChoiceOutput,
+    JsonSchemaOutput,
+    OutputSpec,
+    RegexOutput,
+    Usage,
+)
+
+ConstraintField = Literal["structured_outputs", "response_format"]
+_RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+def constraint_fields(spec: OutputSpec, prefer: ConstraintField) -> dict[str, Any]:
+    """The request-body fields that carry `spec`."""
+    if isinstance(spec, JsonSchemaOutput):
+        if prefer == "response_format":
+            return {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": spec.name, "schema": spec.json_schema, "strict": True},
+                }
+            }
+        return {"structured_outputs": {"json": spec.json_schema}}
+    if isinstance(spec, ChoiceOutput):
+        return {"structured_outputs": {"choice": list(spec.choices)}}
+    if isinstance(spec, RegexOutput):
+        return {"structured_outputs": {"regex": spec.pattern}}
+    raise TypeError(f"unknown output spec {spec!r}")
+
+
+class OpenAIEngine(Engine):
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        *,
+        api_key_env: str | None = None,
+        max_concurrency: int = 8,
+        timeout_s: float = 120.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        constraint_field: ConstraintField = "structured_outputs",
+        chat_template_kwargs: dict[str, Any] | None = None,
+        revision: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.identity = f"openai:{model}@{revision or 'served'}"
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.constraint_field = constraint_field
+        self.chat_template_kwargs = chat_template_kwargs or {}
+        headers = {}
+        if api_key_env:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise EngineError(f"{model}: environment variable {api_key_env} is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        self._timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+        self._headers = headers
+        self._client: httpx.AsyncClient | None = None
+        self._max_concurrency = max_concurrency
+        self._semaphore: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: The last request body sent, for tests that check what went over the wire.
+        self.last_body: dict[str, Any] | None = None
+
+    def body(self, request: ChatRequest) -> dict[str, Any]:
+        s = request.sampling
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.model_dump() for m in request.messages],
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "max_tokens": s.max_tokens,
+        }
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if s.repetition_penalty != 1.0:
+            body["repetition_penalty"] = s.repetition_penalty  # vLLM extension
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
+        if request.output is not None:
+            body.update(constraint_fields(request.output, self.constraint_field))
+        return body
+
+    def _session(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._semaphore is None or self._loop is not loop:
+            # Clients and semaphores are bound to one event loop.
+            self._loop = loop
+            self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+            self._semaphore = asyncio.Semaphore(self._max_concurrency)
+        return self._client, self._semaphore
+
+    async def _complete(self, request: ChatRequest) -> ChatResponse:
+        body = self.body(request)
+        self.last_body = body
+        client, semaphore = self._session()
+        last_error = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
+                await asyncio.sleep(delay)
+            started = time.perf_counter()
+            try:
+                async with semaphore:
+                    reply = await client.post(self.url, json=body)
+            except (httpx.TransportError, httpx.TimeoutException) as e:
+                last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                continue
+            if reply.status_code in _RETRYABLE_STATUS:
+                last_error = f"HTTP {reply.status_code}: {reply.text[:300]}"
+                continue
+            if reply.status_code != 200:
+                raise EngineError(
+                    f"{self.url} (model {self.model}) refused the request: "
+                    f"HTTP {reply.status_code}: {reply.text[:500]}"
+                )
+            return self._response(reply.json(), time.perf_counter() - started)
+        raise EngineUnavailable(
+            f"{self.url} (model {self.model}): {self.max_retries + 1} attempts failed; "
+            f"last error: {last_error}"
+        )
+
+    def _response(self, payload: dict[str, Any], latency: float) -> ChatResponse:
+        try:
+            choice = payload["choices"][0]
+            text = choice["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError) as e:
+            raise EngineError(f"{self.url}: malformed reply {str(payload)[:300]}") from e
+        usage = payload.get("usage") or {}
+        finish = choice.get("finish_reason") or "stop"
+        return ChatResponse(
+            text=text,
+            finish_reason="length" if finish == "length" else "stop",
+            usage=Usage(
+                prompt_tokens=usage.get("prompt_tokens", 0),
+                completion_tokens=usage.get("completion_tokens", 0),
+            ),
+            latency_s=latency,
+        )
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

@@ -1,0 +1,57 @@
+"""Client-side validation of constrained answers.
+
+Servers can drop a constraint without saying so (vLLM >= 0.12 ignores the old `guided_*` fields
+and still answers 200), so every constrained answer is checked here, whatever produced it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+import jsonschema
+
+from serving.errors import ConstrainedOutputError
+from serving.types import ChoiceOutput, JsonSchemaOutput, OutputSpec, RegexOutput
+
+
+@lru_cache(maxsize=256)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+_validators = lru_cache(maxsize=256)(_validator)
+
+
+def validate_output(spec: OutputSpec, text: str) -> Any:
+    """Return the parsed value of `text` under `spec`, or raise ConstrainedOutputError."""
+    if isinstance(spec, ChoiceOutput):
+        if text not in spec.choices:
+            raise ConstrainedOutputError(f"answer is not one of {list(spec.choices)}", text)
+        return text
+    if isinstance(spec, RegexOutput):
+        if _compiled(spec.pattern).fullmatch(text) is None:
+            raise ConstrainedOutputError(f"answer does not match /{spec.pattern}/", text)
+        return text
+    if isinstance(spec, JsonSchemaOutput):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConstrainedOutputError(f"answer is not JSON ({e.msg} at {e.pos})", text) from e
+        validator = _validators(json.dumps(spec.json_schema, sort_keys=True))
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "<root>"
+            raise ConstrainedOutputError(
+                f"answer violates schema {spec.name!r} at {where}: {error.message}", text
+            )
+        return value
+    raise TypeError(f"unknown output spec {spec!r}")

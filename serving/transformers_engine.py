@@ -1,0 +1,237 @@
+"""In-process Hugging Face model; constraints through outlines; concurrent requests batched.
+
+Requests from many coroutines go into one queue; a worker drains it, groups requests that share
+sampling settings and runs each group as one left-padded `generate` call in a thread. Each row
+carries its own outlines logits processor (so one batch can mix JSON, choice, regex and free
+text) and its own stop rule (max_tokens, stop strings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from serving.batching import BatchingEngine
+from serving.errors import EngineError
+from serving.types import (
+    ChatRequest,
+    ChatResponse,
+    ChoiceOutput,
+    JsonSchemaOutput,
+    OutputSpec,
+    RegexOutput,
+    Usage,
+)
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def output_regex(spec: OutputSpec) -> str:
+    """The regex outlines compiles for a spec (JSON schemas go through outlines_core)."""
+    if isinstance(spec, RegexOutput):
+        return spec.pattern
+    if isinstance(spec, ChoiceOutput):
+        return "(" + "|".join(re.escape(c) for c in spec.choices) + ")"
+    if isinstance(spec, JsonSchemaOutput):
+        from outlines_core.json_schema import build_regex_from_schema
+
+        # Compact whitespace: the tiny model otherwise pads JSON with runs of newlines.
+        return build_regex_from_schema(json.dumps(spec.json_schema), r"[ ]?")
+    raise TypeError(f"unknown output spec {spec!r}")
+
+
+def weights_fingerprint(path: str) -> str:
+    """Cheap identity of a local checkpoint (config + weight file names, sizes, mtimes)."""
+    root = Path(path)
+    if not root.is_dir():
+        return path  # a hub id: the revision in the model config pins it
+    h = hashlib.sha256()
+    for p in sorted(root.iterdir()):
+        if p.suffix in {".json", ".safetensors", ".bin", ".jinja", ".model"}:
+            st = p.stat()
+            h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+class TransformersEngine(BatchingEngine):
+    def __init__(
+        self,
+        model: str,
+        path: str,
+        *,
+        dtype: str = "float32",
+        revision: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        max_batch_size: int = 8,
+        threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.path = path
+        self.dtype = dtype
+        self.revision = revision
+        self.chat_template_kwargs = chat_template_kwargs or {}
+        self.max_batch_size = max_batch_size
+        self.threads = threads
+        self.identity = (
+            f"transformers:{model}:{path}@{revision or weights_fingerprint(path)}:{dtype}"
+        )
+        self._load_lock = threading.Lock()
+        self._hf: Any = None
+        self._tokenizer: Any = None
+        self._backend: Any = None
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load weights and tokenizer (idempotent; runs in the worker thread on first use)."""
+        with self._load_lock:
+            if self._hf is not None:
+                return
+            import outlines
+            import torch
+            from outlines.backends.outlines_core import OutlinesCoreBackend
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            if self.threads:
+                torch.set_num_threads(self.threads)
+            tokenizer = AutoTokenizer.from_pretrained(self.path, revision=self.revision)
+            tokenizer.padding_side = "left"
+            if tokenizer.pad_token_id is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            dtype = getattr(torch, _DTYPES.get(self.dtype, "float32"))
+            hf = AutoModelForCausalLM.from_pretrained(
+                self.path, revision=self.revision, dtype=dtype
+            )
+            hf.eval()
+            self._backend = OutlinesCoreBackend(outlines.from_transformers(hf, tokenizer))
+            self._tokenizer = tokenizer
+            self._hf = hf
+
+    @lru_cache(maxsize=512)  # noqa: B019 - one engine per model for the process's lifetime
+    def _index(self, regex: str) -> Any:
+        from outlines_core import Index
+
+        return Index(regex, self._backend.vocabulary)
+
+    def _processor(self, spec: OutputSpec | None) -> Any:
+        if spec is None:
+            return None
+        from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
+
+        try:
+            index = self._index(output_regex(spec))
+        except Exception as e:  # outlines_core raises plain ValueErrors for unsupported regex
+            raise EngineError(f"{self.model}: cannot compile output constraint: {e}") from e
+        return OutlinesCoreLogitsProcessor(index, "torch")
+
+    def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        # One generate() call can only use one sampling setting: group by it.
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for i, r in enumerate(requests):
+            s = r.sampling
+            groups.setdefault((s.temperature, s.top_p, s.repetition_penalty, s.seed), []).append(i)
+        results: list[ChatResponse | None] = [None] * len(requests)
+        for indices in groups.values():
+            for i, response in zip(indices, self._generate([requests[i] for i in indices])):
+                results[i] = response
+        return [r for r in results if r is not None]
+
+    # -- the batched generate call ---------------------------------------------------------------
+
+    def _generate(self, rows: list[ChatRequest]) -> list[ChatResponse]:
+        import torch
+        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
+
+        self.load()
+        tok = self._tokenizer
+        started = time.perf_counter()
+        prompts = [
+            tok.apply_chat_template(
+                [m.model_dump() for m in p.messages],
+                tokenize=False,
+                add_generation_prompt=True,
+                **self.chat_template_kwargs,
+            )
+            for p in rows
+        ]
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        prompt_len = enc["input_ids"].shape[1]
+        processors = [self._processor(p.output) for p in rows]
+        limits = [p.sampling.max_tokens for p in rows]
+        stops = [p.sampling.stop for p in rows]
+        done = [False] * len(rows)
+
+        class RowConstraints(LogitsProcessor):
+            """One outlines processor per row; finished rows are left alone."""
+
+            def __call__(self, input_ids: Any, scores: Any) -> Any:
+                for i, proc in enumerate(processors):
+                    if proc is not None and not done[i]:
+                        scores[i : i + 1] = proc(input_ids[i : i + 1], scores[i : i + 1])
+                return scores
+
+        class RowStops(StoppingCriteria):
+            """Per-row max_tokens and stop strings (HF's own rules are batch-wide)."""
+
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                generated = input_ids[:, prompt_len:]
+                flags = []
+                for i in range(len(rows)):
+                    if not done[i]:
+                        n = generated.shape[1]
+                        hit_stop = bool(stops[i]) and any(
+                            s in tok.decode(generated[i, -16:]) for s in stops[i]
+                        )
+                        done[i] = n >= limits[i] or hit_stop
+                    flags.append(done[i])
+                return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
+
+        s = rows[0].sampling
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max(limits),
+            "logits_processor": LogitsProcessorList([RowConstraints()]),
+            "stopping_criteria": [RowStops()],
+            "pad_token_id": tok.pad_token_id,
+            "do_sample": s.temperature > 0,
+        }
+        if s.temperature > 0:
+            kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if s.repetition_penalty != 1.0:
+            kwargs["repetition_penalty"] = s.repetition_penalty
+        with torch.inference_mode():
+            if s.seed is not None:
+                torch.manual_seed(s.seed)
+            out = self._hf.generate(**enc, **kwargs)
+        latency = time.perf_counter() - started
+
+        responses = []
+        eos = {tok.eos_token_id, tok.pad_token_id}
+        for i, p in enumerate(rows):
+            ids = out[i, prompt_len:].tolist()
+            n_prompt = int(enc["attention_mask"][i].sum())
+            ended = next((j for j, t in enumerate(ids) if t in eos), None)
+            body = ids if ended is None else ids[:ended]
+            text = tok.decode(body, skip_special_tokens=True)
+            finish = "stop" if ended is not None else "length"
+            cuts = [text.index(stop) for stop in p.sampling.stop if stop in text]
+            if cuts:
+                text, finish = text[: min(cuts)], "stop"
+            completion = len(body) + (1 if ended is not None else 0)
+            responses.append(
+                ChatResponse(
+                    text=text,
+                    finish_reason=finish,
+                    usage=Usage(prompt_tokens=n_prompt, completion_tokens=completion),
+                    latency_s=latency,
+                )
+            )
+        return responses

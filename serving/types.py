@@ -1,0 +1,95 @@
+"""The one request/response shape every model call goes through, whatever runs the model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Message(_Frozen):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Sampling(_Frozen):
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(256, gt=0)
+    seed: int | None = 0
+    stop: tuple[str, ...] = ()
+    repetition_penalty: float = Field(1.0, gt=0.0)
+
+
+class JsonSchemaOutput(_Frozen):
+    """Output must be one JSON value valid against `json_schema`."""
+
+    kind: Literal["json"] = "json"
+    name: str = "output"
+    json_schema: dict[str, Any]
+
+    @classmethod
+    def of(cls, model: type[BaseModel]) -> JsonSchemaOutput:
+        return cls(name=model.__name__, json_schema=model.model_json_schema())
+
+
+class ChoiceOutput(_Frozen):
+    """Output must be exactly one of `choices`."""
+
+    kind: Literal["choice"] = "choice"
+    choices: tuple[str, ...] = Field(min_length=1)
+
+
+class RegexOutput(_Frozen):
+    """Output must fully match `pattern` (Python `re` syntax, no flags)."""
+
+    kind: Literal["regex"] = "regex"
+    pattern: str
+
+
+OutputSpec = Annotated[JsonSchemaOutput | ChoiceOutput | RegexOutput, Field(discriminator="kind")]
+
+
+class ChatRequest(_Frozen):
+    messages: tuple[Message, ...] = Field(min_length=1)
+    sampling: Sampling = Sampling()
+    output: OutputSpec | None = None
+
+    @classmethod
+    def of(
+        cls,
+        messages: list[dict[str, str]] | list[Message],
+        output: OutputSpec | None = None,
+        **sampling: Any,
+    ) -> ChatRequest:
+        msgs = tuple(m if isinstance(m, Message) else Message(**m) for m in messages)
+        return cls(messages=msgs, sampling=Sampling(**sampling), output=output)
+
+    def key(self, engine_identity: str) -> str:
+        """Cache key: engine identity (which includes the model) + messages + sampling + output."""
+        payload = {"engine": engine_identity, "request": self.model_dump(mode="json")}
+        blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class Usage(_Frozen):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class ChatResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    # The validated value of a constrained answer: the decoded JSON, the choice, or the match.
+    parsed: Any = None
+    finish_reason: Literal["stop", "length", "error"] = "stop"
+    usage: Usage = Usage()
+    latency_s: float = 0.0
+    cached: bool = False

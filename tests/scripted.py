@@ -1,0 +1,35 @@
+"""A scripted engine for logic and fault-injection tests (never for model behaviour)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from serving.engine import Engine
+from serving.errors import EngineError
+from serving.types import ChatRequest, ChatResponse, Usage
+
+Script = Callable[[ChatRequest], str | Exception]
+
+
+class ScriptedEngine(Engine):
+    """Answers each request with `script(request)`; an Exception result is raised instead."""
+
+    def __init__(self, script: Script, name: str = "scripted", delay_s: float = 0.0) -> None:
+        super().__init__()
+        self.model = name
+        self.identity = f"scripted:{name}"
+        self.script = script
+        self.delay_s = delay_s
+        self.requests: list[ChatRequest] = []
+
+    async def _complete(self, request: ChatRequest) -> ChatResponse:
+        self.requests.append(request)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        result = self.script(request)
+        if isinstance(result, EngineError):
+            raise result
+        if isinstance(result, Exception):
+            raise EngineError(str(result))
+        return ChatResponse(text=result, usage=Usage(prompt_tokens=3, completion_tokens=2))

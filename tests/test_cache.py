@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import sqlite3
+
+import pytest
+
+from serving.cache import CachedEngine, ResponseCache
+from serving.errors import ConstrainedOutputError
+from serving.types import ChatRequest, ChoiceOutput
+from tests.scripted import ScriptedEngine
+
+
+def requests(n: int, seed: int | None = 0) -> list[ChatRequest]:
+    return [ChatRequest.of([{"role": "user", "content": f"q{i}"}], seed=seed) for i in range(n)]
+
+
+async def run_all(engine, reqs):
+    return await asyncio.gather(*(engine.chat(r) for r in reqs))
+
+
+def test_second_identical_run_makes_zero_model_calls(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    first = ScriptedEngine(lambda r: "answer " + r.messages[0].content)
+    out1 = asyncio.run(run_all(CachedEngine(first, ResponseCache(path)), requests(10)))
+    assert len(first.requests) == 10
+
+    second = ScriptedEngine(lambda r: pytest.fail("the model was called on a re-run"))
+    cache = ResponseCache(path)  # a new process would open the file afresh, like this
+    out2 = asyncio.run(run_all(CachedEngine(second, cache), requests(10)))
+    assert second.requests == []
+    assert [r.text for r in out2] == [r.text for r in out1]
+    assert all(r.cached for r in out2)
+    assert cache.stats() == {"hits": 10, "misses": 0}
+
+
+def test_unseeded_requests_bypass_the_cache(tmp_path):
+    engine = ScriptedEngine(lambda r: "x")
+    cached = CachedEngine(engine, ResponseCache(tmp_path / "c.sqlite"))
+    asyncio.run(run_all(cached, requests(3, seed=None)))
+    asyncio.run(run_all(cached, requests(3, seed=None)))
+    assert len(engine.requests) == 6
+
+
+def test_identical_concurrent_requests_share_one_call(tmp_path):
+    engine = ScriptedEngine(lambda r: "x", delay_s=0.05)
+    cached = CachedEngine(engine, ResponseCache(tmp_path / "c.sqlite"))
+    out = asyncio.run(run_all(cached, requests(1) * 5))
+    assert len(engine.requests) == 1
+    assert sum(r.cached for r in out) == 4
+
+
+def test_errors_and_invalid_answers_are_never_cached(tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    engine = ScriptedEngine(lambda r: "maybe")
+    cached = CachedEngine(engine, cache)
+    req = ChatRequest.of([{"role": "user", "content": "?"}], ChoiceOutput(choices=("yes", "no")))
+    for _ in range(2):
+        with pytest.raises(ConstrainedOutputError):
+            asyncio.run(cached.chat(req))
+    assert len(engine.requests) == 2
+    assert len(cache) == 0
+    assert engine.stats.errors == {"constrained_output_invalid": 2}
+
+
+def _writer(path: str, worker: int, n: int) -> None:
+    async def go() -> None:
+        engine = ScriptedEngine(lambda r: f"{r.messages[0].content} by {worker}")
+        cached = CachedEngine(engine, ResponseCache(path))
+        # Half the keys are shared by every worker, half are the worker's own.
+        shared = [ChatRequest.of([{"role": "user", "content": f"shared{i}"}]) for i in range(n)]
+        own = [ChatRequest.of([{"role": "user", "content": f"w{worker}-{i}"}]) for i in range(n)]
+        for r in [x for pair in zip(shared, own) for x in pair]:
+            await cached.chat(r)
+
+    asyncio.run(go())
+
+
+def test_processes_sharing_one_cache_file_leave_it_consistent(tmp_path):
+    path = str(tmp_path / "shared.sqlite")
+    ctx = mp.get_context("spawn")
+    workers = [ctx.Process(target=_writer, args=(path, w, 150)) for w in range(4)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert db.execute("SELECT COUNT(*) FROM responses").fetchone() == (150 + 4 * 150,)
+    cache = ResponseCache(path)
+    for i in range(150):
+        key = ChatRequest.of([{"role": "user", "content": f"shared{i}"}]).key("scripted:scripted")
+        hit = cache.get(key)
+        assert hit is not None and hit.text.startswith(f"shared{i} by ")

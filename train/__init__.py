@@ -1,0 +1,1 @@
+"""Clarifier fine-tuning against restore scores: sampling, preference pairs, TRL trainers."""
