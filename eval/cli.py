@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -25,7 +24,7 @@ SET_HELP = "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (re
 config_app = typer.Typer(help="Inspect experiment configs.", no_args_is_help=True)
 
 
-def _load(config: Optional[str], overrides: list[str]) -> ResolvedExperiment:
+def _load(config: str | None, overrides: list[str]) -> ResolvedExperiment:
     try:
         return load_experiment(config, overrides)
     except ConfigError as e:
@@ -35,7 +34,7 @@ def _load(config: Optional[str], overrides: list[str]) -> ResolvedExperiment:
 
 @config_app.command("show")
 def config_show(
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Print the resolved config: the experiment with every role's model config filled in."""
@@ -46,15 +45,21 @@ def _checks_table(checks: list[ModelCheck]) -> Table:
     table = Table("model", "engine", "roles", "answer", "tokens in/out", "tok/s", "cached")
     for c in checks:
         answer = f"[red]{c.error}[/red]" if c.error else c.text
-        table.add_row(c.model, c.engine, ", ".join(c.roles), answer,
-                      f"{c.prompt_tokens}/{c.completion_tokens}", f"{c.tokens_per_s:.1f}",
-                      "yes" if c.cached else "no")
+        table.add_row(
+            c.model,
+            c.engine,
+            ", ".join(c.roles),
+            answer,
+            f"{c.prompt_tokens}/{c.completion_tokens}",
+            f"{c.tokens_per_s:.1f}",
+            "yes" if c.cached else "no",
+        )
     return table
 
 
 def models_check(
     role: str = typer.Option(..., "--role", "-r", help="Role whose configured model to check."),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     prompt: str = typer.Option(DEFAULT_PROMPT, help="The prompt to send."),
     structured: bool = typer.Option(False, help="Ask for a JSON-schema constrained answer."),
@@ -66,11 +71,12 @@ def models_check(
     includes loading the model on first use)."""
     resolved = _load(config, set_)
     if role not in resolved.experiment.roles:
-        err_console.print(f"unknown role {role!r}; this config has: "
-                          f"{', '.join(resolved.experiment.roles)}")
+        err_console.print(
+            f"unknown role {role!r}; this config has: {', '.join(resolved.experiment.roles)}"
+        )
         raise typer.Exit(2)
     checks, _ = asyncio.run(
-        check_models(resolved, [role], prompt, structured=structured, use_cache=False)  # type: ignore[list-item]
+        check_models(resolved, [role], prompt, structured=structured, use_cache=False)
     )
     console.print(_checks_table(checks))
     if checks[0].error:
@@ -78,9 +84,9 @@ def models_check(
 
 
 def run(
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-    output_dir: Optional[Path] = typer.Option(None, help="Run directory (default from config)."),
+    output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
 ) -> None:
     """Run an experiment (default: configs/experiments/quickstart.yaml).
 
@@ -97,8 +103,12 @@ def run(
     with (out / "model_check.jsonl").open("w") as f:
         for c in checks:
             f.write(json.dumps(c.as_dict(), ensure_ascii=False) + "\n")
-    summary = {"experiment": resolved.experiment.name, "stage": "model_check",
-               "failures": sum(1 for c in checks if c.error), "engines": stats}
+    summary = {
+        "experiment": resolved.experiment.name,
+        "stage": "model_check",
+        "failures": sum(1 for c in checks if c.error),
+        "engines": stats,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(_checks_table(checks))
     console.print(

@@ -159,7 +159,10 @@ def versions() -> dict[str, str | None]:
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"],
-            capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5,
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha = ""

@@ -3,8 +3,8 @@ the shared response cache."""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from eval.config import ResolvedExperiment, Role
@@ -33,9 +33,7 @@ async def open_engines(
     experiment = resolved.experiment
     cache_config = experiment.cache
     cache = (
-        ResponseCache(cache_config.resolved_path())
-        if use_cache and cache_config.enabled
-        else None
+        ResponseCache(cache_config.resolved_path()) if use_cache and cache_config.enabled else None
     )
     by_model: dict[str, ChatModel] = {}
     by_role: dict[Role, ChatModel] = {}

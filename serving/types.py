@@ -68,7 +68,7 @@ class ChatRequest(_Frozen):
         output: OutputSpec | None = None,
         **sampling: Any,
     ) -> ChatRequest:
-        msgs = tuple(m if isinstance(m, Message) else Message(**m) for m in messages)
+        msgs = tuple(m if isinstance(m, Message) else Message.model_validate(m) for m in messages)
         return cls(messages=msgs, sampling=Sampling(**sampling), output=output)
 
     def key(self, engine_identity: str) -> str:

@@ -59,8 +59,17 @@ class VllmServer:
             head = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model"]
         else:
             head = ["vllm", "serve"]
-        return [*head, self.model_path, "--served-model-name", self.served_name,
-                "--host", self.host, "--port", str(self.port), *self.args]
+        return [
+            *head,
+            self.model_path,
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
 
     def start(self) -> VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +98,10 @@ class VllmServer:
                     f"ready; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
                 )
             try:
-                if httpx.get(f"http://{self.host}:{self.port}/health", timeout=2).status_code == 200:
+                if (
+                    httpx.get(f"http://{self.host}:{self.port}/health", timeout=2).status_code
+                    == 200
+                ):
                     return time.monotonic() - started
             except httpx.HTTPError:
                 pass

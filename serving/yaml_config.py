@@ -95,7 +95,8 @@ def format_validation_error(
     file's section)."""
     problems = []
     for err in error.errors():
-        loc = tuple(str(p) for p in err["loc"])
+        # pydantic appends "[key]" when a mapping key (not its value) is invalid.
+        loc = tuple(str(p) for p in err["loc"] if p != "[key]")
         key = ".".join(prefix + loc) or "<root>"
         message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         if any(loc[: len(o)] == o for o in overridden or ()):
@@ -131,9 +132,7 @@ def key_paths(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[s
     return paths
 
 
-def load_config(
-    cls: type[M], path: Path, overrides: list[str] | None = None, **context: Any
-) -> M:
+def load_config(cls: type[M], path: Path, overrides: list[str] | None = None, **context: Any) -> M:
     """Read, override and validate one YAML file as `cls`; raise ConfigError on any problem."""
     data, lines = read_yaml(path)
     overridden = apply_overrides(data, overrides or [])

@@ -71,7 +71,7 @@ def _writer(path: str, worker: int, n: int) -> None:
         # Half the keys are shared by every worker, half are the worker's own.
         shared = [ChatRequest.of([{"role": "user", "content": f"shared{i}"}]) for i in range(n)]
         own = [ChatRequest.of([{"role": "user", "content": f"w{worker}-{i}"}]) for i in range(n)]
-        for r in [x for pair in zip(shared, own) for x in pair]:
+        for r in [x for pair in zip(shared, own, strict=True) for x in pair]:
             await cached.chat(r)
 
     asyncio.run(go())

@@ -52,7 +52,9 @@ def test_cache_key_covers_everything_that_changes_the_answer():
         base.key("engine-b"),
         ChatRequest.of([{"role": "user", "content": "hi!"}], seed=0).key("engine-a"),
         ChatRequest.of([{"role": "user", "content": "hi"}], seed=1).key("engine-a"),
-        ChatRequest.of([{"role": "user", "content": "hi"}], seed=0, temperature=0.7).key("engine-a"),
+        ChatRequest.of([{"role": "user", "content": "hi"}], seed=0, temperature=0.7).key(
+            "engine-a"
+        ),
         ChatRequest.of([{"role": "user", "content": "hi"}], SCHEMA, seed=0).key("engine-a"),
         ChatRequest.of(
             [{"role": "user", "content": "hi"}], ChoiceOutput(choices=("a",)), seed=0

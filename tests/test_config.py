@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from configs import CONFIG_DIR
+from eval.config import load_experiment
+from serving.model_config import load_model_config
+from serving.yaml_config import ConfigError
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user's own config tree: experiments/ beside models/."""
+    write(
+        tmp_path / "models" / "mine.yaml",
+        "name: mine\npath: /ckpt/mine\nengine: openai\nendpoint: http://127.0.0.1:9/v1\n",
+    )
+    write(
+        tmp_path / "experiments" / "exp.yaml",
+        (
+            "name: exp\n"
+            "roles:\n"
+            "  clarifier: {model: mine}\n"
+            "  judge: {model: smollm2-135m-instruct}\n"
+        ),
+    )
+    return tmp_path
+
+
+def test_every_shipped_config_loads():
+    for file in (CONFIG_DIR / "models").glob("*.yaml"):
+        load_model_config(file)
+    for file in (CONFIG_DIR / "experiments").glob("*.yaml"):
+        load_experiment(file)
+
+
+def test_default_is_the_quickstart():
+    resolved = load_experiment()
+    assert resolved.experiment.name == "quickstart"
+    assert resolved.model_for("clarifier").path == "tiny:smollm2-135m-instruct"
+
+
+def test_models_resolve_from_sibling_folder_then_shipped(project):
+    resolved = load_experiment(project / "experiments" / "exp.yaml")
+    assert resolved.model_for("clarifier").path == "/ckpt/mine"
+    assert resolved.model_files["smollm2-135m-instruct"] == (
+        CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml"
+    )
+
+
+def test_swapping_a_checkpoint_is_one_line(project):
+    exp = project / "experiments" / "exp.yaml"
+    exp.write_text(
+        exp.read_text().replace(
+            "clarifier: {model: mine}", "clarifier: {model: smollm2-135m-instruct}"
+        )
+    )
+    assert load_experiment(exp).model_for("clarifier").name == "smollm2-135m-instruct"
+    # … or on the command line, without touching the file.
+    resolved = load_experiment(exp, ["roles.judge.model=mine"])
+    assert resolved.model_for("judge").path == "/ckpt/mine"
+
+
+def test_set_overrides_parse_yaml_values():
+    resolved = load_experiment(
+        None, ["seeds=[1, 2]", "dataset.limit=5", "models.smollm2-135m-instruct.dtype=float32"]
+    )
+    assert resolved.experiment.seeds == [1, 2]
+    assert resolved.experiment.dataset.limit == 5
+    assert resolved.model_for("judge").dtype == "float32"
+    assert resolved.model_for("judge").engine == "transformers"  # the rest of the file stays
+
+
+def test_role_sampling_overrides_model_defaults():
+    resolved = load_experiment(None, ["roles.clarifier.sampling.temperature=0.7"])
+    assert resolved.sampling_for("clarifier").temperature == 0.7
+    assert resolved.sampling_for("judge").temperature == 0.0
+    assert resolved.sampling_for("judge", max_tokens=9).max_tokens == 9
+
+
+def test_unknown_key_names_file_line_and_key(project):
+    exp = write(
+        project / "experiments" / "bad.yaml",
+        "name: bad\nroles:\n  clarifier: {model: mine}\nbudgets:\n  max_question: 2\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_experiment(exp)
+    assert str(e.value) == f"{exp}:5: budgets.max_question: unknown key"
+
+
+def test_wrong_type_names_file_line_and_key(project):
+    exp = write(
+        project / "experiments" / "bad.yaml",
+        "name: bad\nroles:\n  clarifier: {model: mine}\nconcurrency: lots\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_experiment(exp)
+    assert str(e.value).startswith(f"{exp}:4: concurrency: Input should be a valid integer")
+
+
+def test_unknown_role_is_an_error(project):
+    exp = write(project / "experiments" / "bad.yaml", "name: bad\nroles:\n  oracle: {model: x}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: roles.oracle: Input should be"):
+        load_experiment(exp)
+
+
+def test_errors_in_a_model_file_name_that_file(project):
+    write(project / "models" / "mine.yaml", "name: mine\npath: /x\nengine: tgi\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(project / "experiments" / "exp.yaml")
+    assert str(e.value).startswith(f"{project / 'models' / 'mine.yaml'}:3: engine: Input should")
+
+
+def test_missing_files_are_named(project):
+    with pytest.raises(ConfigError, match=r"nope.yaml: config file not found"):
+        load_experiment(project / "nope.yaml")
+    exp = write(
+        project / "experiments" / "bad.yaml",
+        "name: bad\nroles:\n  clarifier: {model: ../models/gone.yaml}\n",
+    )
+    with pytest.raises(ConfigError, match=r"gone.yaml: model config file not found"):
+        load_experiment(exp)
+    exp.write_text("name: bad\nroles:\n  clarifier: {model: ghost}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: roles.clarifier.model: no model config"):
+        load_experiment(exp)
+
+
+def test_bad_overrides_are_named():
+    with pytest.raises(ConfigError, match=r"^--set budgets.max_questions: Input should be less"):
+        load_experiment(None, ["budgets.max_questions=7"])
+    with pytest.raises(ConfigError, match=r"^--set roles.clarifier.modle: unknown key"):
+        load_experiment(None, ["roles.clarifier.modle=x"])
+    with pytest.raises(ConfigError, match=r"expected KEY=VALUE"):
+        load_experiment(None, ["seeds"])
+
+
+def test_inline_model_override_errors_name_the_experiment(project):
+    with pytest.raises(ConfigError, match=r"exp.yaml: models.mine: dtype: Input should be"):
+        load_experiment(project / "experiments" / "exp.yaml", ["models.mine.dtype=fp8"])
+
+
+def test_resolved_config_records_versions():
+    text = load_experiment().to_yaml()
+    assert "versions:" in text and "transformers:" in text and "git_sha:" in text

@@ -1,0 +1,167 @@
+"""The openai engine against a dead port and a scripted local HTTP server (fault injection)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from serving.errors import ConstrainedOutputError, EngineError, EngineUnavailable
+from serving.openai_engine import OpenAIEngine
+from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput
+from serving.vllm_server import free_port
+
+
+def completion(text: str) -> dict:
+    return {
+        "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1},
+    }
+
+
+class Scripted:
+    """Replies in order from `replies` (status, payload); the last one repeats."""
+
+    def __init__(self, replies: list[tuple[int, dict]]) -> None:
+        self.replies = replies
+        self.bodies: list[dict] = []
+        self.delay_s = 0.0
+        self.active = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, Scripted]]:
+    script = Scripted([(200, completion("yes"))])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with script.lock:
+                script.bodies.append(body)
+                script.active += 1
+                script.peak = max(script.peak, script.active)
+            time.sleep(script.delay_s)
+            with script.lock:
+                script.active -= 1
+            status, payload = script.replies[min(len(script.bodies), len(script.replies)) - 1]
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", script
+    httpd.shutdown()
+
+
+YES_NO = ChatRequest.of([{"role": "user", "content": "?"}], ChoiceOutput(choices=("yes", "no")))
+
+
+def test_dead_port_retries_then_names_the_endpoint():
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    engine = OpenAIEngine("m", url, max_retries=3, backoff_s=0.01)
+    with pytest.raises(EngineUnavailable) as e:
+        asyncio.run(engine.chat(YES_NO))
+    assert f"{url}/chat/completions (model m): 4 attempts failed" in str(e.value)
+    assert "ConnectError" in str(e.value)
+    assert engine.stats.errors == {"engine_unavailable": 1}
+
+
+def test_5xx_and_429_are_retried_then_succeed(server):
+    url, script = server
+    script.replies = [
+        (503, {"error": "loading"}),
+        (429, {"error": "busy"}),
+        (200, completion("no")),
+    ]
+    engine = OpenAIEngine("m", url, max_retries=3, backoff_s=0.01)
+    response = asyncio.run(engine.chat(YES_NO))
+    assert response.parsed == "no"
+    assert len(script.bodies) == 3
+
+
+def test_persistent_5xx_gives_up_with_the_last_error(server):
+    url, script = server
+    script.replies = [(500, {"error": "boom"})]
+    engine = OpenAIEngine("m", url, max_retries=2, backoff_s=0.01)
+    with pytest.raises(EngineUnavailable, match=r"3 attempts failed; last error: HTTP 500"):
+        asyncio.run(engine.chat(YES_NO))
+    assert len(script.bodies) == 3
+
+
+def test_4xx_is_not_retried(server):
+    url, script = server
+    script.replies = [(400, {"error": "bad schema"})]
+    engine = OpenAIEngine("m", url, max_retries=3, backoff_s=0.01)
+    with pytest.raises(EngineError, match=r"refused the request: HTTP 400.*bad schema"):
+        asyncio.run(engine.chat(YES_NO))
+    assert len(script.bodies) == 1
+
+
+def test_unconstrained_answer_to_a_constrained_request_is_a_counted_error(server):
+    # What a server that silently ignored the constraint would send back.
+    url, script = server
+    script.replies = [(200, completion("Well, it depends."))]
+    engine = OpenAIEngine("m", url, max_retries=0)
+    for _ in range(3):
+        with pytest.raises(ConstrainedOutputError):
+            asyncio.run(engine.chat(YES_NO))
+    assert engine.stats.errors == {"constrained_output_invalid": 3}
+
+
+def test_constraints_travel_as_structured_outputs_never_guided(server):
+    url, script = server
+    script.replies = [(200, completion('{"a": 1}'))]
+    schema = JsonSchemaOutput(
+        json_schema={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    )
+    asyncio.run(
+        OpenAIEngine("m", url).chat(ChatRequest.of([{"role": "user", "content": "?"}], schema))
+    )
+    asyncio.run(
+        OpenAIEngine("m", url, constraint_field="response_format").chat(
+            ChatRequest.of([{"role": "user", "content": "?"}], schema)
+        )
+    )
+    plain, formatted = script.bodies
+    assert plain["structured_outputs"] == {"json": schema.json_schema}
+    assert formatted["response_format"]["type"] == "json_schema"
+    assert formatted["response_format"]["json_schema"]["schema"] == schema.json_schema
+    for body in script.bodies:
+        assert not [k for k in body if k.startswith("guided")]
+
+
+def test_api_key_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("CTS_TEST_KEY", raising=False)
+    with pytest.raises(EngineError, match="CTS_TEST_KEY is not set"):
+        OpenAIEngine("m", "http://127.0.0.1:9/v1", api_key_env="CTS_TEST_KEY")
+    monkeypatch.setenv("CTS_TEST_KEY", "sk-secret")
+    engine = OpenAIEngine("m", "http://127.0.0.1:9/v1", api_key_env="CTS_TEST_KEY")
+    assert "sk-secret" not in engine.identity
+
+
+def test_concurrency_is_bounded(server):
+    url, script = server
+    script.delay_s = 0.1
+    engine = OpenAIEngine("m", url, max_concurrency=2)
+
+    async def go() -> None:
+        await asyncio.gather(*(engine.chat(YES_NO) for _ in range(6)))
+
+    asyncio.run(go())
+    assert len(script.bodies) == 6
+    assert script.peak == 2

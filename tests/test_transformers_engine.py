@@ -1,0 +1,150 @@
+"""The transformers engine on the tiny real model: constrained outputs are always valid."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+
+import pytest
+
+from serving.outputs import validate_output
+from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
+
+pytestmark = pytest.mark.slow
+
+TOPICS = [
+    "a laptop",
+    "a hotel in Lyon",
+    "the 2022 World Cup",
+    "tax rules",
+    "a hiking trail",
+    "a vaccine",
+    "a phone plan",
+    "a film festival",
+    "train tickets",
+    "a museum",
+]
+
+
+def random_schema(rng: random.Random) -> dict:
+    kinds = {
+        "string": lambda: {"type": "string", "maxLength": rng.randint(5, 30)},
+        "integer": lambda: {"type": "integer"},
+        "boolean": lambda: {"type": "boolean"},
+        "enum": lambda: {
+            "enum": rng.sample(["time", "region", "scope", "entity", "numeric"], rng.randint(2, 4))
+        },
+        "array": lambda: {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 12},
+            "maxItems": rng.randint(1, 3),
+        },
+    }
+    names = rng.sample(
+        ["question", "answer", "year", "city", "label", "count", "ok", "tags"], rng.randint(1, 4)
+    )
+    properties = {name: kinds[rng.choice(list(kinds))]() for name in names}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": names,
+        "additionalProperties": False,
+    }
+
+
+def ask(text: str, output, **sampling) -> ChatRequest:
+    return ChatRequest.of([{"role": "user", "content": text}], output, **sampling)
+
+
+async def gather(engine, requests):
+    return await asyncio.gather(*(engine.chat(r) for r in requests))
+
+
+def test_twenty_random_schemas_give_twenty_valid_answers(tiny_engine):
+    rng = random.Random(20261130)
+    specs = [JsonSchemaOutput(name=f"s{i}", json_schema=random_schema(rng)) for i in range(20)]
+    requests = [
+        ask(
+            f"Describe {rng.choice(TOPICS)} as JSON.",
+            spec,
+            max_tokens=160,
+            temperature=rng.choice([0.0, 0.8]),
+            seed=i,
+        )
+        for i, spec in enumerate(specs)
+    ]
+    responses = asyncio.run(gather(tiny_engine, requests))
+    for spec, r in zip(specs, responses, strict=True):
+        assert r.finish_reason == "stop"
+        assert r.parsed == validate_output(spec, r.text)
+        assert set(r.parsed) == set(spec.json_schema["required"])
+
+
+def test_twenty_choices_are_each_one_of_the_list(tiny_engine):
+    rng = random.Random(7)
+    pool = ["yes", "no", "unknown", "time", "region", "2023", "Paris", "a b c"]
+    specs = [ChoiceOutput(choices=tuple(rng.sample(pool, rng.randint(2, 5)))) for _ in range(20)]
+    requests = [ask(f"Pick one for {rng.choice(TOPICS)}.", spec, max_tokens=10) for spec in specs]
+    for spec, r in zip(specs, asyncio.run(gather(tiny_engine, requests)), strict=True):
+        assert r.text in spec.choices and r.parsed == r.text
+
+
+def test_twenty_regexes_are_matched(tiny_engine):
+    patterns = [
+        r"[0-9]{4}-[0-9]{2}-[0-9]{2}",
+        r"(yes|no), because [a-z ]{3,20}\.",
+        r"[A-Z][a-z]{2,10}",
+        r"unknown|[0-9]{1,3} km",
+        r"Q[1-4] 20[0-9]{2}",
+    ]
+    requests = [
+        ask(f"Answer about {TOPICS[i % 10]}.", RegexOutput(pattern=patterns[i % 5]), max_tokens=40)
+        for i in range(20)
+    ]
+    for i, r in enumerate(asyncio.run(gather(tiny_engine, requests))):
+        assert re.fullmatch(patterns[i % 5], r.text), r.text
+
+
+def test_concurrent_mixed_requests_are_all_answered(tiny_engine):
+    requests = [
+        ask("Say hello.", None, max_tokens=8),
+        ask("Yes or no?", ChoiceOutput(choices=("yes", "no"))),
+        ask("A year?", RegexOutput(pattern=r"(19|20)[0-9]{2}")),
+        ask(
+            "JSON please",
+            JsonSchemaOutput(
+                json_schema={
+                    "type": "object",
+                    "properties": {"q": {"type": "string", "maxLength": 10}},
+                    "required": ["q"],
+                }
+            ),
+        ),
+    ] * 3
+    before = tiny_engine.batches
+    responses = asyncio.run(gather(tiny_engine, requests))
+    assert len(responses) == 12 and all(r.text for r in responses)
+    # Gathered, not one generate() per request.
+    assert tiny_engine.batches - before < 12
+
+
+def test_max_tokens_stop_strings_and_usage(tiny_engine):
+    long, stopped = asyncio.run(
+        gather(
+            tiny_engine,
+            [
+                ask("Write a long story about the sea.", None, max_tokens=12),
+                ask("Count from 1 to 20, separated by commas.", None, max_tokens=80, stop=["5"]),
+            ],
+        )
+    )
+    assert long.finish_reason == "length" and long.usage.completion_tokens == 12
+    assert long.usage.prompt_tokens > 5
+    assert stopped.finish_reason == "stop" and "5" not in stopped.text
+
+
+def test_greedy_answers_are_reproducible(tiny_engine):
+    request = ask("Name a colour.", None, max_tokens=8)
+    first = asyncio.run(tiny_engine.chat(request)).text
+    assert asyncio.run(tiny_engine.chat(request)).text == first
