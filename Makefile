@@ -8,6 +8,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CTS_HOME ?= $(HOME)/.cache/cts
 export CTS_HOME
+# Everything runs from local files; never wait on a model hub.
+export HF_HUB_OFFLINE = 1
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 

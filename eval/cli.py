@@ -15,9 +15,6 @@ from eval.config import ResolvedExperiment, load_experiment
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
 from serving.yaml_config import ConfigError
 
-console = Console()
-err_console = Console(stderr=True)
-
 CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
 SET_HELP = "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable)."
 
@@ -28,7 +25,7 @@ def _load(config: str | None, overrides: list[str]) -> ResolvedExperiment:
     try:
         return load_experiment(config, overrides)
     except ConfigError as e:
-        err_console.print(f"[red]config error[/red]\n{e}", highlight=False)
+        typer.echo(f"config error\n{e}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -71,14 +68,13 @@ def models_check(
     includes loading the model on first use)."""
     resolved = _load(config, set_)
     if role not in resolved.experiment.roles:
-        err_console.print(
-            f"unknown role {role!r}; this config has: {', '.join(resolved.experiment.roles)}"
-        )
+        roles = ", ".join(resolved.experiment.roles)
+        typer.echo(f"unknown role {role!r}; this config has: {roles}", err=True)
         raise typer.Exit(2)
     checks, _ = asyncio.run(
         check_models(resolved, [role], prompt, structured=structured, use_cache=False)
     )
-    console.print(_checks_table(checks))
+    Console().print(_checks_table(checks))
     if checks[0].error:
         raise typer.Exit(1)
 
@@ -98,7 +94,7 @@ def run(
     out = output_dir or resolved.output_dir()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(resolved.to_yaml())
-    console.print(f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path}")
+    Console().print(f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path}")
     checks, stats = asyncio.run(check_models(resolved))
     with (out / "model_check.jsonl").open("w") as f:
         for c in checks:
@@ -110,8 +106,8 @@ def run(
         "engines": stats,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(_checks_table(checks))
-    console.print(
+    Console().print(_checks_table(checks))
+    Console().print(
         "The benchmark pipeline (clarify → answer → rewrite → search → judge) is not built yet; "
         "this run checked that every role's model loads and returns a valid constrained answer.\n"
         f"Run directory: {out}"

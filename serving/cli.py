@@ -13,7 +13,6 @@ from serving.yaml_config import ConfigError
 app = typer.Typer(
     help="Model configs, the tiny real model, and engine checks.", no_args_is_help=True
 )
-console = Console()
 
 
 @app.command("prepare-tiny")
@@ -28,7 +27,7 @@ def prepare_tiny_command(
     from serving.tiny_model import prepare_tiny
 
     path = prepare_tiny(force=force)
-    console.print(f"tiny model ready: {path}")
+    Console().print(f"tiny model ready: {path}")
 
 
 @app.command("list")
@@ -42,4 +41,4 @@ def list_command() -> None:
             table.add_row(file.stem, "[red]invalid[/red]", "", str(e))
             continue
         table.add_row(file.stem, m.name, m.engine, m.path)
-    console.print(table)
+    Console().print(table)
