@@ -29,8 +29,9 @@ class BatchingEngine(Engine):
         self.batched_requests = 0
 
     @abc.abstractmethod
-    def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse]:
-        """Run a batch (called in a worker thread); one response per request, in order."""
+    def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse | EngineError]:
+        """Run a batch (called in a worker thread): one response, or the error that concerns
+        only that request, per request, in order. Raising fails the whole batch."""
 
     async def _complete(self, request: ChatRequest) -> ChatResponse:
         loop = asyncio.get_running_loop()
@@ -69,7 +70,11 @@ class BatchingEngine(Engine):
             self.batches += 1
             self.batched_requests += len(live)
             for (_, f), result in zip(live, results, strict=True):
-                if not f.done():
+                if f.done():
+                    continue
+                if isinstance(result, EngineError):
+                    f.set_exception(result)
+                else:
                     f.set_result(result)
 
     async def aclose(self) -> None:

@@ -134,28 +134,37 @@ class TransformersEngine(BatchingEngine):
             raise EngineError(f"{self.model}: cannot compile output constraint: {e}") from e
         return OutlinesCoreLogitsProcessor(index, "torch")
 
-    def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+    def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse | EngineError]:
+        self.load()
+        results: list[ChatResponse | EngineError | None] = [None] * len(requests)
+        # A constraint that does not compile fails its own request, not the batch.
+        processors: dict[int, Any] = {}
+        for i, r in enumerate(requests):
+            try:
+                processors[i] = self._processor(r.output)
+            except EngineError as e:
+                results[i] = e
         # One generate() call can only use one sampling setting: group by it.
         groups: dict[tuple[object, ...], list[int]] = {}
-        for i, r in enumerate(requests):
-            s = r.sampling
+        for i in processors:
+            s = requests[i].sampling
             groups.setdefault((s.temperature, s.top_p, s.repetition_penalty, s.seed), []).append(i)
-        results: list[ChatResponse | None] = [None] * len(requests)
         for indices in groups.values():
-            for i, response in zip(
-                indices, self._generate([requests[i] for i in indices]), strict=True
-            ):
+            rows = [(requests[i], processors[i]) for i in indices]
+            for i, response in zip(indices, self._generate(rows), strict=True):
                 results[i] = response
-        return [r for r in results if r is not None]
+        return [r for r in results if r is not None]  # every slot is filled by now
 
     # -- the batched generate call ---------------------------------------------------------------
 
-    def _generate(self, rows: list[ChatRequest]) -> list[ChatResponse]:
+    def _generate(self, batch: list[tuple[ChatRequest, Any]]) -> list[ChatResponse]:
+        """One left-padded generate() over requests that share sampling settings."""
         import torch
         from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
-        self.load()
         tok = self._tokenizer
+        rows = [request for request, _ in batch]
+        processors = [processor for _, processor in batch]
         started = time.perf_counter()
         prompts = [
             tok.apply_chat_template(
@@ -168,7 +177,6 @@ class TransformersEngine(BatchingEngine):
         ]
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         prompt_len = enc["input_ids"].shape[1]
-        processors = [self._processor(p.output) for p in rows]
         limits = [p.sampling.max_tokens for p in rows]
         stops = [p.sampling.stop for p in rows]
         done = [False] * len(rows)

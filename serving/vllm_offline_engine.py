@@ -84,7 +84,7 @@ class VllmOfflineEngine(BatchingEngine):
             structured_outputs=structured,
         )
 
-    def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+    def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse | EngineError]:
         self.load()
         started = time.perf_counter()
         outputs = self._llm.chat(
@@ -94,7 +94,7 @@ class VllmOfflineEngine(BatchingEngine):
             chat_template_kwargs=self.chat_template_kwargs or None,
         )
         latency = time.perf_counter() - started
-        responses = []
+        responses: list[ChatResponse | EngineError] = []
         for out in outputs:
             completion = out.outputs[0]
             responses.append(

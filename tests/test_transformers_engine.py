@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from serving.errors import EngineError
 from serving.outputs import validate_output
 from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
 
@@ -148,3 +149,16 @@ def test_greedy_answers_are_reproducible(tiny_engine):
     request = ask("Name a colour.", None, max_tokens=8)
     first = asyncio.run(tiny_engine.chat(request)).text
     assert asyncio.run(tiny_engine.chat(request)).text == first
+
+
+def test_an_uncompilable_constraint_fails_only_its_own_request(tiny_engine):
+    async def go():
+        return await asyncio.gather(
+            tiny_engine.chat(ask("A word?", RegexOutput(pattern=r"(?=a)[a-z]+"))),
+            tiny_engine.chat(ask("Yes or no?", ChoiceOutput(choices=("yes", "no")))),
+            return_exceptions=True,
+        )
+
+    bad, good = asyncio.run(go())
+    assert isinstance(bad, EngineError) and "cannot compile output constraint" in str(bad)
+    assert good.parsed in ("yes", "no")
