@@ -16,6 +16,7 @@ app = typer.Typer(
 serving_cli.app.command("check")(eval_cli.models_check)
 app.add_typer(serving_cli.app, name="models")
 app.add_typer(eval_cli.config_app, name="config")
+app.add_typer(eval_cli.data_app, name="data")
 app.command("run")(eval_cli.run)
 
 

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from configs import CONFIG_DIR, DEFAULT_EXPERIMENT
+from eval.dataset import DatasetSource
 from serving.model_config import ModelConfig
 from serving.tiny_model import cts_home
 from serving.types import Sampling
@@ -57,15 +58,6 @@ class RoleConfig(_Strict):
     sampling: SamplingOverrides = SamplingOverrides()
 
 
-class DatasetConfig(_Strict):
-    #: `sample` (the shipped benchmark), a file, a folder, or a `datasets` hub id.
-    path: str = "sample"
-    split: str | None = "dev"
-    limit: int | None = Field(None, ge=1)
-    #: Our field name → the dataset's column name, for foreign-shaped data.
-    field_map: dict[str, str] = {}
-
-
 class SearchConfig(_Strict):
     backend: Literal["local", "serper", "searxng", "retrieval-server"] = "local"
     #: Corpus JSONL for the local backend (`sample` = the shipped corpus).
@@ -91,7 +83,8 @@ class CacheConfig(_Strict):
     path: str = "$CTS_HOME/cache/responses.sqlite"
 
     def resolved_path(self) -> Path:
-        return Path(os.path.expandvars(self.path.replace("$CTS_HOME", str(cts_home()))))
+        path = self.path.replace("$CTS_HOME", str(cts_home()))
+        return Path(os.path.expandvars(path)).expanduser()
 
 
 class ExperimentConfig(_Strict):
@@ -100,7 +93,7 @@ class ExperimentConfig(_Strict):
     roles: dict[Role, RoleConfig]
     #: Inline model configs, or partial overrides of a model file, keyed by the name roles use.
     models: dict[str, dict[str, Any]] = {}
-    dataset: DatasetConfig = DatasetConfig()
+    dataset: DatasetSource = DatasetSource()
     search: SearchConfig = SearchConfig()
     budgets: Budgets = Budgets()
     conditions: list[Condition] = Field(default_factory=lambda: list(ALL_CONDITIONS), min_length=1)

@@ -1,4 +1,5 @@
-"""Engines that run in-process gather requests from many coroutines into batches.
+"""Engines that run a local checkpoint in-process gather requests from many coroutines into
+batches.
 
 Requests go into one queue; a worker drains whatever has accumulated (generation of the previous
 batch takes long enough for the next one to build up) and runs it as one call in a thread, so the
@@ -9,18 +10,55 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any
 
 from serving.engine import Engine
 from serving.errors import EngineError
 from serving.types import ChatRequest, ChatResponse
 
 
-class BatchingEngine(Engine):
-    #: Most requests handed to one `_run_batch` call.
-    max_batch_size: int = 8
+def weights_fingerprint(path: str) -> str:
+    """Cheap identity of a local checkpoint (config + weight file names, sizes, mtimes)."""
+    root = Path(path)
+    if not root.is_dir():
+        return path  # a hub id: the revision in the model config pins it
+    h = hashlib.sha256()
+    for p in sorted(root.iterdir()):
+        if p.suffix in {".json", ".safetensors", ".bin", ".jinja", ".model"}:
+            st = p.stat()
+            h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
 
-    def __init__(self) -> None:
+
+class BatchingEngine(Engine):
+    #: Names the engine kind in cache identities.
+    kind: str
+
+    def __init__(
+        self,
+        model: str,
+        path: str,
+        *,
+        dtype: str,
+        revision: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        max_batch_size: int = 8,
+    ) -> None:
         super().__init__()
+        self.model = model
+        self.path = path
+        self.dtype = dtype
+        self.revision = revision
+        self.chat_template_kwargs = chat_template_kwargs or {}
+        #: Most requests handed to one `_run_batch` call.
+        self.max_batch_size = max_batch_size
+        self.identity = (
+            f"{self.kind}:{model}:{path}@{revision or weights_fingerprint(path)}:{dtype}"
+        )
+        self._load_lock = threading.Lock()
         self._queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResponse]]] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

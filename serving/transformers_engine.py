@@ -8,13 +8,10 @@ text) and its own stop rule (max_tokens, stop strings).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import threading
 import time
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
 
 from serving.batching import BatchingEngine
@@ -49,20 +46,9 @@ def output_regex(spec: OutputSpec) -> str:
     raise TypeError(f"unknown output spec {spec!r}")
 
 
-def weights_fingerprint(path: str) -> str:
-    """Cheap identity of a local checkpoint (config + weight file names, sizes, mtimes)."""
-    root = Path(path)
-    if not root.is_dir():
-        return path  # a hub id: the revision in the model config pins it
-    h = hashlib.sha256()
-    for p in sorted(root.iterdir()):
-        if p.suffix in {".json", ".safetensors", ".bin", ".jinja", ".model"}:
-            st = p.stat()
-            h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
-
-
 class TransformersEngine(BatchingEngine):
+    kind = "transformers"
+
     def __init__(
         self,
         model: str,
@@ -74,18 +60,15 @@ class TransformersEngine(BatchingEngine):
         max_batch_size: int = 8,
         threads: int | None = None,
     ) -> None:
-        super().__init__()
-        self.model = model
-        self.path = path
-        self.dtype = dtype
-        self.revision = revision
-        self.chat_template_kwargs = chat_template_kwargs or {}
-        self.max_batch_size = max_batch_size
-        self.threads = threads
-        self.identity = (
-            f"transformers:{model}:{path}@{revision or weights_fingerprint(path)}:{dtype}"
+        super().__init__(
+            model,
+            path,
+            dtype=dtype,
+            revision=revision,
+            chat_template_kwargs=chat_template_kwargs,
+            max_batch_size=max_batch_size,
         )
-        self._load_lock = threading.Lock()
+        self.threads = threads
         self._hf: Any = None
         self._tokenizer: Any = None
         self._backend: Any = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -19,6 +18,8 @@ from serving.types import (
 
 
 class VllmOfflineEngine(BatchingEngine):
+    kind = "vllm-offline"
+
     def __init__(
         self,
         model: str,
@@ -30,17 +31,16 @@ class VllmOfflineEngine(BatchingEngine):
         max_batch_size: int = 256,
         llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        self.model = model
-        self.path = path
-        self.dtype = dtype
-        self.revision = revision
-        self.chat_template_kwargs = chat_template_kwargs or {}
-        self.max_batch_size = max_batch_size
+        super().__init__(
+            model,
+            path,
+            dtype=dtype,
+            revision=revision,
+            chat_template_kwargs=chat_template_kwargs,
+            max_batch_size=max_batch_size,
+        )
         self.llm_kwargs = llm_kwargs or {}
-        self.identity = f"vllm-offline:{model}:{path}@{revision or 'local'}:{dtype}"
         self._llm: Any = None
-        self._load_lock = threading.Lock()
 
     def load(self) -> None:
         with self._load_lock:

@@ -1,0 +1,429 @@
+"""Dataset loading and validation: formats, foreign shapes, and one bad row per rule."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from eval.dataset import (
+    DatasetError,
+    DatasetSource,
+    GoldTable,
+    check_corpus,
+    check_source,
+    load_instances,
+    read_rows,
+)
+from eval.schema import Instance
+
+GOOD = {
+    "id": "q1",
+    "blurred_query": "best trail in the park",
+    "fused_query": "best winter trail in Valmora park for beginners",
+    "language": "en",
+    "removed_constraints": ["time", "scope"],
+    "golden": {
+        "nuggets": [
+            {"id": "n1", "text": "The Ridge Loop is 4 km.", "weight": 2.0, "source_ids": ["d1"]},
+            {
+                "id": "n2",
+                "text": "It is open in winter.",
+                "weight": 1.0,
+                "source_ids": ["d1", "d2"],
+            },
+        ]
+    },
+    "meta": {"domain": "travel"},
+}
+SECOND = {
+    **GOOD,
+    "id": "q2",
+    "language": "zh",
+    "blurred_query": "公园步道",
+    "fused_query": "2024年冬季公园步道",
+    "removed_constraints": [],
+    "golden": None,
+    "meta": {},
+}
+
+
+def instances() -> list[Instance]:
+    return [Instance.model_validate(GOOD), Instance.model_validate(SECOND)]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def write_corpus(path: Path, ids: list[str]) -> Path:
+    return write_jsonl(
+        path,
+        [
+            {
+                "doc_id": i,
+                "url": f"https://x.example/{i}",
+                "title": i,
+                "text": "text",
+                "date": "2024-01-02",
+                "language": "en",
+            }
+            for i in ids
+        ],
+    )
+
+
+def load(path: Path, **source) -> list[Instance]:
+    return load_instances(DatasetSource(path=str(path), split=None, **source))
+
+
+# -- round trips ----------------------------------------------------------------------------------
+
+
+def test_jsonl_round_trip(tmp_path):
+    rows = [i.model_dump(exclude_none=True) for i in instances()]
+    assert load(write_jsonl(tmp_path / "d.jsonl", rows)) == instances()
+
+
+def test_json_round_trip(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(
+        json.dumps(
+            [i.model_dump(exclude_none=True) for i in instances()], indent=2, ensure_ascii=False
+        )
+    )
+    assert load(path) == instances()
+
+
+def test_csv_round_trip_with_json_cells_and_delimited_constraints(tmp_path):
+    path = tmp_path / "d.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            [
+                "id",
+                "blurred_query",
+                "fused_query",
+                "language",
+                "removed_constraints",
+                "golden",
+                "meta",
+            ]
+        )
+        for i in instances():
+            writer.writerow(
+                [
+                    i.id,
+                    i.blurred_query,
+                    i.fused_query,
+                    i.language,
+                    ";".join(i.removed_constraints),
+                    json.dumps(i.golden.model_dump(exclude_none=True)) if i.golden else "",
+                    json.dumps(i.meta) if i.meta else "",
+                ]
+            )
+    assert load(path) == instances()
+
+
+def test_parquet_round_trip(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [i.model_dump(mode="json") for i in instances()]
+    for row in rows:  # parquet wants one type per column
+        row["golden"] = json.dumps(row["golden"]) if row["golden"] else None
+        row["meta"] = json.dumps(row["meta"])
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    assert load(tmp_path / "d.parquet") == instances()
+
+
+def test_datasets_path_on_a_local_folder(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    rows = [
+        {
+            "id": i.id,
+            "blurred_query": i.blurred_query,
+            "fused_query": i.fused_query,
+            "language": i.language,
+        }
+        for i in instances()
+    ]
+    write_jsonl(folder / "validation.jsonl", rows)
+    loaded = load_instances(DatasetSource(path=str(folder), split="validation"))
+    assert [i.id for i in loaded] == ["q1", "q2"]
+    assert loaded[1].fused_query == "2024年冬季公园步道"
+
+
+def test_missing_hub_dataset_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(
+        DatasetError,
+        match=r"no-such-owner/no-such-data: <dataset>: "
+        r"datasets.load_dataset failed.*offline mode is on",
+    ):
+        load_instances(DatasetSource(path="no-such-owner/no-such-data", split="test"))
+
+
+# -- foreign shapes -------------------------------------------------------------------------------
+
+
+def test_field_map_joins_a_query_csv_with_a_gold_jsonl(tmp_path):
+    """The original release's shape: a queries CSV beside a gold JSONL, other column names."""
+    queries = tmp_path / "hard_518_queries.csv"
+    queries.write_text(
+        "qid,fused_query,blurred_query,lang,category\n"
+        "101,What did the Valmora council decide in March 2024?,What did the council decide?,"
+        "en,politics\n"
+        "102,Ticket price of the Esker night train in 2023,Ticket price of the night train,"
+        "en,travel\n"
+    )
+    gold = write_jsonl(
+        tmp_path / "gold_public_hard518.jsonl",
+        [
+            {
+                "qid": 101,
+                "nuggets": [
+                    {
+                        "nid": 1,
+                        "fact": "It approved the budget.",
+                        "importance": "vital",
+                        "evidence": ["e1"],
+                    },
+                    {
+                        "nid": 2,
+                        "fact": "The vote was 7-2.",
+                        "importance": "okay",
+                        "evidence": ["e2"],
+                    },
+                ],
+            },
+            {
+                "qid": 102,
+                "nuggets": [
+                    {"nid": 1, "fact": "It cost 40 euros.", "importance": "vital", "evidence": []}
+                ],
+            },
+        ],
+    )
+    loaded = load_instances(
+        DatasetSource(
+            path=str(queries),
+            split=None,
+            field_map={"id": "qid", "language": "lang"},
+            gold=GoldTable(
+                path=str(gold),
+                id_field="qid",
+                nugget_field_map={
+                    "id": "nid",
+                    "text": "fact",
+                    "weight": "importance",
+                    "source_ids": "evidence",
+                },
+                weight_map={"vital": 2, "okay": 1},
+            ),
+        )
+    )
+    assert [i.id for i in loaded] == ["101", "102"]
+    first = loaded[0]
+    assert first.meta == {"category": "politics"}
+    assert first.golden is not None
+    assert [(n.id, n.text, n.weight, n.source_ids) for n in first.golden.nuggets] == [
+        ("1", "It approved the budget.", 2.0, ["e1"]),
+        ("2", "The vote was 7-2.", 1.0, ["e2"]),
+    ]
+
+
+def test_long_gold_table_one_row_per_nugget(tmp_path):
+    queries = write_jsonl(
+        tmp_path / "q.jsonl", [{"id": "a", "blurred_query": "x", "fused_query": "x in 2020"}]
+    )
+    gold = tmp_path / "gold.csv"
+    gold.write_text("query_id,id,text,weight\na,n1,first fact,2\na,n2,second fact,1\n")
+    (instance,) = load_instances(
+        DatasetSource(
+            path=str(queries), split=None, gold=GoldTable(path=str(gold), id_field="query_id")
+        )
+    )
+    assert instance.golden is not None
+    assert [n.weight for n in instance.golden.nuggets] == [2.0, 1.0]
+
+
+def test_nested_field_map(tmp_path):
+    path = write_jsonl(
+        tmp_path / "n.jsonl", [{"key": "z", "intent": {"short": "a", "full": "a b"}}]
+    )
+    (instance,) = load(
+        path, field_map={"id": "key", "blurred_query": "intent.short", "fused_query": "intent.full"}
+    )
+    assert (instance.blurred_query, instance.fused_query) == ("a", "a b")
+
+
+# -- one bad row per rule -------------------------------------------------------------------------
+
+
+def _nugget(**kw) -> dict:
+    return {"id": "n1", "text": "fact", "weight": 1, "source_ids": ["d1"], **kw}
+
+
+BAD_ROWS = [
+    ("missing required field", {"id": "a", "blurred_query": "x"}, "fused_query: missing"),
+    (
+        "empty required field",
+        {"id": "a", "blurred_query": "", "fused_query": "y"},
+        "blurred_query: empty",
+    ),
+    (
+        "blank required field",
+        {"id": "a", "blurred_query": "   ", "fused_query": "y"},
+        "blurred_query: empty",
+    ),
+    (
+        "blurred equals fused",
+        {"id": "a", "blurred_query": "same", "fused_query": "same"},
+        "blurred_query: equal to fused_query",
+    ),
+    (
+        "weight <= 0",
+        {
+            "id": "a",
+            "blurred_query": "x",
+            "fused_query": "y",
+            "golden": {"nuggets": [_nugget(weight=-1)]},
+        },
+        "golden.nuggets[0].weight: must be a number > 0, got -1",
+    ),
+    (
+        "weight not a number",
+        {
+            "id": "a",
+            "blurred_query": "x",
+            "fused_query": "y",
+            "golden": {"nuggets": [_nugget(weight="heavy")]},
+        },
+        "golden.nuggets[0].weight: must be a number > 0, got 'heavy'",
+    ),
+    (
+        "duplicate nugget id",
+        {
+            "id": "a",
+            "blurred_query": "x",
+            "fused_query": "y",
+            "golden": {"nuggets": [_nugget(), _nugget()]},
+        },
+        "golden.nuggets[1].id: duplicate nugget id 'n1'",
+    ),
+    (
+        "source id not in corpus",
+        {
+            "id": "a",
+            "blurred_query": "x",
+            "fused_query": "y",
+            "golden": {"nuggets": [_nugget(source_ids=["d1", "d9"])]},
+        },
+        "golden.nuggets[0].source_ids: 'd9' not in corpus {corpus}",
+    ),
+    (
+        "unknown constraint type",
+        {
+            "id": "a",
+            "blurred_query": "x",
+            "fused_query": "y",
+            "removed_constraints": ["time", "place"],
+        },
+        "removed_constraints[1]: unknown constraint type 'place' (expected one of time, region, "
+        "scope, entity, numeric, definition, other)",
+    ),
+    (
+        "unknown language",
+        {"id": "a", "blurred_query": "x", "fused_query": "y", "language": "xx"},
+        "language: unknown language 'xx' (expected an ISO 639-1 code)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("rule", "row", "message"), BAD_ROWS, ids=[r[0] for r in BAD_ROWS])
+def test_each_rule_reports_file_line_field(tmp_path, rule, row, message):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", ["d1"])
+    good = {"id": "ok", "blurred_query": "x", "fused_query": "x y"}
+    path = write_jsonl(tmp_path / "d.jsonl", [good, row])
+    checked = check_source(DatasetSource(path=str(path), split=None, corpus=str(corpus)))
+    assert [str(p) for p in checked.problems] == [f"{path}:2: " + message.format(corpus=corpus)]
+    assert [i.id for i in checked.instances] == ["ok"]
+
+
+def test_duplicate_id_names_the_first_line(tmp_path):
+    row = {"id": "a", "blurred_query": "x", "fused_query": "x y"}
+    path = write_jsonl(tmp_path / "d.jsonl", [row, {**row, "fused_query": "x z"}])
+    (problem,) = check_source(DatasetSource(path=str(path), split=None)).problems
+    assert str(problem) == f"{path}:2: id: duplicate id 'a' (first at line 1)"
+
+
+def test_malformed_json_row(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"id": "a", "blurred_query": "x", "fused_query": "x y"}\n{"id": "b",,}\n')
+    (problem,) = check_source(DatasetSource(path=str(path), split=None)).problems
+    assert str(problem).startswith(f"{path}:2: <row>: malformed JSON: Expecting property name")
+
+
+def test_malformed_csv_row(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("id,blurred_query,fused_query\na,x,x y\nb,x,x y,extra\n")
+    (problem,) = check_source(DatasetSource(path=str(path), split=None)).problems
+    assert str(problem) == f"{path}:3: <row>: malformed CSV row: expected 3 fields, got 4"
+
+
+def test_json_array_rows_report_their_lines(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(
+        '[\n  {"id": "a", "blurred_query": "x", "fused_query": "x y"},\n'
+        '  {"id": "b",\n   "blurred_query": "x", "fused_query": "x"}\n]\n'
+    )
+    (problem,) = check_source(DatasetSource(path=str(path), split=None)).problems
+    assert str(problem) == f"{path}:3: blurred_query: equal to fused_query"
+
+
+def test_every_problem_in_a_file_is_reported(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", ["d1"])
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(row) for _, row, _ in BAD_ROWS) + "\nnot json\n")
+    with pytest.raises(DatasetError) as e:
+        load_instances(DatasetSource(path=str(path), split=None, corpus=str(corpus)))
+    lines = {p.line for p in e.value.problems}
+    assert lines == set(range(1, len(BAD_ROWS) + 2))
+    assert f"{len(e.value.problems)} problem(s):" in str(e.value)
+
+
+def test_corpus_problems(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"doc_id": "d1", "url": "u", "text": "t"},
+                {"doc_id": "d1", "url": "u2", "text": "t"},
+                {"doc_id": "d2", "url": "u3", "text": "", "date": "March 2024", "language": "qq"},
+            ]
+        )
+        + "\n"
+    )
+    documents, problems = check_corpus(read_rows(path))
+    assert [d.doc_id for d in documents] == ["d1"]
+    assert [str(p) for p in problems] == [
+        f"{path}:2: doc_id: duplicate doc_id 'd1' (first at line 1)",
+        f"{path}:3: language: unknown language 'qq'",
+        f"{path}:3: date: expected YYYY[-MM[-DD]], got 'March 2024'",
+        f"{path}:3: text: empty",
+    ]
+
+
+def test_a_dataset_without_golden_loads(tmp_path):
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"id": "a", "blurred_query": "x", "fused_query": "x y"}]
+    )
+    (instance,) = load(path)
+    assert instance.golden is None and instance.language == "en"
