@@ -21,6 +21,7 @@ from eval.dataset import (
     check_corpus,
     check_source,
     corpus_path,
+    load_instances,
     read_rows,
 )
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
@@ -97,15 +98,26 @@ def run(
 ) -> None:
     """Run an experiment (default: configs/experiments/quickstart.yaml).
 
-    Until the benchmark pipeline lands, a run resolves the config, prepares the models its roles
-    use, sends each model one JSON-schema constrained request through its engine (with the
-    response cache), and writes config.yaml, model_check.jsonl and summary.json to the run
-    directory."""
+    Until the benchmark pipeline lands, a run resolves the config, loads and validates the
+    dataset, prepares the models its roles use, sends each model one JSON-schema constrained
+    request through its engine (with the response cache), and writes config.yaml,
+    model_check.jsonl and summary.json to the run directory."""
     resolved = _load(config, set_)
     out = output_dir or resolved.output_dir()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(resolved.to_yaml())
     Console().print(f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path}")
+    try:
+        instances = load_instances(resolved.experiment.dataset)
+    except DatasetError as e:
+        typer.echo(f"dataset error\n{e}", err=True)
+        raise typer.Exit(2) from None
+    dataset = resolved.experiment.dataset
+    Console().print(
+        f"dataset {dataset.path}:{dataset.split or 'all'}: {len(instances)} "
+        f"instances ({', '.join(i.id for i in instances[:5])}"
+        f"{', …' if len(instances) > 5 else ''})"
+    )
     checks, stats = asyncio.run(check_models(resolved))
     with (out / "model_check.jsonl").open("w") as f:
         for c in checks:
@@ -113,6 +125,7 @@ def run(
     summary = {
         "experiment": resolved.experiment.name,
         "stage": "model_check",
+        "instances": [i.id for i in instances],
         "failures": sum(1 for c in checks if c.error),
         "engines": stats,
     }
@@ -120,7 +133,8 @@ def run(
     Console().print(_checks_table(checks))
     Console().print(
         "The benchmark pipeline (clarify → answer → rewrite → search → judge) is not built yet; "
-        "this run checked that every role's model loads and returns a valid constrained answer.\n"
+        f"this run validated the {len(instances)} instances it would evaluate and checked that "
+        "every role's model loads and returns a valid constrained answer.\n"
         f"Run directory: {out}"
     )
     if summary["failures"]:

@@ -37,7 +37,7 @@ def dataset_stats(instances: list[Instance]) -> dict[str, Any]:
             sorted(Counter(len(i.removed_constraints) for i in instances).items())
         ),
         "nuggets_per_instance": _summary([float(n) for n in nuggets]),
-        "weight_mix": {str(w): c for w, c in sorted(weights.items())},
+        "weight_mix": {f"{w:g}": c for w, c in sorted(weights.items())},
         "blurred_query_length": _summary(
             [float(query_length(i.blurred_query, i.language)) for i in instances]
         ),

@@ -301,8 +301,6 @@ def read_gold(
     """Gold table → {instance id: [nugget dicts]} (wide: one row per instance with a list;
     long: one row per nugget)."""
     path = Path(table.path).expanduser()
-    if base is not None and not path.is_absolute() and not path.exists():
-        path = base / path
     nuggets: dict[str, list[Any]] = {}
     problems: list[Problem] = []
     for row in read_rows(path):
@@ -527,12 +525,12 @@ def _source_rows(source: DatasetSource) -> Iterator[Row]:
         yield from read_rows(source.path, source.split)
 
 
-def check_source(source: DatasetSource, base: Path | None = None) -> Checked:
+def check_source(source: DatasetSource) -> Checked:
     """Read and validate every row of a dataset source (gold join and corpus check included)."""
     gold = None
     gold_problems: list[Problem] = []
     if source.gold is not None:
-        gold, gold_problems = read_gold(source.gold, base)
+        gold, gold_problems = read_gold(source.gold)
     corpus = source.corpus or ("sample" if source.path == "sample" else None)
     ids = corpus_ids(corpus) if corpus else None
     label = f"corpus {corpus_path(corpus)}" if corpus else "the corpus"
@@ -541,9 +539,9 @@ def check_source(source: DatasetSource, base: Path | None = None) -> Checked:
     return checked
 
 
-def load_instances(source: DatasetSource, base: Path | None = None) -> list[Instance]:
+def load_instances(source: DatasetSource) -> list[Instance]:
     """Every instance of `source` (first `limit`), or DatasetError listing every problem."""
-    checked = check_source(source, base)
+    checked = check_source(source)
     if checked.problems:
         raise DatasetError(checked.problems)
     instances = checked.instances

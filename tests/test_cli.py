@@ -72,6 +72,11 @@ def test_run_writes_the_run_dir_and_a_rerun_is_free(tmp_path, tiny_path):
     first = cts(*args)
     assert first.exit_code == 0, first.output
     assert {p.name for p in out.iterdir()} == {"config.yaml", "model_check.jsonl", "summary.json"}
+    assert json.loads((out / "summary.json").read_text())["instances"] == [
+        "A-dev-01",
+        "A-dev-02",
+        "A-dev-03",
+    ]
     (check,) = [json.loads(line) for line in (out / "model_check.jsonl").read_text().splitlines()]
     assert check["error"] is None and check["parsed"]["question"]
     assert set(check["roles"]) == {
@@ -92,3 +97,58 @@ def test_run_writes_the_run_dir_and_a_rerun_is_free(tmp_path, tiny_path):
     assert summary["engines"]["cache"] == {"hits": 1, "misses": 0}
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["versions"]["torch"].startswith("2.")
+
+
+def test_data_validate_lists_every_problem_and_exits_1(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"id": "a", "blurred_query": "x", "fused_query": "x"}\n'
+        '{"id": "a", "blurred_query": "x", "fused_query": "x y", "language": "xx"}\n'
+        "oops\n"
+    )
+    result = runner.invoke(app, ["data", "validate", str(bad)])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[:4] == [
+        f"{bad}:1: blurred_query: equal to fused_query",
+        f"{bad}:2: id: duplicate id 'a' (first at line 1)",
+        f"{bad}:2: language: unknown language 'xx' (expected an ISO 639-1 code)",
+        f"{bad}:3: <row>: malformed JSON: Expecting value (column 1)",
+    ]
+
+
+def test_data_validate_a_corpus_and_a_mapped_csv(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"doc_id": "d1", "url": "u", "text": "t"}\n')
+    assert "OK (1 documents)" in cts("data", "validate", str(corpus)).output
+    queries = tmp_path / "q.csv"
+    queries.write_text("qid,blurred_query,fused_query\n7,x,x y\n")
+    result = cts("data", "validate", str(queries), "--field-map", "id=qid")
+    assert result.exit_code == 0 and "OK (1 instances)" in result.output
+
+
+def test_data_stats_of_the_sample():
+    result = cts("data", "stats", "sample", "--split", "dev", "--json")
+    stats = json.loads(result.output)["dev"]
+    assert stats["instances"] == 24 and stats["with_golden"] == 24
+    assert set(stats["languages"]) == {"en", "zh"}
+    assert sum(stats["weight_mix"].values()) >= 24 * 3
+
+
+def test_run_refuses_bad_data_before_calling_a_model(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "blurred_query": "x"}\n')
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--output-dir",
+            str(tmp_path / "r"),
+            "--set",
+            f"dataset.path={bad}",
+            "--set",
+            "dataset.split=null",
+        ],
+    )
+    assert result.exit_code == 2
+    assert f"{bad}:1: fused_query: missing" in result.output
+    assert not (tmp_path / "r" / "model_check.jsonl").exists()
