@@ -1,0 +1,193 @@
+"""The WebDancer loop: think → tool call → observation, until an answer or a budget runs out.
+
+Budgets: at most `max_llm_calls` model calls, the last one reserved for a forced final answer,
+and a context budget; when the next turn could overflow it, the model gets the release's
+"maximum context length" message and answers. Every message, tool call, tool result (with the
+doc ids and URLs it showed), token count and latency goes into the trace.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from serving.engine import ChatModel
+from serving.errors import EngineError
+from serving.types import ChatRequest, Message, RegexOutput, Sampling
+from webdancer.protocol import (
+    FORCE_ANSWER,
+    STOP,
+    FinalAnswer,
+    ProtocolError,
+    ToolCall,
+    cut_hallucinated_observation,
+    initial_messages,
+    observation,
+    parse_turn,
+)
+from webdancer.tools import Tools
+
+Termination = Literal["answer", "max_calls", "context_limit", "error"]
+
+# Constrained mode: a grammar per turn for models never trained on the protocol (the tiny
+# model), so that they really call the tools. Bounded lengths keep every turn finite.
+_THINK = r"<think>\n[^<>]{1,300}\n</think>\n"
+_QUERY = r'"[^"\\<>\n]{2,80}"'
+_SEARCH = (
+    r'<tool_call>\n\{"name": "search", "arguments": \{"query": \['
+    + _QUERY
+    + r"(, "
+    + _QUERY
+    + r"){0,2}\]\}\}\n</tool_call>"
+)
+_VISIT = (
+    r'<tool_call>\n\{"name": "visit", "arguments": \{"url": \["https?://[^"\\<>\s]{4,200}"\]'
+    r', "goal": "[^"\\<>\n]{3,120}"\}\}\n</tool_call>'
+)
+_ANSWER = r"<answer>\n[^<>]{1,500}\n</answer>"
+TURN_REGEX = _THINK + "(" + "|".join((_SEARCH, _VISIT, _ANSWER)) + ")"
+FINAL_REGEX = _THINK + _ANSWER
+
+
+@dataclass
+class AgentBudget:
+    max_llm_calls: int = 8
+    max_context_tokens: int = 8192
+
+
+@dataclass
+class AgentResult:
+    answer: str
+    termination: Termination
+    messages: list[dict[str, str]]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def doc_ids(self) -> list[str]:
+        """Every corpus document a tool showed the model, first sight first."""
+        seen: dict[str, None] = {}
+        for step in self.steps:
+            for doc_id in step.get("doc_ids", []):
+                seen.setdefault(doc_id, None)
+        return list(seen)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "doc_ids": self.doc_ids}
+
+
+def _approx_tokens(text: str) -> int:
+    """Conservative estimate for text not yet seen by the model's tokenizer."""
+    return len(text) // 3 + 1
+
+
+class WebDancerAgent:
+    def __init__(
+        self,
+        engine: ChatModel,
+        tools: Tools,
+        sampling: Sampling,
+        budget: AgentBudget | None = None,
+        constrained: bool = False,
+        date: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tools = tools
+        self.sampling = sampling.model_copy(update={"stop": STOP})
+        self.budget = budget or AgentBudget()
+        self.constrained = constrained
+        self.date = date or time.strftime("%Y-%m-%d")
+
+    async def run(self, question: str) -> AgentResult:
+        started = time.perf_counter()
+        messages = initial_messages(question, self.date)
+        result = AgentResult(answer="", termination="max_calls", messages=messages)
+        context = 0  # tokens of the conversation so far, as the model last counted them
+        while True:
+            calls_left = self.budget.max_llm_calls - result.llm_calls
+            over_context = context + self.sampling.max_tokens > self.budget.max_context_tokens
+            final = calls_left <= 1 or over_context
+            if final:
+                result.termination = "context_limit" if over_context else "max_calls"
+                # Joined to the last user turn (the latest observation) rather than replacing
+                # it as the release does: nothing is lost, and roles keep alternating, which
+                # strict chat templates require.
+                messages[-1] = {
+                    "role": "user",
+                    "content": f"{messages[-1]['content']}\n\n{FORCE_ANSWER}",
+                }
+            try:
+                text, usage = await self._llm(messages, final, result)
+            except EngineError as e:
+                result.termination, result.error = "error", f"{e.kind}: {e}"
+                break
+            context = usage
+            turn = parse_turn(text)
+            messages.append(
+                {"role": "assistant", "content": cut_hallucinated_observation(text).strip()}
+            )
+            if isinstance(turn, FinalAnswer):
+                result.answer = turn.text
+                if not final:
+                    result.termination = "answer"
+                break
+            if final:
+                break  # the forced turn did not answer: keep the termination reason
+            if isinstance(turn, ProtocolError):
+                reply, step = turn.message, {"kind": "protocol_error", "message": turn.message}
+            else:
+                reply, step = await self._tool(turn)
+            result.steps.append(step)
+            messages.append({"role": "user", "content": observation(reply)})
+            context += _approx_tokens(messages[-1]["content"])
+        result.seconds = time.perf_counter() - started
+        return result
+
+    async def _llm(
+        self, messages: list[dict[str, str]], final: bool, result: AgentResult
+    ) -> tuple[str, int]:
+        output = None
+        if self.constrained:
+            output = RegexOutput(pattern=FINAL_REGEX if final else TURN_REGEX)
+        request = ChatRequest(
+            messages=tuple(Message.model_validate(m) for m in messages),
+            sampling=self.sampling,
+            output=output,
+        )
+        response = await self.engine.chat(request)
+        result.llm_calls += 1
+        result.prompt_tokens += response.usage.prompt_tokens
+        result.completion_tokens += response.usage.completion_tokens
+        result.steps.append(
+            {
+                "kind": "llm",
+                "final": final,
+                "text": response.text,
+                "finish_reason": response.finish_reason,
+                "cached": response.cached,
+                "prompt_tokens": response.usage.prompt_tokens,
+                "completion_tokens": response.usage.completion_tokens,
+                "latency_s": round(response.latency_s, 3),
+            }
+        )
+        return response.text, response.usage.prompt_tokens + response.usage.completion_tokens
+
+    async def _tool(self, call: ToolCall) -> tuple[str, dict[str, Any]]:
+        started = time.perf_counter()
+        outcome = await self.tools.call(call)
+        return outcome.text, {
+            "kind": "tool",
+            "tool": call.name,
+            "arguments": call.arguments,
+            "result": outcome.text,
+            "doc_ids": outcome.doc_ids,
+            "urls": outcome.urls,
+            "errors": outcome.errors,
+            "cached": outcome.cached,
+            "latency_s": round(time.perf_counter() - started, 3),
+        }

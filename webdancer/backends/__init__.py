@@ -1,0 +1,1 @@
+"""Search and visit backends: local corpus, Serper, SearXNG, retrieval server, HTTP fetch."""

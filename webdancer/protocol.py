@@ -1,0 +1,136 @@
+"""The WebDancer text protocol, byte-compatible with the trajectories the checkpoints were
+trained on (shared/fixtures/webdancer/sample_traj.jsonl; WebDancer, Alibaba-NLP, MIT).
+
+Rendering: a persona system prompt ending `Current date: YYYY-MM-DD`; a first user turn holding
+the `<tools>` block, the format instructions and `User: <question>`; observations as user turns
+`<tool_response>\\n…\\n</tool_response>`. Parsing: an assistant turn is `<think>…</think>` then
+either `<tool_call>{json}</tool_call>` or `<answer>…</answer>`. The prompt texts live verbatim in
+prompts/ (see NOTICE) because a drifting prompt costs the trained model accuracy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import json5
+
+#: Generation stops before the model writes an observation itself (as in the release).
+STOP = ("\n<tool_response>", "<tool_response>")
+#: The release's message when the tool call is not JSON; the model saw it in training.
+INVALID_TOOL_CALL = (
+    'Error: Tool call is not a valid JSON. Tool call must contain a valid "name" and '
+    '"arguments" field.'
+)
+#: The release's forced final-answer turn at the context limit (WebSailor / Tongyi DR).
+FORCE_ANSWER = (
+    "You have now reached the maximum context length you can handle. You should stop making "
+    "tool calls and, based on all the information above, think again and provide what you "
+    "consider the most likely answer in the following format:<think>your final thinking"
+    "</think>\n<answer>your answer</answer>"
+)
+TOOL_NAMES = ("search", "visit")
+
+
+@cache
+def _prompt(name: str) -> str:
+    return resources.files("webdancer").joinpath("prompts", name).read_text(encoding="utf-8")
+
+
+def system_prompt(date: str) -> str:
+    """The persona, ending with `Current date: YYYY-MM-DD`."""
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+        raise ValueError(f"date must be YYYY-MM-DD, got {date!r}")
+    return f"{_prompt('system.txt')}\nCurrent date: {date}"
+
+
+def first_user_turn(question: str) -> str:
+    """The tools block, the format instructions and the question."""
+    return f"{_prompt('user_prefix.txt')}User: {question}"
+
+
+def initial_messages(question: str, date: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": system_prompt(date)},
+        {"role": "user", "content": first_user_turn(question)},
+    ]
+
+
+def observation(result: str) -> str:
+    """A tool result as the user turn the model was trained to read."""
+    return f"<tool_response>\n{result}\n</tool_response>"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    text: str
+
+
+@dataclass(frozen=True)
+class ProtocolError:
+    """The turn broke the protocol; `message` goes back to the model as the tool response."""
+
+    message: str
+
+
+Turn = ToolCall | FinalAnswer | ProtocolError
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+
+
+def cut_hallucinated_observation(text: str) -> str:
+    """Drop anything from a `<tool_response>` the model wrote itself (when a server ignored the
+    stop sequence): observations only come from tools."""
+    return text.split("<tool_response>", 1)[0]
+
+
+def loads_tolerant(raw: str) -> Any:
+    """JSON, then JSON5 (single quotes, trailing commas, unquoted keys, comments)."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return json5.loads(raw)
+
+
+def parse_turn(text: str) -> Turn:
+    """Read one assistant turn. Only the first tool call is executed; a turn that calls a tool
+    before answering is a tool call (it has not seen the result yet)."""
+    text = cut_hallucinated_observation(text)
+    call = _TOOL_CALL.search(text)
+    answer = _ANSWER.search(text)
+    if call and (not answer or call.start() < answer.start()):
+        raw = call.group(1).strip()
+        try:
+            payload = loads_tolerant(raw)
+        except ValueError:
+            return ProtocolError(INVALID_TOOL_CALL)
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            return ProtocolError(INVALID_TOOL_CALL)
+        arguments = payload.get("arguments", {})
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):
+                arguments = loads_tolerant(arguments)
+        if not isinstance(arguments, dict):
+            return ProtocolError(INVALID_TOOL_CALL)
+        if payload["name"] not in TOOL_NAMES:
+            return ProtocolError(f"Error: Tool {payload['name']} not found")
+        return ToolCall(payload["name"], arguments)
+    if answer:
+        return FinalAnswer(answer.group(1).strip())
+    return ProtocolError(
+        "Error: no <tool_call> or <answer> found. Call a tool inside "
+        "<tool_call></tool_call> or give the final answer inside "
+        "<answer></answer>."
+    )

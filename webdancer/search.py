@@ -1,0 +1,74 @@
+"""The search tool: one interface over every backend, results rendered in the Serper text shape
+WebDancer was trained on, whatever produced the hits."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    title: str
+    url: str
+    snippet: str = ""
+    date: str | None = None
+    #: The corpus document behind the hit (local backend), for traces and golden evidence.
+    doc_id: str | None = None
+
+
+class SearchBackend(Protocol):
+    #: Names the backend in the tool cache.
+    name: str
+
+    async def search(self, query: str, top_k: int) -> list[SearchHit]: ...
+
+
+def render_hits(query: str, hits: list[SearchHit]) -> str:
+    """One query's hits as the Serper text the model saw in training."""
+    if not hits:
+        return f"No results found for '{query}'. Try with a more general query."
+    entries = []
+    for i, hit in enumerate(hits, 1):
+        date = f"\nDate published: {hit.date}" if hit.date else ""
+        snippet = f"\n{hit.snippet}" if hit.snippet else ""
+        entries.append(f"{i}. [{hit.title}]({hit.url}){date}\n{snippet}")
+    return (
+        f"A Google search for '{query}' found {len(hits)} results:\n\n## Web Results\n"
+        + "\n\n".join(entries)
+    )
+
+
+#: How the release joins the results of several queries made in one call.
+QUERY_SEPARATOR = "\n=======\n"
+
+
+@dataclass
+class SearchResult:
+    text: str
+    hits: dict[str, list[SearchHit]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+async def batched_search(backend: SearchBackend, queries: list[str], top_k: int) -> SearchResult:
+    """Run every query; a failing query is reported inside the text, never raised."""
+
+    async def one(query: str) -> tuple[str, list[SearchHit] | None, str | None]:
+        try:
+            return query, await backend.search(query, top_k), None
+        except Exception as e:  # any backend failure becomes text the model can react to
+            return query, None, f"{type(e).__name__}: {e}"
+
+    result = SearchResult(text="")
+    blocks = []
+    for query, hits, error in await asyncio.gather(*(one(q) for q in queries)):
+        if error is not None:
+            result.errors[query] = error
+            blocks.append(f"The search for '{query}' failed ({error}). Try again or rephrase.")
+        else:
+            assert hits is not None
+            result.hits[query] = hits
+            blocks.append(render_hits(query, hits))
+    result.text = QUERY_SEPARATOR.join(blocks)
+    return result

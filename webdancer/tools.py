@@ -1,0 +1,109 @@
+"""The agent's two tools behind the tool cache: `search` (batched queries) and `visit`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from webdancer.protocol import ToolCall
+from webdancer.search import SearchBackend, batched_search
+from webdancer.tool_cache import ToolCache
+from webdancer.visit import Visitor
+
+# The release's messages for arguments of the wrong shape (the model saw them in training).
+BAD_SEARCH = "[Search] Invalid request format: Input must be a JSON object containing 'query' field"
+BAD_VISIT = (
+    "[Visit] Invalid request format: Input must be a JSON object containing 'url' and 'goal' fields"
+)
+
+
+@dataclass
+class ToolResult:
+    text: str
+    #: Corpus documents and URLs the result showed the model (for traces and evidence).
+    doc_ids: list[str] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    cached: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "doc_ids": self.doc_ids,
+            "urls": self.urls,
+            "errors": self.errors,
+        }
+
+
+def _strings(value: Any) -> list[str] | None:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        return None
+    items = [str(v).strip() for v in value if str(v).strip()]
+    return items or None
+
+
+class Tools:
+    def __init__(
+        self,
+        search: SearchBackend,
+        visitor: Visitor,
+        cache: ToolCache | None = None,
+        top_k: int = 10,
+        max_queries: int = 3,
+    ) -> None:
+        self.search = search
+        self.visitor = visitor
+        self.cache = cache
+        self.top_k = top_k
+        self.max_queries = max_queries
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        if call.name == "search":
+            queries = _strings(call.arguments.get("query", call.arguments.get("queries")))
+            if queries is None:
+                return ToolResult(BAD_SEARCH)
+            return await self._cached(
+                "search",
+                self.search.name,
+                {"query": queries[: self.max_queries], "top_k": self.top_k},
+                self._search,
+            )
+        urls = _strings(call.arguments.get("url"))
+        goal = call.arguments.get("goal")
+        if urls is None or not isinstance(goal, str) or not goal.strip():
+            return ToolResult(BAD_VISIT)
+        backend = f"{self.visitor.pages.name}+{self.visitor.summarizer.identity}"
+        return await self._cached(
+            "visit", backend, {"url": urls, "goal": goal.strip()}, self._visit
+        )
+
+    async def _search(self, arguments: dict[str, Any]) -> ToolResult:
+        found = await batched_search(self.search, arguments["query"], arguments["top_k"])
+        hits = [h for query_hits in found.hits.values() for h in query_hits]
+        return ToolResult(
+            found.text, [h.doc_id for h in hits if h.doc_id], [h.url for h in hits], found.errors
+        )
+
+    async def _visit(self, arguments: dict[str, Any]) -> ToolResult:
+        visited = await self.visitor.visit(arguments["url"], arguments["goal"])
+        return ToolResult(visited.text, visited.doc_ids, visited.urls, visited.failures)
+
+    async def _cached(
+        self,
+        tool: str,
+        backend: str,
+        arguments: dict[str, Any],
+        run: Callable[[dict[str, Any]], Awaitable[ToolResult]],
+    ) -> ToolResult:
+        if self.cache is not None:
+            stored = self.cache.get(tool, backend, arguments)
+            if stored is not None:
+                return ToolResult(**stored, cached=True)
+        result: ToolResult = await run(arguments)
+        # Failures may be passing (a timeout); only clean results are replayed.
+        if self.cache is not None and not result.errors:
+            self.cache.put(tool, backend, arguments, result.as_dict())
+        return result

@@ -1,0 +1,218 @@
+"""The visit tool: fetch each page (local corpus or HTTP), then the summarizer role extracts what
+serves the goal as structured `{evidence, summary}`, rendered as in the WebDancer release."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import urljoin
+
+import httpx
+from pydantic import BaseModel, Field
+
+from eval.schema import CorpusDocument
+from serving.engine import ChatModel
+from serving.errors import EngineError
+from serving.types import ChatRequest, JsonSchemaOutput, Message, Sampling
+from webdancer.search import QUERY_SEPARATOR
+from webdancer.ssrf import BlockedURL, Resolver, check_url, system_resolver
+
+# The release's fixed sentences for a page that could not be read (the model saw them).
+FALLBACK_EVIDENCE = (
+    "The provided webpage content could not be accessed. Please check the URL or file format."
+)
+FALLBACK_SUMMARY = (
+    "The webpage content could not be processed, and therefore, no information is available."
+)
+
+
+def render_visit(url: str, goal: str, evidence: str, summary: str) -> str:
+    return (
+        f"The useful information in {url} for user goal {goal} as follows: \n\n"
+        f"Evidence in page: \n{evidence}\n\nSummary: \n{summary}\n\n"
+    )
+
+
+@dataclass(frozen=True)
+class Page:
+    url: str
+    title: str
+    text: str
+    doc_id: str | None = None
+
+
+class PageSource(Protocol):
+    name: str
+
+    async def fetch(self, url: str) -> Page: ...
+
+
+class LocalPages:
+    """URL → corpus document (also `doc://<doc_id>`, the retrieval server's pseudo-URLs)."""
+
+    name = "local"
+
+    def __init__(self, documents: Iterable[CorpusDocument]) -> None:
+        self.by_url: dict[str, CorpusDocument] = {}
+        for d in documents:
+            self.by_url[d.url] = d
+            self.by_url[f"doc://{d.doc_id}"] = d
+
+    async def fetch(self, url: str) -> Page:
+        doc = self.by_url.get(url) or self.by_url.get(url.rstrip("/"))
+        if doc is None:
+            raise LookupError(f"{url} is not in the local corpus")
+        return Page(doc.url, doc.title, doc.text, doc.doc_id)
+
+
+class HttpPages:
+    """httpx + trafilatura main-text extraction, with size, time and content-type limits and an
+    SSRF guard on the first URL and on every redirect."""
+
+    name = "http"
+    CONTENT_TYPES = ("text/html", "application/xhtml+xml", "text/plain")
+
+    def __init__(
+        self,
+        allow_hosts: Iterable[str] = (),
+        max_bytes: int = 5_000_000,
+        timeout_s: float = 20.0,
+        max_redirects: int = 5,
+        resolver: Resolver = system_resolver,
+    ) -> None:
+        self.allow_hosts = tuple(allow_hosts)
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.max_redirects = max_redirects
+        self.resolver = resolver
+
+    async def fetch(self, url: str) -> Page:
+        async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client:
+            for _ in range(self.max_redirects + 1):
+                check_url(url, self.allow_hosts, self.resolver)
+                async with client.stream("GET", url) as reply:
+                    if reply.is_redirect:
+                        url = urljoin(url, reply.headers.get("location", ""))
+                        continue
+                    reply.raise_for_status()
+                    kind = reply.headers.get("content-type", "").split(";")[0].strip().lower()
+                    if kind and kind not in self.CONTENT_TYPES:
+                        raise ValueError(f"{url}: content type {kind!r} is not a web page")
+                    body = bytearray()
+                    async for chunk in reply.aiter_bytes():
+                        body += chunk
+                        if len(body) > self.max_bytes:
+                            raise ValueError(f"{url}: page larger than {self.max_bytes} bytes")
+                    html = body.decode(reply.encoding or "utf-8", errors="replace")
+                    return _extract(url, html, kind)
+        raise ValueError(f"more than {self.max_redirects} redirects")
+
+
+def _extract(url: str, html: str, kind: str) -> Page:
+    if kind == "text/plain":
+        return Page(url, "", html)
+    try:
+        import trafilatura
+    except ImportError as e:  # the `web` extra
+        raise RuntimeError(
+            "HTTP visits need trafilatura: pip install 'clarify-then-search[web]'"
+        ) from e
+    text = trafilatura.extract(html, url=url, include_comments=False) or ""
+    metadata = trafilatura.extract_metadata(html)
+    if not text.strip():
+        raise ValueError(f"{url}: no main text found")
+    return Page(url, (metadata.title if metadata else "") or "", text)
+
+
+class PageNotes(BaseModel):
+    """What the summarizer role returns for one page."""
+
+    evidence: str = Field(max_length=3000)
+    summary: str = Field(max_length=1500)
+
+
+SUMMARIZER_PROMPT = """Read the web page below and extract what serves the user's goal.
+
+## Web page
+{title}
+{content}
+
+## User goal
+{goal}
+
+Return JSON with two fields:
+- "evidence": the passages of the page that bear on the goal, quoted as closely as possible;
+- "summary": a short paragraph saying what the page contributes to the goal (or that it does
+  not help)."""
+
+
+def truncate_tokens(text: str, max_tokens: int) -> str:
+    """Keep roughly the first `max_tokens` tokens (whitespace-separated words; CJK characters
+    count one each), so long pages fit the summarizer's context."""
+    words = text.split(" ")
+    kept, count = [], 0
+    for word in words:
+        cost = max(1, sum(1 for ch in word if "\u4e00" <= ch <= "\u9fff") or 1)
+        if count + cost > max_tokens:
+            break
+        kept.append(word)
+        count += cost
+    return " ".join(kept)
+
+
+@dataclass
+class VisitResult:
+    text: str
+    urls: list[str] = field(default_factory=list)
+    doc_ids: list[str] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+class Visitor:
+    def __init__(
+        self,
+        pages: PageSource,
+        summarizer: ChatModel,
+        sampling: Sampling,
+        max_page_tokens: int = 3000,
+    ) -> None:
+        self.pages = pages
+        self.summarizer = summarizer
+        self.sampling = sampling
+        self.max_page_tokens = max_page_tokens
+
+    async def _one(self, url: str, goal: str) -> tuple[str, Page | None, str | None]:
+        try:
+            page = await self.pages.fetch(url)
+        except (BlockedURL, LookupError, ValueError, RuntimeError, httpx.HTTPError) as e:
+            return render_visit(url, goal, FALLBACK_EVIDENCE, FALLBACK_SUMMARY), None, str(e)
+        prompt = SUMMARIZER_PROMPT.format(
+            title=page.title, content=truncate_tokens(page.text, self.max_page_tokens), goal=goal
+        )
+        request = ChatRequest(
+            messages=(Message(role="user", content=prompt),),
+            sampling=self.sampling,
+            output=JsonSchemaOutput.of(PageNotes),
+        )
+        try:
+            notes = PageNotes.model_validate((await self.summarizer.chat(request)).parsed)
+        except EngineError as e:
+            return (
+                render_visit(url, goal, FALLBACK_EVIDENCE, FALLBACK_SUMMARY),
+                page,
+                f"summarizer: {e}",
+            )
+        return render_visit(url, goal, notes.evidence, notes.summary), page, None
+
+    async def visit(self, urls: list[str], goal: str) -> VisitResult:
+        outcomes = await asyncio.gather(*(self._one(u, goal) for u in urls))
+        result = VisitResult(text=QUERY_SEPARATOR.join(t for t, _, _ in outcomes).strip())
+        for url, (_, page, error) in zip(urls, outcomes, strict=True):
+            result.urls.append(url)
+            if page is not None and page.doc_id:
+                result.doc_ids.append(page.doc_id)
+            if error is not None:
+                result.failures[url] = error
+        return result
