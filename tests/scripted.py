@@ -32,4 +32,8 @@ class ScriptedEngine(Engine):
             raise result
         if isinstance(result, Exception):
             raise EngineError(str(result))
-        return ChatResponse(text=result, usage=Usage(prompt_tokens=3, completion_tokens=2))
+        # Plausible token counts (about 4 characters a token) for budget logic.
+        prompt = sum(len(m.content) for m in request.messages) // 4 + 1
+        return ChatResponse(
+            text=result, usage=Usage(prompt_tokens=prompt, completion_tokens=len(result) // 4 + 1)
+        )

@@ -31,8 +31,9 @@ from webdancer.tools import Tools
 Termination = Literal["answer", "max_calls", "context_limit", "error"]
 
 # Constrained mode: a grammar per turn for models never trained on the protocol (the tiny
-# model), so that they really call the tools. Bounded lengths keep every turn finite.
-_THINK = r"<think>\n[^<>]{1,300}\n</think>\n"
+# model), so that they really call the tools. Bounded lengths keep every turn finite: the
+# longest turn is about 700 characters, so give such models max_tokens >= 320.
+_THINK = r"<think>\n[^<>]{1,200}\n</think>\n"
 _QUERY = r'"[^"\\<>\n]{2,80}"'
 _SEARCH = (
     r'<tool_call>\n\{"name": "search", "arguments": \{"query": \['
@@ -45,7 +46,7 @@ _VISIT = (
     r'<tool_call>\n\{"name": "visit", "arguments": \{"url": \["https?://[^"\\<>\s]{4,200}"\]'
     r', "goal": "[^"\\<>\n]{3,120}"\}\}\n</tool_call>'
 )
-_ANSWER = r"<answer>\n[^<>]{1,500}\n</answer>"
+_ANSWER = r"<answer>\n[^<>]{1,300}\n</answer>"
 TURN_REGEX = _THINK + "(" + "|".join((_SEARCH, _VISIT, _ANSWER)) + ")"
 FINAL_REGEX = _THINK + _ANSWER
 

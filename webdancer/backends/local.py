@@ -1,7 +1,7 @@
 """Local search: BM25 (bm25s) over a corpus JSONL, jieba segmentation for Chinese.
 
-The index is built once and saved under $CTS_HOME/indexes/<sha256 of the corpus file>, so an
-unchanged corpus reloads it and a changed one (new hash) is indexed afresh.
+The index is built once and saved under $CTS_HOME/indexes/<sha256 of the corpus file>-<index
+version>, so an unchanged corpus reloads it and a changed one (new hash) is indexed afresh.
 """
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ from eval.schema import CorpusDocument
 from serving.tiny_model import cts_home, sha256_file
 from webdancer.search import SearchHit
 
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_WORD = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+|\w+", re.UNICODE)
+#: Part of the index folder name: bump it whenever tokenize() changes, so that no index built
+#: with other tokens is reloaded.
+INDEX_VERSION = "bm25s-jieba-1"
+_CJK_RANGES = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK = re.compile(f"[{_CJK_RANGES}]")
+# A CJK run, or a run of other word characters (\w alone would swallow CJK after digits).
+_WORD = re.compile(f"[{_CJK_RANGES}]+|[^\\W{_CJK_RANGES}]+")
 
 
 @cache
@@ -62,7 +67,9 @@ class LocalSearch:
         self.documents: list[CorpusDocument] = load_corpus(corpus)
         self.by_url = {d.url: d for d in self.documents}
         self.corpus_hash = sha256_file(self.corpus_file)
-        self.index_dir = (index_root or cts_home() / "indexes") / self.corpus_hash
+        self.index_dir = (index_root or cts_home() / "indexes") / (
+            f"{self.corpus_hash}-{INDEX_VERSION}"
+        )
         self.rebuilt = False
         self._retriever = self._load_or_build()
 
@@ -73,7 +80,7 @@ class LocalSearch:
         if marker.is_file():
             return bm25s.BM25.load(str(self.index_dir), show_progress=False)
         self.index_dir.parent.mkdir(parents=True, exist_ok=True)
-        with (self.index_dir.parent / f".{self.corpus_hash}.lock").open("w") as lock:
+        with self.index_dir.with_name(f".{self.index_dir.name}.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per corpus across processes
             if marker.is_file():
                 return bm25s.BM25.load(str(self.index_dir), show_progress=False)

@@ -1,0 +1,294 @@
+"""Search backends, the SSRF guard and HTTP visits (loopback only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from webdancer.backends.local import LocalSearch, tokenize
+from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
+from webdancer.search import QUERY_SEPARATOR, SearchHit, batched_search, render_hits
+from webdancer.ssrf import BlockedURL, check_url
+from webdancer.visit import HttpPages
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def test_hits_render_in_the_serper_shape_of_the_training_data():
+    hits = [
+        SearchHit("T1", "https://a.example/1", "snippet one", "May 19, 2025"),
+        SearchHit("T2", "https://a.example/2", "snippet two"),
+    ]
+    assert render_hits("q", hits) == (
+        "A Google search for 'q' found 2 results:\n\n## Web Results\n"
+        "1. [T1](https://a.example/1)\nDate published: May 19, 2025\n\nsnippet one\n\n"
+        "2. [T2](https://a.example/2)\n\nsnippet two"
+    )
+    assert render_hits("q", []) == "No results found for 'q'. Try with a more general query."
+
+
+def test_a_failing_query_is_reported_inside_the_response():
+    class Flaky:
+        name = "flaky"
+
+        async def search(self, query, top_k):
+            if query == "bad":
+                raise TimeoutError("backend timed out")
+            return [SearchHit("T", "https://a.example/", "s")]
+
+    result = asyncio.run(batched_search(Flaky(), ["good", "bad"], 10))
+    good, bad = result.text.split(QUERY_SEPARATOR)
+    assert good.startswith("A Google search for 'good' found 1 results")
+    assert (
+        bad
+        == "The search for 'bad' failed (TimeoutError: backend timed out). Try again or rephrase."
+    )
+    assert result.errors == {"bad": "TimeoutError: backend timed out"}
+
+
+# -- local BM25 ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory) -> LocalSearch:
+    return LocalSearch("sample", tmp_path_factory.mktemp("indexes"))
+
+
+def test_a_title_finds_its_document_at_rank_1_in_english_and_chinese(local):
+    english = [d for d in local.documents if d.language == "en"][::25]
+    chinese = [d for d in local.documents if d.language == "zh"][::6]
+    assert len(chinese) >= 5
+    for doc in english + chinese:
+        hits = local.search_sync(doc.title, 10)
+        assert hits[0].doc_id == doc.doc_id, (doc.title, [h.doc_id for h in hits[:3]])
+
+
+def test_chinese_is_segmented_into_words():
+    assert tokenize("华岳医学会2023年版成人失眠诊疗共识") == [
+        "华岳",
+        "医学会",
+        "2023",
+        "年版",
+        "成人",
+        "失眠",
+        "诊疗",
+        "共识",
+    ]
+
+
+def test_top_k_and_no_hits(local):
+    assert len(local.search_sync("earbuds battery charging", 10)) == 10
+    assert local.search_sync("zzzqqqxxx", 10) == []
+
+
+def test_the_index_is_reused_when_the_corpus_is_unchanged_and_rebuilt_when_it_changes(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    docs = [
+        {
+            "doc_id": f"d{i}",
+            "url": f"https://x.example/{i}",
+            "title": f"title {i}",
+            "text": f"alpha beta {i}",
+        }
+        for i in range(5)
+    ]
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    first = LocalSearch(str(corpus), tmp_path / "idx")
+    again = LocalSearch(str(corpus), tmp_path / "idx")
+    assert first.rebuilt and not again.rebuilt and again.index_dir == first.index_dir
+    with corpus.open("a") as f:
+        f.write(
+            json.dumps(
+                {
+                    "doc_id": "d9",
+                    "url": "https://x.example/9",
+                    "title": "gamma",
+                    "text": "gamma delta",
+                }
+            )
+            + "\n"
+        )
+    changed = LocalSearch(str(corpus), tmp_path / "idx")
+    assert changed.rebuilt and changed.index_dir != first.index_dir
+    assert changed.search_sync("gamma", 3)[0].doc_id == "d9"
+    shutil.rmtree(tmp_path / "idx")
+
+
+# -- HTTP search backends against scripted loopback servers --------------------------------------
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[str, list, dict]]:
+    seen: list[dict] = []
+    replies: dict = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(
+            self, body: dict | None = None, status: int = 200, headers: dict | None = None
+        ) -> None:
+            data = json.dumps(body).encode() if body is not None else b""
+            self.send_response(status)
+            for k, v in (headers or {"Content-Type": "application/json"}).items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            seen.append({"path": self.path, "headers": dict(self.headers)})
+            status, body, headers = replies.get(self.path.split("?")[0], (404, {}, None))
+            if isinstance(body, str):
+                data = body.encode()
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            else:
+                self._reply(body, status, headers)
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append({"path": self.path, "body": body, "headers": dict(self.headers)})
+            status, reply, _ = replies.get(self.path, (404, {}, None))
+            self._reply(reply, status)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", seen, replies
+    httpd.shutdown()
+
+
+def test_serper_request_key_and_chinese_locale(http_server, monkeypatch):
+    url, seen, replies = http_server
+    replies["/search"] = (
+        200,
+        {
+            "organic": [
+                {"title": "T", "link": "https://a.example/", "snippet": "s", "date": "Jan 1, 2025"}
+            ]
+        },
+        None,
+    )
+    monkeypatch.setenv("SERPER_API_KEY", "secret-key")
+    backend = SerperSearch(endpoint=f"{url}/search")
+    (hit,) = asyncio.run(backend.search("鹤汀县 春茶", 10))
+    assert hit == SearchHit("T", "https://a.example/", "s", "Jan 1, 2025")
+    assert seen[0]["body"] == {
+        "q": "鹤汀县 春茶",
+        "location": "China",
+        "gl": "cn",
+        "hl": "zh-cn",
+        "num": 10,
+    }
+    assert seen[0]["headers"]["X-API-KEY"] == "secret-key"
+    asyncio.run(backend.search("tea harvest", 10))
+    assert seen[1]["body"]["gl"] == "us"
+    monkeypatch.delenv("SERPER_API_KEY")
+    result = asyncio.run(batched_search(backend, ["x"], 10))
+    assert "SERPER_API_KEY is not set" in result.text
+
+
+def test_searxng_and_retrieval_server(http_server):
+    url, seen, replies = http_server
+    replies["/search"] = (
+        200,
+        {
+            "results": [
+                {"title": "S", "url": "https://s.example/", "content": "c", "publishedDate": None}
+            ]
+        },
+        None,
+    )
+    replies["/retrieve"] = (
+        200,
+        {"result": [[{"document": {"id": "42", "contents": '"Title"\nbody text'}, "score": 3.2}]]},
+        None,
+    )
+    (hit,) = asyncio.run(SearxngSearch(url).search("q", 10))
+    assert hit == SearchHit("S", "https://s.example/", "c", None)
+    assert seen[0]["path"] == "/search?q=q&format=json"
+    (doc,) = asyncio.run(RetrievalServerSearch(url).search("q", 3))
+    assert doc == SearchHit("Title", "doc://42", "body text", None, "42")
+    assert seen[1]["body"] == {"queries": ["q"], "topk": 3, "return_scores": True}
+
+
+# -- SSRF ----------------------------------------------------------------------------------------
+
+REFUSED = [
+    "http://localhost/",
+    "http://127.0.0.1/",
+    "http://127.1.2.3:8080/admin",
+    "http://2130706433/",  # decimal 127.0.0.1
+    "http://0177.0.0.1/",  # octal
+    "http://0x7f.0.0.1/",  # hex
+    "http://0/",
+    "http://[::1]/",
+    "http://[::ffff:127.0.0.1]/",
+    "http://[::ffff:7f00:1]/",
+    "http://10.0.0.5/",
+    "http://172.16.3.4/",
+    "http://192.168.1.1/",
+    "http://169.254.169.254/latest/meta-data/",  # cloud metadata
+    "http://[fe80::1]/",
+    "http://[fd00:ec2::254]/",
+    "http://100.100.100.200/",  # Alibaba Cloud metadata
+    "http://100.64.0.1/",
+    "http://0.0.0.0/",
+    "file:///etc/passwd",
+    "gopher://127.0.0.1/",
+]
+
+
+@pytest.mark.parametrize("url", REFUSED)
+def test_ssrf_guard_refuses(url):
+    with pytest.raises(BlockedURL):
+        check_url(url)
+
+
+def test_a_public_looking_name_resolving_to_a_private_address_is_refused():
+    def resolver(host: str, port: int) -> list[str]:
+        return {
+            "news.example": ["93.184.216.34"],
+            "intranet.example": ["93.184.216.34", "10.1.2.3"],
+        }[host]
+
+    check_url("https://news.example/a", resolver=resolver)  # public: allowed
+    with pytest.raises(BlockedURL, match=r"'intranet.example' resolves to 10.1.2.3, a private"):
+        check_url("https://intranet.example/a", resolver=resolver)
+    check_url("http://intranet.example/a", allow_hosts=["intranet.example"], resolver=resolver)
+
+
+def test_http_visit_extracts_text_and_refuses_a_redirect_to_a_private_address(http_server):
+    pytest.importorskip("trafilatura")
+    url, seen, replies = http_server
+    article = (
+        "<html><head><title>Night trains</title></head><body><article><h1>Night "
+        "trains</h1>"
+        + "<p>The sleeper leaves at 22:10 and arrives at 07:45.</p>" * 8
+        + "</article></body></html>"
+    )
+    replies["/page"] = (200, article, {"Content-Type": "text/html; charset=utf-8"})
+    replies["/hop"] = (302, "", {"Location": "/page"})
+    replies["/evil"] = (302, "", {"Location": "http://169.254.169.254/latest/meta-data/"})
+    replies["/pdf"] = (200, "%PDF", {"Content-Type": "application/pdf"})
+    pages = HttpPages(allow_hosts=["127.0.0.1"])
+    page = asyncio.run(pages.fetch(f"{url}/hop"))
+    assert "22:10" in page.text and page.url.endswith("/page")
+    with pytest.raises(BlockedURL, match=r"169\.254\.169\.254"):
+        asyncio.run(pages.fetch(f"{url}/evil"))
+    with pytest.raises(ValueError, match="not a web page"):
+        asyncio.run(pages.fetch(f"{url}/pdf"))
+    with pytest.raises(BlockedURL, match="loopback"):
+        asyncio.run(HttpPages().fetch(f"{url}/page"))  # not allow-listed: loopback refused
+    assert [s["path"] for s in seen] == ["/hop", "/page", "/evil", "/pdf"]
