@@ -18,7 +18,6 @@ from eval.dataset import (
     DatasetError,
     DatasetSource,
     GoldTable,
-    check_corpus,
     check_source,
     corpus_path,
     load_instances,
@@ -26,6 +25,7 @@ from eval.dataset import (
 )
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
 from serving.yaml_config import ConfigError
+from webdancer.corpus import CorpusError, check_corpus
 
 CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
 SET_HELP = "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable)."
@@ -192,7 +192,7 @@ def data_validate(
     Problems print as `file:line: field: message`; the exit code is 1 when there is any."""
     try:
         if _is_corpus(path):
-            documents, problems = check_corpus(read_rows(path))
+            documents, problems = check_corpus(Path(path))
             count = f"{len(documents)} documents"
         else:
             splits = list(SAMPLE_SPLITS) if path == "sample" and split is None else [split]
@@ -202,12 +202,12 @@ def data_validate(
                 problems += checked.problems
                 total += len(checked.instances)
             if path == "sample":
-                documents, corpus_problems = check_corpus(read_rows(corpus_path("sample")))
+                documents, corpus_problems = check_corpus(corpus_path("sample"))
                 problems += corpus_problems
             count = f"{total} instances" + (
                 f", {len(documents)} documents" if path == "sample" else ""
             )
-    except DatasetError as e:
+    except (DatasetError, CorpusError) as e:
         problems, count = e.problems, "nothing"
     for problem in problems:
         typer.echo(str(problem))

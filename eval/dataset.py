@@ -20,6 +20,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from eval.schema import CONSTRAINT_TYPES, CorpusDocument, Instance, known_language
+from webdancer.corpus import Problem, check_corpus
+from webdancer.corpus import load_corpus as load_corpus_file
 
 #: The sample benchmark shipped with the package.
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample_data"
@@ -35,18 +37,6 @@ class DatasetError(ValueError):
         shown = "\n".join(str(p) for p in problems[:50])
         more = f"\n… and {len(problems) - 50} more" if len(problems) > 50 else ""
         super().__init__(f"{len(problems)} problem(s):\n{shown}{more}")
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int | None
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line is not None else self.file
-        return f"{where}: {self.field}: {self.message}"
 
 
 @dataclass
@@ -434,50 +424,6 @@ def _row_problems(
     return problems
 
 
-def check_corpus(rows: Iterable[Row]) -> tuple[list[CorpusDocument], list[Problem]]:
-    documents: list[CorpusDocument] = []
-    problems: list[Problem] = []
-    first_seen: dict[str, int] = {}
-    for row in rows:
-        if row.data is None:
-            problems.append(Problem(row.file, row.line, "<row>", row.error or "unreadable"))
-            continue
-        data = {k: v for k, v in row.data.items() if v is not None}
-        row_problems: list[Problem] = []
-        doc_id = data.get("doc_id")
-        if isinstance(doc_id, str) and doc_id:
-            if doc_id in first_seen:
-                row_problems.append(
-                    Problem(
-                        row.file,
-                        row.line,
-                        "doc_id",
-                        f"duplicate doc_id {doc_id!r} (first at line {first_seen[doc_id]})",
-                    )
-                )
-            else:
-                first_seen[doc_id] = row.line
-        language = data.get("language")
-        if isinstance(language, str) and language and not known_language(language):
-            row_problems.append(
-                Problem(row.file, row.line, "language", f"unknown language {language!r}")
-            )
-        date = data.get("date")
-        if isinstance(date, str) and date and not re.fullmatch(r"\d{4}(-\d{2}(-\d{2})?)?", date):
-            row_problems.append(
-                Problem(row.file, row.line, "date", f"expected YYYY[-MM[-DD]], got {date!r}")
-            )
-        try:
-            document = CorpusDocument.model_validate(data)
-        except ValidationError as e:
-            row_problems += _pydantic_problems(e, row.file, row.line)
-        else:
-            if not row_problems:
-                documents.append(document)
-        problems += row_problems
-    return documents, problems
-
-
 # -- the loaders the rest of the toolkit calls ----------------------------------------------------
 
 
@@ -501,19 +447,13 @@ def corpus_path(corpus: str) -> Path:
 
 
 def load_corpus(corpus: str) -> list[CorpusDocument]:
-    documents, problems = check_corpus(read_rows(corpus_path(corpus)))
-    if problems:
-        raise DatasetError(problems)
-    return documents
+    """`sample` or a corpus JSONL path; CorpusError lists every problem."""
+    return load_corpus_file(corpus_path(corpus))
 
 
 def corpus_ids(corpus: str) -> set[str]:
-    """Doc ids of a corpus (read leniently: validating the corpus is its own check)."""
-    return {
-        str(row.data["doc_id"])
-        for row in read_rows(corpus_path(corpus))
-        if row.data is not None and row.data.get("doc_id") is not None
-    }
+    """Doc ids of a corpus's valid documents (validating the corpus is its own check)."""
+    return {d.doc_id for d in check_corpus(corpus_path(corpus))[0]}
 
 
 def _source_rows(source: DatasetSource) -> Iterator[Row]:

@@ -12,12 +12,11 @@ from eval.dataset import (
     DatasetError,
     DatasetSource,
     GoldTable,
-    check_corpus,
     check_source,
     load_instances,
-    read_rows,
 )
 from eval.schema import Instance
+from webdancer.corpus import check_corpus
 
 GOOD = {
     "id": "q1",
@@ -411,7 +410,7 @@ def test_corpus_problems(tmp_path):
         )
         + "\n"
     )
-    documents, problems = check_corpus(read_rows(path))
+    documents, problems = check_corpus(path)
     assert [d.doc_id for d in documents] == ["d1"]
     assert [str(p) for p in problems] == [
         f"{path}:2: doc_id: duplicate doc_id 'd1' (first at line 1)",

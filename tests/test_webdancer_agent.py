@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eval.dataset import DatasetSource, load_corpus, load_instances
+from eval.dataset import DatasetSource, corpus_path, load_corpus, load_instances
 from serving.errors import EngineError
 from serving.types import ChatRequest, Sampling
 from tests.scripted import ScriptedEngine
@@ -34,7 +34,7 @@ def corpus():
 
 @pytest.fixture(scope="module")
 def local_search(tmp_path_factory):
-    return LocalSearch("sample", tmp_path_factory.mktemp("index"))
+    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
 
 
 def tools_for(search, corpus, summarizer=None, cache=None) -> Tools:

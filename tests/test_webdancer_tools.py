@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from eval.dataset import corpus_path
 from webdancer.backends.local import LocalSearch, tokenize
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
 from webdancer.search import QUERY_SEPARATOR, SearchHit, batched_search, render_hits
@@ -57,7 +58,7 @@ def test_a_failing_query_is_reported_inside_the_response():
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory) -> LocalSearch:
-    return LocalSearch("sample", tmp_path_factory.mktemp("indexes"))
+    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("indexes"))
 
 
 def test_a_title_finds_its_document_at_rank_1_in_english_and_chinese(local):
@@ -99,8 +100,8 @@ def test_the_index_is_reused_when_the_corpus_is_unchanged_and_rebuilt_when_it_ch
         for i in range(5)
     ]
     corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    first = LocalSearch(str(corpus), tmp_path / "idx")
-    again = LocalSearch(str(corpus), tmp_path / "idx")
+    first = LocalSearch(corpus, tmp_path / "idx")
+    again = LocalSearch(corpus, tmp_path / "idx")
     assert first.rebuilt and not again.rebuilt and again.index_dir == first.index_dir
     with corpus.open("a") as f:
         f.write(
@@ -114,7 +115,7 @@ def test_the_index_is_reused_when_the_corpus_is_unchanged_and_rebuilt_when_it_ch
             )
             + "\n"
         )
-    changed = LocalSearch(str(corpus), tmp_path / "idx")
+    changed = LocalSearch(corpus, tmp_path / "idx")
     assert changed.rebuilt and changed.index_dir != first.index_dir
     assert changed.search_sync("gamma", 3)[0].doc_id == "d9"
     shutil.rmtree(tmp_path / "idx")

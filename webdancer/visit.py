@@ -12,10 +12,10 @@ from urllib.parse import urljoin
 import httpx
 from pydantic import BaseModel, Field
 
-from eval.schema import CorpusDocument
 from serving.engine import ChatModel
 from serving.errors import EngineError
 from serving.types import ChatRequest, JsonSchemaOutput, Message, Sampling
+from webdancer.corpus import CorpusDocument
 from webdancer.search import QUERY_SEPARATOR
 from webdancer.ssrf import BlockedURL, Resolver, check_url, system_resolver
 

@@ -15,9 +15,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from eval.dataset import corpus_path, load_corpus
-from eval.schema import CorpusDocument
 from serving.tiny_model import cts_home, sha256_file
+from webdancer.corpus import CorpusDocument, load_corpus
 from webdancer.search import SearchHit
 
 #: Part of the index folder name: bump it whenever tokenize() changes, so that no index built
@@ -62,9 +61,9 @@ def snippet(text: str, limit: int = 300) -> str:
 class LocalSearch:
     name = "local"
 
-    def __init__(self, corpus: str = "sample", index_root: Path | None = None) -> None:
-        self.corpus_file = corpus_path(corpus)
-        self.documents: list[CorpusDocument] = load_corpus(corpus)
+    def __init__(self, corpus_file: Path, index_root: Path | None = None) -> None:
+        self.corpus_file = Path(corpus_file)
+        self.documents: list[CorpusDocument] = load_corpus(self.corpus_file)
         self.by_url = {d.url: d for d in self.documents}
         self.corpus_hash = sha256_file(self.corpus_file)
         self.index_dir = (index_root or cts_home() / "indexes") / (
