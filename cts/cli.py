@@ -18,6 +18,7 @@ app.add_typer(serving_cli.app, name="models")
 app.add_typer(eval_cli.config_app, name="config")
 app.add_typer(eval_cli.data_app, name="data")
 app.command("run")(eval_cli.run)
+app.command("search")(eval_cli.search)
 
 
 def main() -> None:

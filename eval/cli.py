@@ -23,9 +23,13 @@ from eval.dataset import (
     load_instances,
     read_rows,
 )
+from eval.engines import open_engines
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
+from eval.search_agent import build_agent
 from serving.yaml_config import ConfigError
+from webdancer.agent import AgentResult
 from webdancer.corpus import CorpusError, check_corpus
+from webdancer.tool_cache import ToolCacheMiss
 
 CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
 SET_HELP = "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable)."
@@ -245,3 +249,47 @@ def data_stats(
         for key, value in stats.items():
             table.add_row(key, json.dumps(value, ensure_ascii=False))
         Console().print(table)
+
+
+def search(
+    question: str = typer.Argument(..., help="The question to search for."),
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    tools_offline: bool = typer.Option(
+        False, "--tools-offline", help="Replay tool calls from the tool cache; a miss is an error."
+    ),
+    trace: Path | None = typer.Option(None, help="Write the full trace (JSON) to this file."),
+) -> None:
+    """Run the WebDancer agent on one question with the configured searcher and tools.
+
+    Prints the answer, why the run ended, and the documents the tools showed the model."""
+    resolved = _load(config, [*set_, *(["search.offline=true"] if tools_offline else [])])
+
+    async def go() -> AgentResult:
+        async with open_engines(resolved, ["searcher", "summarizer"]) as engines:
+            return await build_agent(resolved, engines).run(question)
+
+    try:
+        result = asyncio.run(go())
+    except ToolCacheMiss as e:
+        typer.echo(f"tool cache miss: {e}", err=True)
+        raise typer.Exit(1) from None
+    if trace:
+        trace.write_text(json.dumps(result.as_dict(), indent=2, ensure_ascii=False))
+    console = Console()
+    console.print(f"[bold]answer[/bold]: {result.answer or '(none)'}", highlight=False)
+    tools_used = [s["tool"] for s in result.steps if s["kind"] == "tool"]
+    console.print(
+        f"ended by {result.termination} after {result.llm_calls} model calls "
+        f"({result.prompt_tokens} prompt + {result.completion_tokens} completion tokens) and "
+        f"{len(tools_used)} tool calls ({', '.join(tools_used) or 'none'}) in "
+        f"{result.seconds:.1f} s",
+        highlight=False,
+    )
+    if result.error:
+        console.print(f"[red]error[/red]: {result.error}", highlight=False)
+    console.print(f"documents seen: {', '.join(result.doc_ids) or 'none'}", highlight=False)
+    if trace:
+        console.print(f"trace: {trace}")
+    if result.termination == "error":
+        raise typer.Exit(1)

@@ -59,13 +59,32 @@ class RoleConfig(_Strict):
 
 
 class SearchConfig(_Strict):
+    """The WebDancer agent's tools (DESIGN §5)."""
+
     backend: Literal["local", "serper", "searxng", "retrieval-server"] = "local"
-    #: Corpus JSONL for the local backend (`sample` = the shipped corpus).
+    #: Corpus JSONL for the local search and visit backends (`sample` = the shipped corpus).
     corpus: str = "sample"
     top_k: int = Field(10, ge=1)
+    #: Most queries one search call runs (the release's MAX_MULTIQUERY_NUM).
+    max_queries: int = Field(3, ge=1)
+    #: Base URL of the serper / searxng / retrieval-server backend.
     endpoint: str | None = None
+    #: Name of the environment variable with the API key (serper: SERPER_API_KEY).
     api_key_env: str | None = None
-    #: Replay tool calls from the tool cache only; a miss is an error.
+    #: Where `visit` reads pages: the local corpus, or the web over HTTP (SSRF-guarded).
+    visit: Literal["local", "http"] = "local"
+    #: Hosts the HTTP visit may reach even if they resolve to private addresses.
+    allow_hosts: list[str] = []
+    #: Pages are cut to about this many tokens before the summarizer reads them.
+    max_page_tokens: int = Field(3000, ge=100)
+    #: Grammar-constrained turns for models not trained on the protocol. None = on exactly
+    #: when the searcher is the tiny model.
+    constrained: bool | None = None
+    #: The `Current date:` of the system prompt; None = today. Fix it to replay runs exactly.
+    date: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}$")
+    #: Every tool call and its result; `$CTS_HOME` expands.
+    tool_cache: str = "$CTS_HOME/cache/tools.sqlite"
+    #: Replay tool calls from the tool cache only; a miss is an error (`--tools-offline`).
     offline: bool = False
 
 
@@ -77,14 +96,18 @@ class Budgets(_Strict):
     max_context_tokens: int = Field(8192, ge=256)
 
 
+def expand_path(path: str) -> Path:
+    """`$CTS_HOME` (default ~/.cache/cts), other variables and `~` expanded."""
+    return Path(os.path.expandvars(path.replace("$CTS_HOME", str(cts_home())))).expanduser()
+
+
 class CacheConfig(_Strict):
     enabled: bool = True
     #: Shared by runs, so re-runs and clarifier comparisons reuse answers. `$CTS_HOME` expands.
     path: str = "$CTS_HOME/cache/responses.sqlite"
 
     def resolved_path(self) -> Path:
-        path = self.path.replace("$CTS_HOME", str(cts_home()))
-        return Path(os.path.expandvars(path)).expanduser()
+        return expand_path(self.path)
 
 
 class ExperimentConfig(_Strict):

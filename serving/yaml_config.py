@@ -6,6 +6,7 @@ applied to the raw mapping before validation, so they are checked exactly like f
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,6 +61,8 @@ def parse_override(override: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {override!r}: value is not valid YAML: {e}") from e
+    if isinstance(value, datetime.date):
+        value = raw.strip()  # configs keep dates as text (`search.date=2026-11-30`)
     return key.strip().split("."), value
 
 

@@ -87,6 +87,13 @@ def _approx_tokens(text: str) -> int:
     return len(text) // 3 + 1
 
 
+def _shorten(observed: str, excess_tokens: int) -> str:
+    """Drop about `excess_tokens` from the end of an observation, keeping its wrapper."""
+    inner = observed.removeprefix("<tool_response>\n").removesuffix("\n</tool_response>")
+    keep = max(0, len(inner) - 4 * excess_tokens - 64)
+    return observation(inner[:keep] + "\n[… cut to fit the context window]")
+
+
 class WebDancerAgent:
     def __init__(
         self,
@@ -115,6 +122,13 @@ class WebDancerAgent:
             final = calls_left <= 1 or over_context
             if final:
                 result.termination = "context_limit" if over_context else "max_calls"
+                if over_context and len(messages) > 2:
+                    # Cut the latest observation so that the forced turn fits the window.
+                    excess = context + self.sampling.max_tokens - self.budget.max_context_tokens
+                    messages[-1] = {
+                        "role": "user",
+                        "content": _shorten(messages[-1]["content"], excess),
+                    }
                 # Joined to the last user turn (the latest observation) rather than replacing
                 # it as the release does: nothing is lost, and roles keep alternating, which
                 # strict chat templates require.

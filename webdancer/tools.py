@@ -42,7 +42,7 @@ def _strings(value: Any) -> list[str] | None:
     if not isinstance(value, list) or not value:
         return None
     items = [str(v).strip() for v in value if str(v).strip()]
-    return items or None
+    return list(dict.fromkeys(items)) or None  # a repeated query would only repeat its hits
 
 
 class Tools:

@@ -26,10 +26,11 @@ class SerperSearch:
     use the Chinese locale, as the later WebDancer releases do."""
 
     name = "serper"
+    ENDPOINT = "https://google.serper.dev/search"
 
     def __init__(
         self,
-        endpoint: str = "https://google.serper.dev/search",
+        endpoint: str = ENDPOINT,
         api_key_env: str = "SERPER_API_KEY",
         timeout_s: float = 30.0,
     ) -> None:

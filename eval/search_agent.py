@@ -1,0 +1,74 @@
+"""Builds the WebDancer agent an experiment configures: search backend, visit backend with the
+summarizer role, tool cache, budgets and sampling."""
+
+from __future__ import annotations
+
+from eval.config import ResolvedExperiment, expand_path
+from eval.dataset import corpus_path
+from eval.engines import Engines
+from webdancer.agent import AgentBudget, WebDancerAgent
+from webdancer.backends.local import LocalSearch
+from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
+from webdancer.corpus import load_corpus
+from webdancer.search import SearchBackend
+from webdancer.tool_cache import ToolCache
+from webdancer.tools import Tools
+from webdancer.visit import HttpPages, LocalPages, PageSource, Visitor
+
+#: WebDancer's release sampling (temperature 0.6, top_p 0.95, repetition penalty 1.1) lives in
+#: the WebDancer model config; the tiny model keeps its own. The searcher's turn length:
+SEARCHER_MAX_TOKENS = 320
+
+
+def build_search_backend(resolved: ResolvedExperiment) -> SearchBackend:
+    search = resolved.experiment.search
+    if search.backend == "local":
+        return LocalSearch(corpus_path(search.corpus))
+    if not search.endpoint and search.backend != "serper":
+        raise ValueError(f"search.backend {search.backend!r} needs search.endpoint")
+    if search.backend == "serper":
+        return SerperSearch(
+            endpoint=search.endpoint or SerperSearch.ENDPOINT,
+            api_key_env=search.api_key_env or "SERPER_API_KEY",
+        )
+    if search.backend == "searxng":
+        return SearxngSearch(str(search.endpoint))
+    return RetrievalServerSearch(str(search.endpoint))
+
+
+def build_agent(
+    resolved: ResolvedExperiment, engines: Engines, tool_cache: ToolCache | None = None
+) -> WebDancerAgent:
+    search = resolved.experiment.search
+    backend = build_search_backend(resolved)
+    pages: PageSource
+    if search.visit == "http":
+        pages = HttpPages(allow_hosts=search.allow_hosts)
+    elif isinstance(backend, LocalSearch):
+        pages = LocalPages(backend.documents)  # the corpus is already in memory
+    else:
+        pages = LocalPages(load_corpus(corpus_path(search.corpus)))
+    visitor = Visitor(
+        pages,
+        engines.roles["summarizer"],
+        resolved.sampling_for("summarizer", max_tokens=512),
+        max_page_tokens=search.max_page_tokens,
+    )
+    cache = tool_cache or ToolCache(expand_path(search.tool_cache), offline=search.offline)
+    tools = Tools(backend, visitor, cache, top_k=search.top_k, max_queries=search.max_queries)
+    searcher = resolved.model_for("searcher")
+    constrained = search.constrained if search.constrained is not None else searcher.is_tiny
+    sampling = resolved.sampling_for("searcher")
+    if constrained:
+        sampling = sampling.model_copy(
+            update={"max_tokens": max(sampling.max_tokens, SEARCHER_MAX_TOKENS)}
+        )
+    budgets = resolved.experiment.budgets
+    return WebDancerAgent(
+        engines.roles["searcher"],
+        tools,
+        sampling,
+        AgentBudget(budgets.max_llm_calls, budgets.max_context_tokens),
+        constrained=constrained,
+        date=search.date,
+    )
