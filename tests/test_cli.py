@@ -156,11 +156,19 @@ def test_run_refuses_bad_data_before_calling_a_model(tmp_path):
 
 @pytest.mark.slow
 def test_search_offline_with_an_empty_tool_cache_fails_clearly(tmp_path, tiny_path):
-    result = runner.invoke(app, [
-        "search", "Korvex Aura Pro battery life?", "--tools-offline",
-        "--set", f"search.tool_cache={tmp_path / 'tools.sqlite'}",
-        "--set", f"cache.path={tmp_path / 'responses.sqlite'}",
-        "--set", "budgets.max_llm_calls=2",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "search",
+            "Korvex Aura Pro battery life?",
+            "--tools-offline",
+            "--set",
+            f"search.tool_cache={tmp_path / 'tools.sqlite'}",
+            "--set",
+            f"cache.path={tmp_path / 'responses.sqlite'}",
+            "--set",
+            "budgets.max_llm_calls=2",
+        ],
+    )
     assert result.exit_code == 1
     assert "tool cache miss: tools are offline and the tool cache" in result.output
