@@ -1,0 +1,31 @@
+"""Prompt templates live as YAML beside this loader (agents/prompts/<role>.yaml), one entry
+per language; instances in other languages use the English prompts."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from serving.types import Message
+
+
+@cache
+def _templates(role: str) -> dict[str, dict[str, str]]:
+    text = resources.files("agents").joinpath("prompts", f"{role}.yaml").read_text("utf-8")
+    return yaml.safe_load(text)
+
+
+def prompt_language(language: str) -> str:
+    return "zh" if language.lower().startswith("zh") else "en"
+
+
+def render(role: str, language: str, **fields: Any) -> tuple[Message, Message]:
+    """The system and user messages of `role` in the instance's language."""
+    template = _templates(role)[prompt_language(language)]
+    return (
+        Message(role="system", content=template["system"].format(**fields)),
+        Message(role="user", content=template["user"].format(**fields)),
+    )

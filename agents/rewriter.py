@@ -1,0 +1,29 @@
+"""The Rewriter: sees the blurred query and the Q&A pairs (never the fused query) and writes the
+query the search agent gets; an `unknown` answer leaves that ambiguity open."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from agents.prompts import render
+from agents.types import QA, history_text
+from serving.engine import ChatModel
+from serving.types import ChatRequest, JsonSchemaOutput, Sampling
+
+
+class RewrittenQuery(BaseModel):
+    query: str = Field(min_length=3, max_length=400)
+
+
+async def rewrite(
+    engine: ChatModel, blurred_query: str, pairs: list[QA], language: str, sampling: Sampling
+) -> str:
+    system, user = render(
+        "rewriter", language, blurred_query=blurred_query, history=history_text(pairs, language)
+    )
+    response = await engine.chat(
+        ChatRequest(
+            messages=(system, user), sampling=sampling, output=JsonSchemaOutput.of(RewrittenQuery)
+        )
+    )
+    return RewrittenQuery.model_validate(response.parsed).query

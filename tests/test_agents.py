@@ -1,0 +1,179 @@
+"""The roles: prompts, schemas, and the guarantees each one makes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from agents import clarifier, judge, rewriter, user_answerer
+from agents.question_type import classify
+from agents.types import QA
+from eval.dataset import DatasetSource, load_instances
+from eval.metrics import LABEL_SCORE, restore_score
+from eval.schema import Nugget
+from serving.errors import ConstrainedOutputError
+from serving.types import Sampling
+from tests.scripted import ScriptedEngine
+
+SAMPLING = Sampling(max_tokens=64)
+
+
+def test_clarifier_sees_the_blurred_query_and_history_only():
+    engine = ScriptedEngine(lambda r: json.dumps({"question": "Which year do you mean?"}))
+    history = [QA(question="Which city?", answer="unknown")]
+    turn = asyncio.run(clarifier.ask(engine, "ticket prices", history, "en", SAMPLING))
+    assert turn.question == "Which year do you mean?" and not turn.stop
+    prompt = engine.requests[0].messages[1].content
+    assert "ticket prices" in prompt and "Q1: Which city?\nA1: unknown" in prompt
+    assert engine.requests[0].output.json_schema["required"] == ["question"]
+
+
+def test_clarifier_may_stop_early_when_allowed():
+    engine = ScriptedEngine(lambda r: json.dumps({"question": "none needed", "stop": True}))
+    turn = asyncio.run(clarifier.ask(engine, "q", [], "zh", SAMPLING, allow_stop=True))
+    assert turn.stop
+    assert "搜索查询：q" in engine.requests[0].messages[1].content
+
+
+def test_span_regex_allows_exactly_unknown_or_spans():
+    import re
+
+    pattern = re.compile(user_answerer.span_regex("night train tickets from Esker in 2024"))
+    for ok in [
+        "unknown",
+        "2024",
+        "in 2024",
+        "night train",
+        "Esker",
+        "train tickets from Esker in 2024",
+    ]:
+        assert pattern.fullmatch(ok), ok
+    for bad in ["2023", "Unknown", "train night", "Esker 2024", "tickets to Esker", ""]:
+        assert not pattern.fullmatch(bad), bad
+    zh = re.compile(user_answerer.span_regex("华岳医学会2023年版共识"))
+    assert zh.fullmatch("2023年版") and zh.fullmatch("unknown") and not zh.fullmatch("2024年")
+
+
+def test_user_answerer_rechecks_the_span():
+    engine = ScriptedEngine(lambda r: "Paris")  # as if a server ignored the constraint
+    with pytest.raises(ConstrainedOutputError):
+        asyncio.run(user_answerer.answer(engine, "hotels in Lyon", "Which city?", "en", SAMPLING))
+
+
+@pytest.mark.slow
+def test_user_answerer_is_extractive_on_100_random_cases(tiny_engine):
+    instances = load_instances(DatasetSource(path="sample", split=None))
+    questions = [
+        "Which year do you mean?",
+        "Which city or country?",
+        "Which product exactly?",
+        "What price range?",
+        "Do you mean a specific season?",
+        "For whom is it?",
+        "Which organisation?",
+        "What exactly do you mean by that term?",
+        "哪一年？",
+        "在哪个城市？",
+    ]
+    rng = random.Random(100)
+    cases = [(rng.choice(instances), rng.choice(questions)) for _ in range(100)]
+    sampling = Sampling(max_tokens=64, temperature=0.7, seed=7)
+
+    async def go():
+        return await asyncio.gather(
+            *(
+                user_answerer.answer(tiny_engine, i.fused_query, q, i.language, sampling)
+                for i, q in cases
+            )
+        )
+
+    answers = asyncio.run(go())
+    for (instance, _), text in zip(cases, answers, strict=True):
+        assert text == "unknown" or user_answerer.is_span(text, instance.fused_query), text
+
+
+def test_rewriter_never_gets_the_fused_query_and_keeps_unknowns_open():
+    engine = ScriptedEngine(lambda r: json.dumps({"query": "night train tickets 2024"}))
+    pairs = [
+        QA(question="Which year?", answer="2024"),
+        QA(question="Which city?", answer="unknown"),
+    ]
+    query = asyncio.run(rewriter.rewrite(engine, "night train tickets", pairs, "en", SAMPLING))
+    assert query == "night train tickets 2024"
+    prompt = engine.requests[0].messages[1].content
+    assert "A1: 2024" in prompt and "A2: unknown" in prompt and "do not guess" in prompt
+
+
+def nuggets(n: int) -> list[Nugget]:
+    return [Nugget(id=f"n{i}", text=f"fact {i}", weight=1 + i % 3) for i in range(n)]
+
+
+def test_judge_sends_batches_of_ten_keyed_by_exactly_the_ids_sent():
+    def script(request):
+        ids = request.output.json_schema["required"]
+        return json.dumps(
+            {
+                i: {"evidence": "q", "label": ["full", "partial", "none"][k % 3]}
+                for k, i in enumerate(ids)
+            }
+        )
+
+    engine = ScriptedEngine(script)
+    labels = asyncio.run(judge.judge(engine, "q", "answer", nuggets(23), "en", SAMPLING))
+    sent = [r.output.json_schema["required"] for r in engine.requests]
+    assert sorted(len(s) for s in sent) == [3, 10, 10]
+    assert sorted(i for s in sent for i in s) == sorted(f"n{i}" for i in range(23))
+    assert set(labels) == {f"n{i}" for i in range(23)}
+    for r in engine.requests:
+        schema = r.output.json_schema
+        assert set(schema["properties"]) == set(schema["required"])
+        assert schema["additionalProperties"] is False
+        assert r.sampling.temperature == 0.0 and r.sampling.seed == 0
+    weights = {n.id: n.weight for n in nuggets(23)}
+    score = restore_score({k: v.label for k, v in labels.items()}, weights)  # type: ignore[misc]
+    expected = (
+        100
+        * sum(weights[k] * LABEL_SCORE[v.label] for k, v in labels.items())
+        / sum(weights.values())
+    )
+    assert score == pytest.approx(expected)
+
+
+def test_judge_rejects_a_missing_or_invented_id():
+    engine = ScriptedEngine(
+        lambda r: json.dumps(
+            {"n0": {"evidence": "", "label": "full"}, "n9": {"evidence": "", "label": "none"}}
+        )
+    )
+    with pytest.raises(ConstrainedOutputError):
+        asyncio.run(judge.judge(engine, "q", "a", nuggets(2), "en", SAMPLING))
+
+
+@pytest.mark.parametrize(
+    ("question", "kind"),
+    [
+        ("Which year are you asking about?", "time"),
+        ("When did it happen?", "time"),
+        ("Which city or country?", "region"),
+        ("What is your budget range?", "numeric"),
+        ("How many people?", "numeric"),
+        ("Which brand do you mean?", "entity"),
+        ("Which year do you mean?", "time"),
+        ("Which model of the phone?", "entity"),
+        ("Are you interested in a specific aspect?", "scope"),
+        ("What do you mean by 'light'?", "definition"),
+        ("Anything else?", "other"),
+        ("你指的是哪一年？", "time"),
+        ("你说的“轻”是什么意思？", "definition"),
+        ("是哪一年？", "time"),
+        ("在哪个城市？", "region"),
+        ("预算是多少？", "numeric"),
+        ("哪个品牌？", "entity"),
+        ("哪方面？", "scope"),
+    ],
+)
+def test_question_types(question, kind):
+    assert classify(question) == kind
