@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -20,14 +21,19 @@ from webdancer.protocol import (
     system_prompt,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "webdancer"
-TRAJECTORIES = FIXTURES / "sample_traj.jsonl"
+
+def _shared_candidates() -> list[Path]:
+    """shared/ sits beside the checkout (sessions and CI); CTS_SHARED_DIR overrides."""
+    found = [Path(os.environ["CTS_SHARED_DIR"])] if os.environ.get("CTS_SHARED_DIR") else []
+    return [*found, Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")]
 
 
 def trajectories() -> list[dict]:
-    if not TRAJECTORIES.is_file():
-        pytest.skip(f"{TRAJECTORIES} not found (the shared fixtures sit beside the checkout)")
-    return [json.loads(line) for line in TRAJECTORIES.read_text().splitlines()]
+    for shared in _shared_candidates():
+        path = shared / "fixtures" / "webdancer" / "sample_traj.jsonl"
+        if path.is_file():
+            return [json.loads(line) for line in path.read_text().splitlines()]
+    pytest.skip("the WebDancer fixtures (shared/fixtures/webdancer) are not beside the checkout")
 
 
 def question_and_date(trajectory: dict) -> tuple[str, str]:
