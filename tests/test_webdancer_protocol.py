@@ -25,7 +25,7 @@ from webdancer.protocol import (
 def _shared_candidates() -> list[Path]:
     """shared/ sits beside the checkout (sessions and CI); CTS_SHARED_DIR overrides."""
     found = [Path(os.environ["CTS_SHARED_DIR"])] if os.environ.get("CTS_SHARED_DIR") else []
-    return [*found, Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")]
+    return [*found, Path(__file__).resolve().parents[2] / "shared"]
 
 
 def trajectories() -> list[dict]:
