@@ -37,3 +37,49 @@ class ScriptedEngine(Engine):
         return ChatResponse(
             text=result, usage=Usage(prompt_tokens=prompt, completion_tokens=len(result) // 4 + 1)
         )
+
+
+def scripted_roles() -> dict[str, ScriptedEngine]:
+    """Deterministic stand-ins for every role of the pipeline (answers depend only on the
+    request), for logic tests of the pipeline and runner."""
+    import json as _json
+
+    def clarifier(request: ChatRequest) -> str:
+        turn = request.messages[-1].content.count("\nQ")
+        return _json.dumps({"question": ["Which year?", "Which city?", "Which model?"][turn % 3]})
+
+    def user_answerer(request: ChatRequest) -> str:
+        return "unknown"
+
+    def rewriter(request: ChatRequest) -> str:
+        return _json.dumps({"query": "rewritten " + request.messages[-1].content.split("\n")[0]})
+
+    def searcher(request: ChatRequest) -> str:
+        if len(request.messages) == 2:
+            question = request.messages[1].content.rsplit("User: ", 1)[1]
+            call = {"name": "search", "arguments": {"query": [question[:60]]}}
+            return f"<think>\nsearch\n</think>\n<tool_call>\n{_json.dumps(call)}\n</tool_call>"
+        return "<think>\ndone\n</think>\n<answer>\nan answer\n</answer>"
+
+    def judge(request: ChatRequest) -> str:
+        assert request.output is not None and request.output.kind == "json"
+        ids = request.output.json_schema["required"]
+        return _json.dumps(
+            {
+                i: {"evidence": "e", "label": ["full", "partial", "none"][n % 3]}
+                for n, i in enumerate(ids)
+            }
+        )
+
+    def summarizer(request: ChatRequest) -> str:
+        return _json.dumps({"evidence": "e", "summary": "s"})
+
+    scripts = {
+        "clarifier": clarifier,
+        "user_answerer": user_answerer,
+        "rewriter": rewriter,
+        "searcher": searcher,
+        "judge": judge,
+        "summarizer": summarizer,
+    }
+    return {role: ScriptedEngine(script, name=role) for role, script in scripts.items()}

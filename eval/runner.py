@@ -1,0 +1,188 @@
+"""Runs (instance, condition, seed) keys concurrently into a run directory that survives crashes.
+
+Each finished record is one JSONL line appended with flush + fsync to
+records/<condition>/shard-<i>-of-<n>.jsonl, so a kill loses at most the line being written; a
+torn last line is dropped on the next start, and resume (the default) skips every key already
+recorded. `--shard i/n` takes the instances whose position in the dataset is i modulo n; `merge`
+checks that every key is present exactly once across shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.pipeline import Record
+from eval.schema import Instance
+
+Key = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        try:
+            index, count = (int(x) for x in text.split("/"))
+        except ValueError:
+            raise ValueError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
+        if not 0 <= index < count:
+            raise ValueError(f"--shard {text!r}: need 0 <= I < N")
+        return cls(index, count)
+
+    @property
+    def name(self) -> str:
+        return f"shard-{self.index}-of-{self.count}"
+
+    def select(self, instances: list[Instance]) -> list[Instance]:
+        return [inst for i, inst in enumerate(instances) if i % self.count == self.index]
+
+
+class RecordStore:
+    def __init__(self, run_dir: Path) -> None:
+        self.root = run_dir / "records"
+        self._lock = threading.Lock()
+
+    def path(self, condition: str, shard: Shard) -> Path:
+        return self.root / condition / f"{shard.name}.jsonl"
+
+    def append(self, record: Record, shard: Shard) -> None:
+        path = self.path(record.condition, shard)
+        line = record.model_dump_json() + "\n"
+        with self._lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+
+    def read(self, path: Path) -> list[Record]:
+        """Every complete record of one file; a torn last line (a crash mid-write) is cut off
+        so the next append starts on a fresh line."""
+        if not path.is_file():
+            return []
+        records: list[Record] = []
+        data = path.read_bytes()
+        keep = len(data)
+        for line in data.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                keep -= len(line)
+                break
+            records.append(Record.model_validate_json(line))
+        if keep < len(data):
+            with path.open("r+b") as f:
+                f.truncate(keep)
+        return records
+
+    def all_files(self) -> list[Path]:
+        return sorted(self.root.glob("*/shard-*.jsonl"))
+
+    def completed(self, shard: Shard | None = None) -> dict[Key, Record]:
+        done: dict[Key, Record] = {}
+        for path in self.all_files():
+            if shard is None or path.stem == shard.name:
+                for record in self.read(path):
+                    done[record.key] = record
+        return done
+
+
+@dataclass
+class RunOutcome:
+    ran: int = 0
+    skipped: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    interrupted: bool = False
+
+
+RunOne = Callable[[Instance, str, int], Awaitable[Record]]
+
+
+async def run_keys(
+    instances: list[Instance],
+    conditions: Iterable[str],
+    seeds: Iterable[int],
+    run_one: RunOne,
+    store: RecordStore,
+    shard: Shard = Shard(),
+    concurrency: int = 4,
+    on_done: Callable[[Record], None] | None = None,
+) -> RunOutcome:
+    """Run every key of this shard not recorded yet; return counts. Cancelling (Ctrl-C,
+    SIGTERM) stops in-flight keys; finished ones are already on disk."""
+    done = store.completed(shard)
+    todo = [
+        (inst, c, s)
+        for inst in shard.select(instances)
+        for c in conditions
+        for s in seeds
+        if (inst.id, c, s) not in done
+    ]
+    outcome = RunOutcome(skipped=len(done))
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(instance: Instance, condition: str, seed: int) -> None:
+        async with semaphore:
+            record = await run_one(instance, condition, seed)
+        store.append(record, shard)
+        outcome.ran += 1
+        if record.error:
+            outcome.failures[record.error["kind"]] += 1
+        if on_done:
+            on_done(record)
+
+    tasks = [asyncio.create_task(one(*key)) for key in todo]
+    try:
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        outcome.interrupted = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return outcome
+
+
+@dataclass
+class MergeReport:
+    records: dict[Key, Record]
+    missing: list[Key]
+    duplicates: list[Key]
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.duplicates
+
+
+def merge(
+    store: RecordStore, instances: list[Instance], conditions: Iterable[str], seeds: Iterable[int]
+) -> MergeReport:
+    """Every expected key exactly once across all shard files."""
+    seen: Counter[Key] = Counter()
+    records: dict[Key, Record] = {}
+    for path in store.all_files():
+        for record in store.read(path):
+            seen[record.key] += 1
+            records[record.key] = record
+    expected = [(i.id, c, s) for i in instances for c in conditions for s in seeds]
+    return MergeReport(
+        records={k: records[k] for k in expected if k in records},
+        missing=[k for k in expected if k not in records],
+        duplicates=sorted(k for k, n in seen.items() if n > 1),
+    )
+
+
+def write_jsonl(path: Path, records: Iterable[Record]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    with partial.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record.model_dump(mode="json"), ensure_ascii=False) + "\n")
+    partial.replace(path)
