@@ -114,7 +114,7 @@ def test_a_failing_instance_is_recorded_with_its_error_and_the_run_goes_on(searc
     assert failed[0].questions == ["Which year?"]  # the work done before the failure is kept
 
 
-def run_all(search, run_dir: Path, shard: Shard = Shard()):
+def run_all(search, run_dir: Path, shard: Shard | None = None):
     ctx, _ = context(search)
     store = RecordStore(run_dir)
     asyncio.run(
@@ -124,7 +124,7 @@ def run_all(search, run_dir: Path, shard: Shard = Shard()):
             [0, 1],
             lambda i, c, s: run_instance(i, c, s, ctx),
             store,
-            shard,
+            shard or Shard(),
         )
     )
     return store
