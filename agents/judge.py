@@ -38,7 +38,7 @@ def judge_schema(nugget_ids: list[str]) -> dict[str, Any]:
     entry = {
         "type": "object",
         "properties": {
-            "evidence": {"type": "string", "maxLength": 200},
+            "evidence": {"type": "string", "maxLength": 120},
             "label": {"enum": list(LABELS)},
         },
         "required": ["evidence", "label"],

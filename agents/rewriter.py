@@ -12,7 +12,7 @@ from serving.types import ChatRequest, JsonSchemaOutput, Sampling
 
 
 class RewrittenQuery(BaseModel):
-    query: str = Field(min_length=3, max_length=400)
+    query: str = Field(min_length=3, max_length=200)
 
 
 async def rewrite(

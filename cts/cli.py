@@ -19,6 +19,8 @@ app.add_typer(eval_cli.config_app, name="config")
 app.add_typer(eval_cli.data_app, name="data")
 app.command("run")(eval_cli.run)
 app.command("search")(eval_cli.search)
+app.command("merge")(eval_cli.merge_command)
+app.command("report")(eval_cli.report_command)
 
 
 def main() -> None:

@@ -20,11 +20,13 @@ from eval.dataset import (
     GoldTable,
     check_source,
     corpus_path,
-    load_instances,
     read_rows,
 )
 from eval.engines import open_engines
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
+from eval.report import MAIN_COLUMNS, write_report
+from eval.run import merge_run, run_experiment
+from eval.runner import Shard
 from eval.search_agent import build_agent
 from serving.yaml_config import ConfigError
 from webdancer.agent import AgentResult
@@ -99,50 +101,92 @@ def run(
     config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
+    limit: int | None = typer.Option(None, help="Only the first N instances of the dataset."),
+    shard: str | None = typer.Option(None, help="Run shard I/N of the instances (e.g. 0/4)."),
 ) -> None:
     """Run an experiment (default: configs/experiments/quickstart.yaml).
 
-    Until the benchmark pipeline lands, a run resolves the config, loads and validates the
-    dataset, prepares the models its roles use, sends each model one JSON-schema constrained
-    request through its engine (with the response cache), and writes config.yaml,
-    model_check.jsonl and summary.json to the run directory."""
-    resolved = _load(config, set_)
-    out = output_dir or resolved.output_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(resolved.to_yaml())
-    Console().print(f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path}")
+    Every condition (blurred, clarify@1..3, oracle) for every instance and seed: clarify, answer,
+    rewrite, search with WebDancer, judge, score. Records, traces, summary.json, report.md,
+    report.html and figures go to the run directory. A run resumes where it stopped; Ctrl-C or
+    SIGTERM leaves it resumable."""
+    overrides = [*set_, *([f"dataset.limit={limit}"] if limit is not None else [])]
+    resolved = _load(config, overrides)
     try:
-        instances = load_instances(resolved.experiment.dataset)
+        part = Shard.parse(shard) if shard else Shard()
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    out = output_dir or resolved.output_dir()
+    console = Console()
+    console.print(
+        f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path} → {out}",
+        highlight=False,
+    )
+    try:
+        result = run_experiment(resolved, out, part)
     except DatasetError as e:
         typer.echo(f"dataset error\n{e}", err=True)
         raise typer.Exit(2) from None
-    dataset = resolved.experiment.dataset
-    Console().print(
-        f"dataset {dataset.path}:{dataset.split or 'all'}: {len(instances)} "
-        f"instances ({', '.join(i.id for i in instances[:5])}"
-        f"{', …' if len(instances) > 5 else ''})"
+    outcome = result.outcome
+    console.print(
+        f"{outcome.ran} records written, {outcome.skipped} already done, "
+        f"{sum(outcome.failures.values())} failed {dict(outcome.failures)}; "
+        f"{result.model_calls} model calls, cache {result.cache}; {result.seconds:.0f} s",
+        highlight=False,
     )
-    checks, stats = asyncio.run(check_models(resolved))
-    with (out / "model_check.jsonl").open("w") as f:
-        for c in checks:
-            f.write(json.dumps(c.as_dict(), ensure_ascii=False) + "\n")
-    summary = {
-        "experiment": resolved.experiment.name,
-        "stage": "model_check",
-        "instances": [i.id for i in instances],
-        "failures": sum(1 for c in checks if c.error),
-        "engines": stats,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    Console().print(_checks_table(checks))
-    Console().print(
-        "The benchmark pipeline (clarify → answer → rewrite → search → judge) is not built yet; "
-        f"this run validated the {len(instances)} instances it would evaluate and checked that "
-        "every role's model loads and returns a valid constrained answer.\n"
-        f"Run directory: {out}"
-    )
-    if summary["failures"]:
+    if outcome.interrupted:
+        console.print("interrupted: finished records are saved; run the same command to resume")
+        raise typer.Exit(130)
+    if result.report is None:
+        console.print(
+            f"shard {part.index}/{part.count} done; when every shard is done: cts merge {out}"
+        )
+        return
+    console.print(main_table(result.report["summary"]))
+    console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
+
+
+def main_table(summary_path: Path) -> Table:
+    summary = json.loads(summary_path.read_text())
+    table = Table("system", *MAIN_COLUMNS, title="restore_score_100 [95% CI]")
+    for name, system in summary.items():
+        cells = []
+        for condition in MAIN_COLUMNS:
+            entry = system["scores"].get(condition, {}).get("restore_score_100")
+            cells.append(
+                f"{entry['mean']:.1f} [{entry['low']:.1f}, {entry['high']:.1f}]" if entry else "–"
+            )
+        table.add_row(name, *cells)
+    return table
+
+
+def merge_command(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
+    """Check that every (instance, condition, seed) is recorded exactly once across shards,
+    then write the summary and report."""
+    report = merge_run(run_dir)
+    if not report.ok:
+        for key in report.missing[:20]:
+            typer.echo(f"missing: {key}")
+        for key in report.duplicates[:20]:
+            typer.echo(f"duplicate: {key}")
+        typer.echo(
+            f"{len(report.missing)} missing, {len(report.duplicates)} duplicated keys in {run_dir}",
+            err=True,
+        )
         raise typer.Exit(1)
+    Console().print(main_table(run_dir / "summary.json"))
+    typer.echo(f"merged {len(report.records)} records; report: {run_dir / 'report.html'}")
+
+
+def report_command(
+    run_dirs: list[Path] = typer.Argument(..., help="One run directory per clarifier system."),
+    out: Path = typer.Option(Path("report"), help="Where to write the combined report."),
+) -> None:
+    """Combine runs into one report: main table (one row per system), diagnostics, figures."""
+    paths = write_report(run_dirs, out)
+    Console().print(main_table(paths["summary"]))
+    typer.echo(f"report: {paths['html']}")
 
 
 data_app = typer.Typer(help="Validate and describe datasets and corpora.", no_args_is_help=True)

@@ -17,7 +17,7 @@ from webdancer.visit import HttpPages, LocalPages, PageSource, Visitor
 
 #: WebDancer's release sampling (temperature 0.6, top_p 0.95, repetition penalty 1.1) lives in
 #: the WebDancer model config; the tiny model keeps its own. The searcher's turn length:
-SEARCHER_MAX_TOKENS = 320
+SEARCHER_MAX_TOKENS = 448
 
 
 def build_search_backend(resolved: ResolvedExperiment) -> SearchBackend:

@@ -66,35 +66,69 @@ def test_models_check_unknown_role():
 
 
 @pytest.mark.slow
-def test_run_writes_the_run_dir_and_a_rerun_is_free(tmp_path, tiny_path):
+def test_run_end_to_end_on_the_tiny_model_resumes_and_reruns_from_the_cache(tmp_path, tiny_path):
+    """`cts run` on the quickstart (one instance, three conditions to keep CI short): records,
+    traces, summary and report; a second run skips every key; a run with the records removed
+    is answered from the response and tool caches."""
     out = tmp_path / "run"
-    args = ["run", "--output-dir", str(out), "--set", f"cache.path={tmp_path / 'c.sqlite'}"]
+    args = [
+        "run",
+        "--output-dir",
+        str(out),
+        "--limit",
+        "1",
+        "--set",
+        "conditions=[blurred, clarify@1, oracle]",
+        "--set",
+        f"cache.path={tmp_path / 'responses.sqlite'}",
+        "--set",
+        f"search.tool_cache={tmp_path / 'tools.sqlite'}",
+        "--set",
+        "search.date=2026-11-30",
+    ]
     first = cts(*args)
     assert first.exit_code == 0, first.output
-    assert {p.name for p in out.iterdir()} == {"config.yaml", "model_check.jsonl", "summary.json"}
-    assert json.loads((out / "summary.json").read_text())["instances"] == [
-        "A-dev-01",
-        "A-dev-02",
-        "A-dev-03",
+    assert "3 records written" in first.output and "restore_score_100" in first.output
+    for name in (
+        "config.yaml",
+        "summary.json",
+        "report.md",
+        "report.html",
+        "figures/score_vs_k.png",
+        "figures/question_types.png",
+        "figures/unknown_rate_per_type.png",
+    ):
+        assert (out / name).is_file(), name
+    records = [
+        json.loads(line)
+        for f in sorted((out / "records").glob("*/*.jsonl"))
+        for line in f.read_text().splitlines()
     ]
-    (check,) = [json.loads(line) for line in (out / "model_check.jsonl").read_text().splitlines()]
-    assert check["error"] is None and check["parsed"]["question"]
-    assert set(check["roles"]) == {
-        "clarifier",
-        "user_answerer",
-        "rewriter",
-        "searcher",
-        "summarizer",
-        "judge",
+    assert {(r["instance_id"], r["condition"]) for r in records} == {
+        ("A-dev-01", "blurred"),
+        ("A-dev-01", "clarify@1"),
+        ("A-dev-01", "oracle"),
     }
+    for r in records:
+        assert r["trace_id"] is None or (out / "traces" / r["trace_id"]).is_file()
+    clarified = next(r for r in records if r["condition"] == "clarify@1")
+    assert len(clarified["questions"]) == 1 or clarified["error"]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["engines"]["models"]["smollm2-135m-instruct"]["calls"] == 1
+    (system,) = summary.values()
+    assert system["records"] == 3 and set(system["scores"]) == {"blurred", "clarify@1", "oracle"}
+    html = (out / "report.html").read_text()
+    assert "<table>" in html and "data:image/png;base64," in html
 
-    second = cts(*args)
-    assert second.exit_code == 0
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["engines"]["models"]["smollm2-135m-instruct"]["calls"] == 0
-    assert summary["engines"]["cache"] == {"hits": 1, "misses": 0}
+    again = cts(*args)
+    assert again.exit_code == 0 and "0 records written, 3 already done" in again.output
+    assert "0 model calls" in again.output
+
+    for f in (out / "records").glob("*/*.jsonl"):
+        f.unlink()
+    cached = cts(*args)
+    assert cached.exit_code == 0 and "3 records written" in cached.output
+    assert "0 model calls" in cached.output, cached.output
+    assert cts("merge", str(out)).exit_code == 0
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["versions"]["torch"].startswith("2.")
 

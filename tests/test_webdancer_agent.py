@@ -195,7 +195,7 @@ def test_tiny_model_in_constrained_mode_searches_and_answers(tiny_engine, local_
     agent_ = WebDancerAgent(
         tiny_engine,
         tools,
-        Sampling(max_tokens=320),
+        Sampling(max_tokens=448),
         AgentBudget(max_llm_calls=3, max_context_tokens=8192),
         constrained=True,
         date="2026-11-30",

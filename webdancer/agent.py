@@ -32,21 +32,22 @@ Termination = Literal["answer", "max_calls", "context_limit", "error"]
 
 # Constrained mode: a grammar per turn for models never trained on the protocol (the tiny
 # model), so that they really call the tools. Bounded lengths keep every turn finite: the
-# longest turn is about 700 characters, so give such models max_tokens >= 320.
-_THINK = r"<think>\n[^<>]{1,200}\n</think>\n"
-_QUERY = r'"[^"\\<>\n]{2,80}"'
+# longest turn is about 450 characters, so give such models max_tokens >= 448 (a small model
+# can spend a token per character).
+_THINK = r"<think>\n[^<>]{1,150}\n</think>\n"
+_QUERY = r'"[^"\\<>\n]{2,60}"'
 _SEARCH = (
     r'<tool_call>\n\{"name": "search", "arguments": \{"query": \['
     + _QUERY
     + r"(, "
     + _QUERY
-    + r"){0,2}\]\}\}\n</tool_call>"
+    + r")?\]\}\}\n</tool_call>"
 )
 _VISIT = (
-    r'<tool_call>\n\{"name": "visit", "arguments": \{"url": \["https?://[^"\\<>\s]{4,200}"\]'
-    r', "goal": "[^"\\<>\n]{3,120}"\}\}\n</tool_call>'
+    r'<tool_call>\n\{"name": "visit", "arguments": \{"url": \["https?://[^"\\<>\s]{4,120}"\]'
+    r', "goal": "[^"\\<>\n]{3,80}"\}\}\n</tool_call>'
 )
-_ANSWER = r"<answer>\n[^<>]{1,300}\n</answer>"
+_ANSWER = r"<answer>\n[^<>]{1,200}\n</answer>"
 TURN_REGEX = _THINK + "(" + "|".join((_SEARCH, _VISIT, _ANSWER)) + ")"
 FINAL_REGEX = _THINK + _ANSWER
 

@@ -1,0 +1,143 @@
+"""`cts run`: an experiment into its run directory — config, records, traces, summary, report.
+
+Resume is the default (keys already recorded are skipped). Ctrl-C or SIGTERM (a preempted Slurm
+job) cancels what is in flight; every finished record is already on disk, so the next start
+resumes. A sharded run writes its shard's records; `cts merge` then checks completeness and
+writes the summary and report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from eval.config import ExperimentConfig, ResolvedExperiment
+from eval.dataset import load_instances
+from eval.engines import open_engines
+from eval.pipeline import PipelineContext, Record, run_instance
+from eval.report import write_report
+from eval.runner import MergeReport, RecordStore, RunOutcome, Shard, merge, run_keys
+from eval.schema import Instance
+from eval.search_agent import build_agent
+from serving.types import Sampling
+
+#: Room for each role's longest valid answer (its schema bounds the length), so that a
+#: constrained answer is never cut off by max_tokens.
+ROLE_MAX_TOKENS = {"clarifier": 96, "user_answerer": 64, "rewriter": 192, "judge": 1024}
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    outcome: RunOutcome
+    instances: list[Instance]
+    seconds: float
+    model_calls: int
+    cache: dict[str, int] | None
+    report: dict[str, Path] | None
+
+
+def _install_signal_handlers(task: asyncio.Task[RunOutcome]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+
+
+async def _run(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    instances: list[Instance],
+    shard: Shard,
+    show_progress: bool,
+) -> tuple[RunOutcome, int, dict | None]:
+    experiment = resolved.experiment
+    store = RecordStore(run_dir)
+    async with open_engines(resolved) as engines:
+        sampling: dict[str, Sampling] = {
+            role: resolved.sampling_for(
+                role, **({"max_tokens": ROLE_MAX_TOKENS[role]} if role in ROLE_MAX_TOKENS else {})
+            )
+            for role in experiment.roles
+        }
+        ctx = PipelineContext(
+            roles={str(role): engine for role, engine in engines.roles.items()},
+            agent=build_agent(resolved, engines),
+            sampling=sampling,
+            trace_dir=run_dir / "traces",
+        )
+        total = len(shard.select(instances)) * len(experiment.conditions) * len(experiment.seeds)
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("failed {task.fields[failed]}"),
+            TimeRemainingColumn(),
+            disable=not show_progress,
+        ) as progress:
+            bar = progress.add_task(experiment.name, total=total, failed=0)
+            already = len(store.completed(shard))
+            progress.update(bar, completed=already)
+            failed = 0
+
+            def done(record: Record) -> None:
+                nonlocal failed
+                failed += record.error is not None
+                progress.update(bar, advance=1, failed=failed)
+
+            task = asyncio.create_task(
+                run_keys(
+                    instances,
+                    experiment.conditions,
+                    experiment.seeds,
+                    lambda i, c, s: run_instance(i, c, s, ctx),
+                    store,
+                    shard,
+                    concurrency=experiment.concurrency,
+                    on_done=done,
+                )
+            )
+            _install_signal_handlers(task)
+            try:
+                outcome = await task
+            except asyncio.CancelledError:
+                outcome = RunOutcome(interrupted=True)
+        calls = sum(e.stats.calls for e in engines.by_model.values())
+        return outcome, calls, engines.cache.stats() if engines.cache else None
+
+
+def run_experiment(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    shard: Shard | None = None,
+    show_progress: bool = True,
+) -> RunResult:
+    shard = shard or Shard()
+    instances = load_instances(resolved.experiment.dataset)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(resolved.to_yaml())
+    started = time.perf_counter()
+    outcome, calls, cache = asyncio.run(_run(resolved, run_dir, instances, shard, show_progress))
+    report = None
+    if shard.count == 1 and not outcome.interrupted:
+        report = write_report([run_dir], run_dir)
+    return RunResult(
+        run_dir, outcome, instances, time.perf_counter() - started, calls, cache, report
+    )
+
+
+def merge_run(run_dir: Path) -> MergeReport:
+    """Check that every key of the run's config is recorded exactly once across shards; when
+    it is, write the merged records/<condition>/merged.jsonl, summary and report."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    experiment = ExperimentConfig.model_validate(config["experiment"])
+    instances = load_instances(experiment.dataset)
+    report = merge(RecordStore(run_dir), instances, experiment.conditions, experiment.seeds)
+    if report.ok:
+        write_report([run_dir], run_dir)
+    return report
