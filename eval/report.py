@@ -142,6 +142,7 @@ def figures(systems: list[tuple[str, dict[str, Any]]], out: Path) -> list[Path]:
         ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, label=name)
     ax.set_xticks(range(len(MAIN_COLUMNS)), ["blurred", "k=1", "k=2", "k=3", "oracle"])
     ax.set_ylabel("restore_score_100")
+    ax.set_ylim(0, 100)
     ax.set_title("Score vs. clarification turns")
     ax.legend(fontsize=8)
     fig.tight_layout()
