@@ -28,23 +28,26 @@ CREATE TABLE IF NOT EXISTS responses (
 """
 
 
+def open_shared_sqlite(path: Path, schema: str) -> sqlite3.Connection:
+    """A connection several processes (Slurm tasks) can write through at once: WAL, and
+    autocommit so that each write is its own short transaction and concurrent writers wait
+    (busy_timeout) instead of failing. Callers guard it with a lock across threads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA busy_timeout = 60000")
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    db.execute(schema)
+    return db
+
+
 class ResponseCache:
     """A key → ChatResponse store. One connection per process, guarded by a lock."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit; each write is its own short transaction, so concurrent writers from other
-        # processes wait (busy_timeout) instead of failing.
-        self._db = sqlite3.connect(
-            self.path, timeout=60, isolation_level=None, check_same_thread=False
-        )
+        self._db = open_shared_sqlite(self.path, _SCHEMA)
         self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA busy_timeout = 60000")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute(_SCHEMA)
         self.hits = 0
         self.misses = 0
 

@@ -83,3 +83,27 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
         "summarizer": summarizer,
     }
     return {role: ScriptedEngine(script, name=role) for role, script in scripts.items()}
+
+
+def scripted_context(search, trace_dir=None):  # type: ignore[no-untyped-def]
+    """A pipeline context of scripted roles over a real local search; (context, roles)."""
+    from eval.pipeline import PipelineContext
+    from serving.types import Sampling
+    from webdancer.agent import AgentBudget, WebDancerAgent
+    from webdancer.tools import Tools
+    from webdancer.visit import LocalPages, Visitor
+
+    roles = scripted_roles()
+    visitor = Visitor(LocalPages(search.documents), roles["summarizer"], Sampling())
+    agent = WebDancerAgent(
+        roles["searcher"],
+        Tools(search, visitor, top_k=3),
+        Sampling(),
+        AgentBudget(max_llm_calls=3),
+        date="2026-11-30",
+    )
+    sampling = {role: Sampling(max_tokens=64) for role in roles}
+    context = PipelineContext(
+        roles=dict(roles), agent=agent, sampling=sampling, trace_dir=trace_dir
+    )
+    return context, roles

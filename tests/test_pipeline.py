@@ -8,14 +8,10 @@ from pathlib import Path
 import pytest
 
 from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.pipeline import PipelineContext, run_instance
+from eval.pipeline import run_instance
 from eval.runner import RecordStore, Shard, merge, run_keys
-from serving.types import Sampling
-from tests.scripted import scripted_roles
-from webdancer.agent import AgentBudget, WebDancerAgent
+from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
-from webdancer.tools import Tools
-from webdancer.visit import LocalPages, Visitor
 
 CONDITIONS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
 SENTINEL = "SENTINEL-7f3a"
@@ -27,17 +23,7 @@ def search(tmp_path_factory) -> LocalSearch:
 
 
 def context(search: LocalSearch, trace_dir: Path | None = None):
-    roles = scripted_roles()
-    visitor = Visitor(LocalPages(search.documents), roles["summarizer"], Sampling())
-    agent = WebDancerAgent(
-        roles["searcher"],
-        Tools(search, visitor, top_k=3),
-        Sampling(),
-        AgentBudget(max_llm_calls=3),
-        date="2026-11-30",
-    )
-    sampling = {role: Sampling(max_tokens=64) for role in roles}
-    return PipelineContext(roles=roles, agent=agent, sampling=sampling, trace_dir=trace_dir), roles
+    return scripted_context(search, trace_dir)
 
 
 def instances(n: int = 4):

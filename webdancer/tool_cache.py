@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from serving.cache import open_shared_sqlite
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tool_calls (
@@ -40,16 +41,9 @@ def tool_key(tool: str, backend: str, arguments: dict[str, Any]) -> tuple[str, s
 class ToolCache:
     def __init__(self, path: str | Path, offline: bool = False) -> None:
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.offline = offline
-        self._db = sqlite3.connect(
-            self.path, timeout=60, isolation_level=None, check_same_thread=False
-        )
+        self._db = open_shared_sqlite(self.path, _SCHEMA)
         self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA busy_timeout = 60000")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute(_SCHEMA)
         self.hits = 0
         self.misses = 0
 
