@@ -162,8 +162,10 @@ def main_table(summary_path: Path) -> Table:
 
 
 def merge_command(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
-    """Check that every (instance, condition, seed) is recorded exactly once across shards,
-    then write the summary and report."""
+    """Check a sharded run is complete, then write its summary and report.
+
+    Every (instance, condition, seed) of the run's config must be recorded exactly once across
+    the shard files; missing and duplicated keys are listed and the exit code is 1."""
     report = merge_run(run_dir)
     if not report.ok:
         for key in report.missing[:20]:
