@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from eval.schema import CONSTRAINT_TYPES, CorpusDocument, Instance, known_language
-from webdancer.corpus import Problem, check_corpus
+from webdancer.corpus import Problem, ProblemsError, check_corpus
 from webdancer.corpus import load_corpus as load_corpus_file
 
 #: The sample benchmark shipped with the package.
@@ -29,14 +29,8 @@ SAMPLE_SPLITS = ("dev", "test", "train")
 _NATIVE = {".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet"}
 
 
-class DatasetError(ValueError):
-    """Bad input; `problems` lists every one as `file:line: field: message`."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        shown = "\n".join(str(p) for p in problems[:50])
-        more = f"\n… and {len(problems) - 50} more" if len(problems) > 50 else ""
-        super().__init__(f"{len(problems)} problem(s):\n{shown}{more}")
+class DatasetError(ProblemsError):
+    """Bad dataset input; `problems` lists every one as `file:line: field: message`."""
 
 
 @dataclass

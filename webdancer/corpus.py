@@ -128,14 +128,18 @@ def _document_problems(
     return problems
 
 
-class CorpusError(ValueError):
-    """A corpus with problems; the message lists them all."""
+class ProblemsError(ValueError):
+    """Bad input; `problems` lists every one, the message shows the first 50."""
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
         shown = "\n".join(str(p) for p in problems[:50])
         more = f"\n… and {len(problems) - 50} more" if len(problems) > 50 else ""
         super().__init__(f"{len(problems)} problem(s):\n{shown}{more}")
+
+
+class CorpusError(ProblemsError):
+    """A corpus with problems."""
 
 
 def load_corpus(path: Path) -> list[CorpusDocument]:
