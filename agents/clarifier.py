@@ -1,6 +1,10 @@
-"""The Clarifier: sees the blurred query and earlier Q&A only, asks one question per turn."""
+"""The Clarifier: sees the blurred query and earlier Q&A only. By default it asks one question
+per turn (`ask`, sequential multi-turn); `ask_all` is the all-at-once option: k questions in
+one call, before any answer."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -9,9 +13,11 @@ from agents.types import QA, history_text
 from serving.engine import ChatModel
 from serving.types import ChatRequest, JsonSchemaOutput, Sampling
 
+QUESTION_MAX_CHARS = 200
+
 
 class ClarifyingQuestion(BaseModel):
-    question: str = Field(min_length=3, max_length=200)
+    question: str = Field(min_length=3, max_length=QUESTION_MAX_CHARS)
 
 
 class ClarifyingQuestionOrStop(ClarifyingQuestion):
@@ -37,3 +43,43 @@ async def ask(
     )
     parsed = schema.model_validate(response.parsed)
     return ClarifyingQuestionOrStop(question=parsed.question, stop=getattr(parsed, "stop", False))
+
+
+def questions_schema(k: int, allow_stop: bool) -> dict[str, Any]:
+    """Exactly k questions, or with early stopping allowed between 0 and k."""
+    return {
+        "type": "object",
+        "properties": {
+            "questions": {
+                "type": "array",
+                "items": {"type": "string", "minLength": 3, "maxLength": QUESTION_MAX_CHARS},
+                "minItems": 0 if allow_stop else k,
+                "maxItems": k,
+            }
+        },
+        "required": ["questions"],
+        "additionalProperties": False,
+    }
+
+
+async def ask_all(
+    engine: ChatModel,
+    blurred_query: str,
+    k: int,
+    language: str,
+    sampling: Sampling,
+    allow_stop: bool = False,
+) -> list[str]:
+    """k questions at once; `sampling.max_tokens` is the room for one question, so it is
+    scaled by k."""
+    system, user = render("clarifier_all_at_once", language, blurred_query=blurred_query, k=k)
+    response = await engine.chat(
+        ChatRequest(
+            messages=(system, user),
+            sampling=sampling.model_copy(update={"max_tokens": sampling.max_tokens * k}),
+            output=JsonSchemaOutput(
+                name="clarifying_questions", json_schema=questions_schema(k, allow_stop)
+            ),
+        )
+    )
+    return list(response.parsed["questions"])

@@ -1,12 +1,18 @@
 """Question-type classifier for diagnostics: which kind of missing detail a clarifying question
-asks about. Keyword rules in English and Chinese by default (no model call, reproducible)."""
+asks about. Keyword rules in English and Chinese by default (`classify`: no model call,
+reproducible); `classify_with_model` asks a model to choose (the `question_classifier` role)."""
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, cast, get_args
+
+from agents.prompts import render
+from serving.engine import ChatModel
+from serving.types import ChatRequest, ChoiceOutput, Sampling
 
 QuestionType = Literal["time", "region", "scope", "entity", "numeric", "definition", "other"]
+QUESTION_TYPES: tuple[QuestionType, ...] = get_args(QuestionType)
 
 # Checked in this order: the first type whose pattern matches wins (a "which year" question is
 # about time, not an entity).
@@ -51,3 +57,16 @@ def classify(question: str) -> QuestionType:
         if pattern.search(question):
             return kind
     return "other"
+
+
+async def classify_with_model(
+    engine: ChatModel, question: str, language: str, sampling: Sampling
+) -> QuestionType:
+    system, user = render("question_classifier", language, question=question)
+    response = await engine.chat(
+        ChatRequest(
+            messages=(system, user), sampling=sampling, output=ChoiceOutput(choices=QUESTION_TYPES)
+        )
+    )
+    # The engine has already checked the answer against the choices.
+    return cast(QuestionType, response.text.strip())

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from configs import CONFIG_DIR, DEFAULT_EXPERIMENT
 from eval.dataset import DatasetSource
@@ -89,11 +89,27 @@ class SearchConfig(_Strict):
 
 
 class Budgets(_Strict):
-    #: Largest k of clarify@k.
-    max_questions: int = Field(3, ge=1, le=3)
     #: WebDancer: LLM calls per search run before the forced final answer.
     max_llm_calls: int = Field(8, ge=1)
     max_context_tokens: int = Field(8192, ge=256)
+
+
+class ClarificationConfig(_Strict):
+    """How the clarify@k conditions ask, answer and classify."""
+
+    #: sequential: one question per turn, each seeing the earlier answers (the study's
+    #: protocol); all_at_once: the k questions in one call, then answered one by one.
+    mode: Literal["sequential", "all_at_once"] = "sequential"
+    #: Let the clarifier stop before k questions (recorded, so "knowing when not to ask" is
+    #: measurable). Off by default: the study's budget is exactly k questions.
+    allow_stop: bool = False
+    #: extractive: an answer is `unknown` or a span of the fused query, enforced by the output
+    #: constraint; abstractive: free wording, post-checked for content words the fused query
+    #: does not contain (counted in the diagnostics).
+    answerer: Literal["extractive", "abstractive"] = "extractive"
+    #: Question-type diagnostics: keyword rules (no model call) or the `question_classifier`
+    #: role.
+    question_types: Literal["keywords", "llm"] = "keywords"
 
 
 def expand_path(path: str) -> Path:
@@ -119,12 +135,21 @@ class ExperimentConfig(_Strict):
     dataset: DatasetSource = DatasetSource()
     search: SearchConfig = SearchConfig()
     budgets: Budgets = Budgets()
+    clarification: ClarificationConfig = ClarificationConfig()
     conditions: list[Condition] = Field(default_factory=lambda: list(ALL_CONDITIONS), min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     #: Concurrent instances in flight (each engine bounds its own requests too).
     concurrency: int = Field(4, ge=1)
     output_dir: str = "runs/{name}"
     cache: CacheConfig = CacheConfig()
+
+    @model_validator(mode="after")
+    def _llm_classifier_has_a_role(self) -> ExperimentConfig:
+        if self.clarification.question_types == "llm" and "question_classifier" not in self.roles:
+            raise ValueError(
+                "clarification.question_types is llm but roles.question_classifier is not set"
+            )
+        return self
 
 
 class ResolvedExperiment(BaseModel):

@@ -10,20 +10,11 @@ from collections.abc import Iterable
 from statistics import mean
 from typing import Any
 
-from agents.question_type import QuestionType
+from agents.question_type import QUESTION_TYPES
 from agents.types import UNKNOWN
 from eval.metrics import bootstrap_ci, gain_recovered, paired_test
 from eval.pipeline import Record, clarify_turns
 
-QUESTION_TYPES: tuple[QuestionType, ...] = (
-    "time",
-    "region",
-    "scope",
-    "entity",
-    "numeric",
-    "definition",
-    "other",
-)
 SCORE_VARIANTS = ("restore_score_100", "strict", "unweighted")
 
 
@@ -125,6 +116,12 @@ def clarification(records: list[Record]) -> dict[str, Any]:
     def rate(values: list[bool]) -> float | None:
         return sum(values) / len(values) if values else None
 
+    checked = [
+        bool(words)
+        for r in asked
+        for words, answer in zip(r.unsupported_words, r.answers, strict=False)
+        if answer != UNKNOWN
+    ]
     total = sum(types.values())
     return {
         "answerability_per_turn": {str(t): rate(v) for t, v in sorted(per_turn.items())},
@@ -137,7 +134,21 @@ def clarification(records: list[Record]) -> dict[str, Any]:
             t: (unknown_by_type[t] / types[t] if types[t] else None) for t in QUESTION_TYPES
         },
         "region_only_rate": rate(region_only),
+        # Abstractive User Answerer only: answers with content words not in the fused query.
+        "unsupported_answers": {"checked": len(checked), "rate": rate(checked)},
     }
+
+
+def reuse(records: list[Record]) -> dict[str, Any]:
+    """Per condition, how many search-agent model calls the response cache answered: for
+    blurred and oracle, which do not depend on the clarifier, this shows that a second
+    clarifier's run re-used the first run's searches instead of recomputing them."""
+    calls: Counter[str] = Counter()
+    cached: Counter[str] = Counter()
+    for r in records:
+        calls[r.condition] += r.usage.get("search_llm_calls", 0)
+        cached[r.condition] += r.usage.get("search_cached_calls", 0)
+    return {c: {"search_llm_calls": calls[c], "cached": cached[c]} for c in calls}
 
 
 def failures(records: list[Record]) -> dict[str, Any]:
@@ -154,5 +165,6 @@ def summarize(records: list[Record], conditions: list[str]) -> dict[str, Any]:
         "scores": score_table(records, conditions),
         "gains": gains(records, conditions),
         "clarification": clarification(records),
+        "reuse": reuse(records),
         "failures": failures(records),
     }

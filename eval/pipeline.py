@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from agents import clarifier, judge, rewriter, user_answerer
-from agents.question_type import classify
+from agents.question_type import classify, classify_with_model
 from agents.types import QA
+from agents.user_answerer import unsupported_words
+from eval.config import ClarificationConfig
 from eval.metrics import restore_score
 from eval.schema import Instance
 from serving.engine import ChatModel
@@ -40,6 +43,8 @@ class Record(BaseModel):
     questions: list[str] = []
     answers: list[str] = []
     question_types: list[str] = []
+    #: Abstractive User Answerer only: per answer, content words not in the fused query.
+    unsupported_words: list[list[str]] = []
     stopped_early: bool = False
     rewrite: str | None = None
     search_query: str = ""
@@ -64,7 +69,7 @@ class PipelineContext:
     roles: dict[str, ChatModel]
     agent: WebDancerAgent
     sampling: dict[str, Sampling]
-    allow_stop: bool = False
+    clarification: ClarificationConfig = field(default_factory=ClarificationConfig)
     trace_dir: Path | None = None
 
 
@@ -77,7 +82,12 @@ async def run_instance(
 ) -> Record:
     record = Record(instance_id=instance.id, condition=condition, seed=seed)
     started = time.perf_counter()
-    stage = "clarify"
+    stage = ""
+
+    def mark(name: str) -> None:
+        nonlocal stage
+        stage = name
+
     try:
         k = clarify_turns(condition)
         if condition == "oracle":
@@ -85,32 +95,7 @@ async def run_instance(
         elif k is None:
             query = instance.blurred_query
         else:
-            pairs: list[QA] = []
-            for _ in range(k):
-                stage = "clarify"
-                turn = await clarifier.ask(
-                    ctx.roles["clarifier"],
-                    instance.blurred_query,
-                    pairs,
-                    instance.language,
-                    _seeded(ctx.sampling["clarifier"], seed),
-                    allow_stop=ctx.allow_stop,
-                )
-                if turn.stop:
-                    record.stopped_early = True
-                    break
-                stage = "answer"
-                reply = await user_answerer.answer(
-                    ctx.roles["user_answerer"],
-                    instance.fused_query,
-                    turn.question,
-                    instance.language,
-                    _seeded(ctx.sampling["user_answerer"], seed),
-                )
-                pairs.append(QA(question=turn.question, answer=reply))
-                record.questions.append(turn.question)
-                record.answers.append(reply)
-                record.question_types.append(classify(turn.question))
+            pairs = await _clarify(instance, k, seed, ctx, record, mark)
             stage = "rewrite"
             query = await rewriter.rewrite(
                 ctx.roles["rewriter"],
@@ -130,6 +115,7 @@ async def run_instance(
         )
         record.usage = {
             "search_llm_calls": result.llm_calls,
+            "search_cached_calls": result.cached_llm_calls,
             "search_prompt_tokens": result.prompt_tokens,
             "search_completion_tokens": result.completion_tokens,
         }
@@ -164,6 +150,81 @@ async def run_instance(
     finally:
         record.seconds = round(time.perf_counter() - started, 3)
     return record
+
+
+async def _clarify(
+    instance: Instance,
+    k: int,
+    seed: int,
+    ctx: PipelineContext,
+    record: Record,
+    mark: Callable[[str], None],
+) -> list[QA]:
+    """k questions (sequential turns, or all at once), each answered by the User Answerer; the
+    record gets questions, answers, their types and the abstractive post-check. `mark` names
+    the stage in progress for the error record."""
+    options = ctx.clarification
+    ask_sampling = _seeded(ctx.sampling["clarifier"], seed)
+    pairs: list[QA] = []
+
+    async def answer(question: str) -> None:
+        mark("answer")
+        reply = await user_answerer.answer(
+            ctx.roles["user_answerer"],
+            instance.fused_query,
+            question,
+            instance.language,
+            _seeded(ctx.sampling["user_answerer"], seed),
+            mode=options.answerer,
+        )
+        pairs.append(QA(question=question, answer=reply))
+        record.questions.append(question)
+        record.answers.append(reply)
+        if options.answerer == "abstractive":
+            record.unsupported_words.append(unsupported_words(reply, instance.fused_query))
+
+    if options.mode == "all_at_once":
+        mark("clarify")
+        questions = await clarifier.ask_all(
+            ctx.roles["clarifier"],
+            instance.blurred_query,
+            k,
+            instance.language,
+            ask_sampling,
+            allow_stop=options.allow_stop,
+        )
+        record.stopped_early = len(questions) < k
+        for question in questions:
+            await answer(question)
+    else:
+        for _ in range(k):
+            mark("clarify")
+            turn = await clarifier.ask(
+                ctx.roles["clarifier"],
+                instance.blurred_query,
+                pairs,
+                instance.language,
+                ask_sampling,
+                allow_stop=options.allow_stop,
+            )
+            if turn.stop:
+                record.stopped_early = True
+                break
+            await answer(turn.question)
+    mark("classify")
+    for question in record.questions:
+        if options.question_types == "llm":
+            record.question_types.append(
+                await classify_with_model(
+                    ctx.roles["question_classifier"],
+                    question,
+                    instance.language,
+                    ctx.sampling["question_classifier"],
+                )
+            )
+        else:
+            record.question_types.append(classify(question))
+    return pairs
 
 
 def _write_trace(trace_dir: Path, record: Record, trace: dict[str, Any]) -> str:

@@ -59,9 +59,18 @@ def markdown(systems: list[tuple[str, dict[str, Any]]]) -> str:
     lines += [
         "",
         "Blurred and oracle searches do not depend on the clarifier; runs that share "
-        "the response cache re-use them instead of recomputing.",
+        "the response cache re-use them instead of recomputing:",
         "",
     ]
+    for name, summary in systems:
+        reused = [
+            f"{c} {u['cached']} of {u['search_llm_calls']}"
+            for c, u in summary["reuse"].items()
+            if c in ("blurred", "oracle")
+        ]
+        if reused:
+            lines.append(f"- {name}: search-agent model calls from the cache: {', '.join(reused)}.")
+    lines.append("")
     for name, summary in systems:
         lines += [
             f"## {name}",
@@ -113,6 +122,16 @@ def markdown(systems: list[tuple[str, dict[str, Any]]]) -> str:
             f"{_pct(c['region_only_rate'])}. Answerability per turn: "
             + ", ".join(f"turn {t}: {_pct(v)}" for t, v in c["answerability_per_turn"].items())
             + ".",
+            *(
+                [
+                    "",
+                    f"Abstractive answers with content words not in the fused query: "
+                    f"{_pct(c['unsupported_answers']['rate'])} of "
+                    f"{c['unsupported_answers']['checked']} answers.",
+                ]
+                if c["unsupported_answers"]["checked"]
+                else []
+            ),
             "",
             f"Failures: {summary['failures']['total']} "
             f"{json.dumps(summary['failures']['by_kind'])}.",

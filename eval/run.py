@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,13 @@ from serving.types import Sampling
 
 #: Room for each role's longest valid answer (its schema bounds the length), so that a
 #: constrained answer is never cut off by max_tokens.
-ROLE_MAX_TOKENS = {"clarifier": 96, "user_answerer": 64, "rewriter": 192, "judge": 1024}
+ROLE_MAX_TOKENS = {
+    "clarifier": 96,
+    "user_answerer": 64,
+    "rewriter": 192,
+    "judge": 1024,
+    "question_classifier": 8,
+}
 
 
 @dataclass
@@ -43,10 +50,21 @@ class RunResult:
     report: dict[str, Path] | None
 
 
-def _install_signal_handlers(task: asyncio.Task[RunOutcome]) -> None:
+async def until_signalled(work: Awaitable[RunOutcome]) -> RunOutcome:
+    """Run `work`; SIGINT or SIGTERM cancels it and gives an interrupted outcome. Finished
+    records are already on disk (each is appended and fsync'd as it completes), so the run
+    resumes where it stopped."""
+    task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return RunOutcome(interrupted=True)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 async def _run(
@@ -69,6 +87,7 @@ async def _run(
             roles={str(role): engine for role, engine in engines.roles.items()},
             agent=build_agent(resolved, engines),
             sampling=sampling,
+            clarification=experiment.clarification,
             trace_dir=run_dir / "traces",
         )
         total = len(shard.select(instances)) * len(experiment.conditions) * len(experiment.seeds)
@@ -90,7 +109,7 @@ async def _run(
                 failed += record.error is not None
                 progress.update(bar, advance=1, failed=failed)
 
-            task = asyncio.create_task(
+            outcome = await until_signalled(
                 run_keys(
                     instances,
                     experiment.conditions,
@@ -102,11 +121,6 @@ async def _run(
                     on_done=done,
                 )
             )
-            _install_signal_handlers(task)
-            try:
-                outcome = await task
-            except asyncio.CancelledError:
-                outcome = RunOutcome(interrupted=True)
         calls = sum(e.stats.calls for e in engines.by_model.values())
         return outcome, calls, engines.cache.stats() if engines.cache else None
 

@@ -1,5 +1,6 @@
-"""Run by tests/test_crash_safety.py in a subprocess that the test kills with SIGKILL: a small
-deterministic run (scripted engines with delays) into the run directory given as argv[1]."""
+"""Run by tests/test_crash_safety.py in a subprocess that the test kills (SIGKILL) or stops
+(SIGTERM): a small deterministic run (scripted engines with delays) into the run directory given
+as argv[1]. Signals are handled as `cts run` handles them; an interrupted run exits 130."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.pipeline import run_instance
+from eval.run import until_signalled
 from eval.runner import RecordStore, run_keys
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
@@ -22,16 +24,20 @@ def main(run_dir: Path, index_dir: Path) -> None:
     for engine in roles.values():
         engine.delay_s = 0.1
     instances = load_instances(DatasetSource(path="sample", split="dev", limit=LIMIT))
-    asyncio.run(
-        run_keys(
-            instances,
-            CONDITIONS,
-            [0],
-            lambda i, c, s: run_instance(i, c, s, ctx),
-            RecordStore(run_dir),
-            concurrency=3,
+    outcome = asyncio.run(
+        until_signalled(
+            run_keys(
+                instances,
+                CONDITIONS,
+                [0],
+                lambda i, c, s: run_instance(i, c, s, ctx),
+                RecordStore(run_dir),
+                concurrency=3,
+            )
         )
     )
+    if outcome.interrupted:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -44,12 +44,23 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
     request), for logic tests of the pipeline and runner."""
     import json as _json
 
+    questions = ["Which year?", "Which city?", "Which model?"]
+
     def clarifier(request: ChatRequest) -> str:
+        assert request.output is not None and request.output.kind == "json"
+        if "questions" in request.output.json_schema["properties"]:  # all at once
+            k = request.output.json_schema["properties"]["questions"]["maxItems"]
+            return _json.dumps({"questions": questions[:k]})
         turn = request.messages[-1].content.count("\nQ")
-        return _json.dumps({"question": ["Which year?", "Which city?", "Which model?"][turn % 3]})
+        return _json.dumps({"question": questions[turn % 3]})
 
     def user_answerer(request: ChatRequest) -> str:
+        if request.output is not None and request.output.kind == "json":  # abstractive
+            return _json.dumps({"answer": "probably Sweden"})
         return "unknown"
+
+    def question_classifier(request: ChatRequest) -> str:
+        return "numeric"
 
     def rewriter(request: ChatRequest) -> str:
         return _json.dumps({"query": "rewritten " + request.messages[-1].content.split("\n")[0]})
@@ -81,6 +92,7 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
         "searcher": searcher,
         "judge": judge,
         "summarizer": summarizer,
+        "question_classifier": question_classifier,
     }
     return {role: ScriptedEngine(script, name=role) for role, script in scripts.items()}
 

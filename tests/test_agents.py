@@ -9,7 +9,7 @@ import random
 import pytest
 
 from agents import clarifier, judge, rewriter, user_answerer
-from agents.question_type import classify
+from agents.question_type import QUESTION_TYPES, classify, classify_with_model
 from agents.types import QA
 from eval.dataset import DatasetSource, load_instances
 from eval.metrics import LABEL_SCORE, restore_score
@@ -177,3 +177,58 @@ def test_judge_rejects_a_missing_or_invented_id():
 )
 def test_question_types(question, kind):
     assert classify(question) == kind
+
+
+def test_unsupported_words_flag_what_the_fused_query_does_not_say():
+    fused = "Best electric SUVs of 2023 in Norway"
+    assert user_answerer.unsupported_words("unknown", fused) == []
+    assert user_answerer.unsupported_words("the 2023 ones, in Norway please", fused) == []
+    assert user_answerer.unsupported_words("Sweden, last year", fused) == ["sweden", "last", "year"]
+    assert user_answerer.unsupported_words("2023年的", "2023年北京的电动车") == []
+    assert user_answerer.unsupported_words("上海", "2023年北京的电动车") == ["上", "海"]
+
+
+def test_abstractive_answers_are_free_text_and_unknown_is_normalised():
+    engine = ScriptedEngine(lambda r: json.dumps({"answer": "Unknown"}))
+    text = asyncio.run(
+        user_answerer.answer(engine, "hotels in Lyon", "When?", "en", SAMPLING, mode="abstractive")
+    )
+    assert text == "unknown"
+    assert "your full intent" in engine.requests[0].messages[0].content
+    assert engine.requests[0].output.json_schema["required"] == ["answer"]
+
+
+def test_all_at_once_schema_fixes_the_number_of_questions():
+    schema = clarifier.questions_schema(2, allow_stop=False)["properties"]["questions"]
+    assert (schema["minItems"], schema["maxItems"]) == (2, 2)
+    schema = clarifier.questions_schema(3, allow_stop=True)["properties"]["questions"]
+    assert (schema["minItems"], schema["maxItems"]) == (0, 3)
+
+
+@pytest.mark.slow
+def test_options_on_the_tiny_model(tiny_engine):
+    """All-at-once clarifier, abstractive answerer and the LLM question-type classifier give
+    valid constrained answers on the real tiny model."""
+    (instance,) = load_instances(DatasetSource(path="sample", split="dev", limit=1))
+    sampling = Sampling(max_tokens=96, seed=0)
+
+    async def go():
+        questions = await clarifier.ask_all(
+            tiny_engine, instance.blurred_query, 2, instance.language, sampling
+        )
+        answers = [
+            await user_answerer.answer(
+                tiny_engine, instance.fused_query, q, instance.language, sampling, "abstractive"
+            )
+            for q in questions
+        ]
+        kinds = [
+            await classify_with_model(tiny_engine, q, instance.language, Sampling(max_tokens=8))
+            for q in questions
+        ]
+        return questions, answers, kinds
+
+    questions, answers, kinds = asyncio.run(go())
+    assert len(questions) == 2 and all(3 <= len(q) <= 200 for q in questions)
+    assert all(1 <= len(a) <= 120 for a in answers)
+    assert set(kinds) <= set(QUESTION_TYPES)

@@ -134,8 +134,10 @@ def test_missing_files_are_named(project):
 
 
 def test_bad_overrides_are_named():
-    with pytest.raises(ConfigError, match=r"^--set budgets.max_questions: Input should be less"):
-        load_experiment(None, ["budgets.max_questions=7"])
+    with pytest.raises(ConfigError, match=r"^--set budgets.max_llm_calls: Input should be greater"):
+        load_experiment(None, ["budgets.max_llm_calls=0"])
+    with pytest.raises(ConfigError, match=r"^--set clarification.mode: Input should be"):
+        load_experiment(None, ["clarification.mode=parallel"])
     with pytest.raises(ConfigError, match=r"^--set roles.clarifier.modle: unknown key"):
         load_experiment(None, ["roles.clarifier.modle=x"])
     with pytest.raises(ConfigError, match=r"expected KEY=VALUE"):
@@ -150,3 +152,16 @@ def test_inline_model_override_errors_name_the_experiment(project):
 def test_resolved_config_records_versions():
     text = load_experiment().to_yaml()
     assert "versions:" in text and "transformers:" in text and "git_sha:" in text
+
+
+def test_the_llm_question_classifier_needs_its_role():
+    with pytest.raises(ConfigError, match=r"roles.question_classifier is not set"):
+        load_experiment(None, ["clarification.question_types=llm"])
+    resolved = load_experiment(
+        None,
+        [
+            "clarification.question_types=llm",
+            "roles.question_classifier.model=smollm2-135m-instruct",
+        ],
+    )
+    assert resolved.experiment.clarification.question_types == "llm"

@@ -1,8 +1,10 @@
-"""Kill the runner with SIGKILL at random points, resume each time: the final records equal an
-uninterrupted run's, with no key missing or twice."""
+"""Kill the runner with SIGKILL at random points, or stop it with SIGTERM as Slurm does on
+preemption, and resume each time: the final records equal an uninterrupted run's, with no key
+missing or twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -10,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from eval.dataset import DatasetSource, load_instances
 from eval.runner import RecordStore, merge
@@ -41,11 +45,26 @@ def records(run_dir: Path) -> dict:
     return {k: r.model_dump(exclude={"seconds"}) for k, r in report.records.items()}
 
 
-def test_sigkill_at_random_points_then_resume(tmp_path):
-    index = tmp_path / "index"
-    finish(tmp_path / "reference", index)
-    expected = records(tmp_path / "reference")
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, dict]:
+    """(search index dir, records of an uninterrupted run)."""
+    root = tmp_path_factory.mktemp("reference")
+    finish(root / "run", root / "index")
+    expected = records(root / "run")
     assert len(expected) == LIMIT * len(CONDITIONS)
+    return root / "index", expected
+
+
+def recorded_lines(run_dir: Path) -> list[str]:
+    return [
+        line
+        for f in sorted(run_dir.glob("records/*/*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+
+
+def test_sigkill_at_random_points_then_resume(tmp_path, reference):
+    index, expected = reference
 
     rng = random.Random(11)
     run_dir = tmp_path / "killed"
@@ -60,3 +79,23 @@ def test_sigkill_at_random_points_then_resume(tmp_path):
     finish(run_dir, index)
     assert kills >= 10
     assert records(run_dir) == expected
+
+
+def test_sigterm_flushes_finished_records_exits_130_and_resumes(tmp_path, reference):
+    index, expected = reference
+    run_dir = tmp_path / "stopped"
+    process = start(run_dir, index)
+    deadline = time.monotonic() + 120
+    while len(recorded_lines(run_dir)) < 5:
+        assert process.poll() is None and time.monotonic() < deadline, "no records appeared"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err.decode()[-2000:]
+    kept = recorded_lines(run_dir)
+    assert 5 <= len(kept) < len(expected)
+    assert all(json.loads(line)["instance_id"] for line in kept)  # every line whole
+    finish(run_dir, index)
+    assert records(run_dir) == expected
+    # The kept lines are untouched: the resumed run added only what was missing.
+    assert set(kept) <= set(recorded_lines(run_dir))

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from eval.config import ClarificationConfig
 from eval.dataset import DatasetSource, corpus_path, load_instances
+from eval.diagnostics import clarification
 from eval.pipeline import run_instance
 from eval.runner import RecordStore, Shard, merge, run_keys
 from tests.scripted import scripted_context
@@ -30,18 +32,33 @@ def instances(n: int = 4):
     return load_instances(DatasetSource(path="sample", split="dev", limit=n))
 
 
-def test_the_fused_query_reaches_only_the_user_answerer_and_judge(search):
+CLARIFICATION_OPTIONS = [
+    ClarificationConfig(),
+    ClarificationConfig(mode="all_at_once", allow_stop=True),
+    ClarificationConfig(answerer="abstractive", question_types="llm"),
+]
+
+
+@pytest.mark.parametrize("options", CLARIFICATION_OPTIONS, ids=lambda o: f"{o.mode}-{o.answerer}")
+def test_the_fused_query_reaches_only_the_user_answerer_and_judge(search, options):
     planted = [
         i.model_copy(update={"fused_query": f"{i.fused_query} {SENTINEL}"}) for i in instances(3)
     ]
     ctx, roles = context(search)
+    ctx.clarification = options
 
     async def go():
         for condition in CONDITIONS:
             for instance in planted:
                 record = await run_instance(instance, condition, 0, ctx)
                 assert record.error is None, record.error
-            for role in ("clarifier", "rewriter", "searcher", "summarizer"):
+            for role in (
+                "clarifier",
+                "rewriter",
+                "searcher",
+                "summarizer",
+                "question_classifier",
+            ):
                 seen = [m.content for r in roles[role].requests for m in r.messages]
                 # The oracle condition searches on the fused query by definition.
                 if condition == "oracle" and role in ("searcher", "summarizer"):
@@ -63,6 +80,35 @@ def test_the_user_answerer_does_see_it(search):
     assert record.question_types == ["time", "region"]
     assert SENTINEL in roles["user_answerer"].requests[0].messages[0].content
     assert SENTINEL in roles["judge"].requests[0].messages[1].content
+
+
+def test_all_at_once_asks_k_questions_in_one_call(search):
+    (instance,) = instances(1)
+    ctx, roles = context(search)
+    ctx.clarification = ClarificationConfig(mode="all_at_once")
+    record = asyncio.run(run_instance(instance, "clarify@3", 0, ctx))
+    assert record.error is None, record.error
+    assert len(roles["clarifier"].requests) == 1
+    schema = roles["clarifier"].requests[0].output.json_schema["properties"]["questions"]
+    assert schema["minItems"] == schema["maxItems"] == 3
+    assert record.questions == ["Which year?", "Which city?", "Which model?"]
+    assert len(roles["user_answerer"].requests) == 3 and not record.stopped_early
+    # Room for three questions, not one.
+    assert roles["clarifier"].requests[0].sampling.max_tokens == 3 * 64
+
+
+def test_abstractive_answers_are_post_checked_and_counted(search):
+    (instance,) = instances(1)
+    ctx, _ = context(search)
+    ctx.clarification = ClarificationConfig(answerer="abstractive", question_types="llm")
+    record = asyncio.run(run_instance(instance, "clarify@2", 0, ctx))
+    assert record.error is None, record.error
+    assert record.answers == ["probably Sweden", "probably Sweden"]
+    assert record.unsupported_words == [["probably", "sweden"]] * 2
+    assert record.question_types == ["numeric", "numeric"]
+    diagnostics = clarification([record])
+    assert diagnostics["unsupported_answers"] == {"checked": 2, "rate": 1.0}
+    assert diagnostics["question_type_counts"]["numeric"] == 2
 
 
 def test_a_record_carries_everything(search, tmp_path):

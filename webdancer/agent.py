@@ -79,6 +79,11 @@ class AgentResult:
                 seen.setdefault(doc_id, None)
         return list(seen)
 
+    @property
+    def cached_llm_calls(self) -> int:
+        """Model calls answered by the response cache (re-used from an earlier run)."""
+        return sum(1 for step in self.steps if step["kind"] == "llm" and step["cached"])
+
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "doc_ids": self.doc_ids}
 
