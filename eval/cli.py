@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import ExitStack
 from pathlib import Path
 
 import typer
@@ -28,6 +29,9 @@ from eval.report import MAIN_COLUMNS, write_report
 from eval.run import merge_run, run_experiment
 from eval.runner import Shard
 from eval.search_agent import build_agent
+from serving.serve import ServerGroup, read_endpoints, serving
+from serving.serve_cli import CPU_HELP, GPUS_HELP, PYTHON_HELP, plan_from_options
+from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
 from webdancer.agent import AgentResult
 from webdancer.corpus import CorpusError, check_corpus
@@ -103,18 +107,31 @@ def run(
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
     limit: int | None = typer.Option(None, help="Only the first N instances of the dataset."),
     shard: str | None = typer.Option(None, help="Run shard I/N of the instances (e.g. 0/4)."),
+    endpoints: Path | None = typer.Option(
+        None, help="Endpoints file from `cts serve`: served models' URLs replace their configs'."
+    ),
+    serve: bool = typer.Option(
+        False, "--serve", help="Start the served models' vLLM servers first, stop them after."
+    ),
+    gpus: str | None = typer.Option(None, help=f"With --serve: {GPUS_HELP}"),
+    cpu: bool = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}"),
+    vllm_python: str | None = typer.Option(None, help=f"With --serve: {PYTHON_HELP}"),
 ) -> None:
     """Run an experiment (default: configs/experiments/quickstart.yaml).
 
     Every condition (blurred, clarify@1..3, oracle) for every instance and seed: clarify, answer,
     rewrite, search with WebDancer, judge, score. Records, traces, summary.json, report.md,
     report.html and figures go to the run directory. A run resumes where it stopped; Ctrl-C or
-    SIGTERM leaves it resumable."""
+    SIGTERM leaves it resumable. With --serve (what the Slurm jobs use) the models whose engine
+    is `openai` are served by vLLM for the run; if a server dies the run stops (exit 1) with
+    its finished records kept."""
     overrides = [*set_, *([f"dataset.limit={limit}"] if limit is not None else [])]
     resolved = _load(config, overrides)
     try:
         part = Shard.parse(shard) if shard else Shard()
-    except ValueError as e:
+        if endpoints is not None:
+            resolved = resolved.with_endpoints(read_endpoints(endpoints))
+    except (ValueError, ServerError, ConfigError) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
     out = output_dir or resolved.output_dir()
@@ -124,10 +141,30 @@ def run(
         highlight=False,
     )
     try:
-        result = run_experiment(resolved, out, part)
+        with ExitStack() as stack:
+            watch = None
+            if serve:
+                planned = plan_from_options(
+                    resolved.model_configs,
+                    out / "logs" / "serve" / f"shard-{part.index}-of-{part.count}",
+                    gpus,
+                    cpu,
+                    vllm_python,
+                    "127.0.0.1",
+                )
+                console.print(f"starting {len(planned)} vLLM server(s)")
+                group = stack.enter_context(serving(ServerGroup(planned)))
+                resolved = resolved.with_endpoints(
+                    {p.key: p.server.base_url for p in group.planned}
+                )
+                watch = group.check
+            result = run_experiment(resolved, out, part, watch=watch)
     except DatasetError as e:
         typer.echo(f"dataset error\n{e}", err=True)
         raise typer.Exit(2) from None
+    except ServerError as e:
+        typer.echo(f"server error: {e}\nfinished records are saved; servers stopped", err=True)
+        raise typer.Exit(1) from None
     outcome = result.outcome
     console.print(
         f"{outcome.ran} records written, {outcome.skipped} already done, "

@@ -170,6 +170,17 @@ class ResolvedExperiment(BaseModel):
         merged.update(fixed)
         return Sampling(**merged)
 
+    def with_endpoints(self, endpoints: dict[str, str]) -> ResolvedExperiment:
+        """The models served by `cts serve` pointed at their servers (model key → base URL)."""
+        unknown = sorted(set(endpoints) - set(self.model_configs))
+        if unknown:
+            raise ConfigError(f"endpoints for models this experiment does not use: {unknown}")
+        configs = {
+            k: m.model_copy(update={"endpoint": endpoints[k]}) if k in endpoints else m
+            for k, m in self.model_configs.items()
+        }
+        return self.model_copy(update={"model_configs": configs})
+
     def output_dir(self) -> Path:
         return Path(self.experiment.output_dir.format(name=self.experiment.name))
 

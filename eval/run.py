@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,19 +50,39 @@ class RunResult:
     report: dict[str, Path] | None
 
 
-async def until_signalled(work: Awaitable[RunOutcome]) -> RunOutcome:
+async def until_signalled(
+    work: Awaitable[RunOutcome], watch: Callable[[], None] | None = None, poll_s: float = 2.0
+) -> RunOutcome:
     """Run `work`; SIGINT or SIGTERM cancels it and gives an interrupted outcome. Finished
     records are already on disk (each is appended and fsync'd as it completes), so the run
-    resumes where it stopped."""
+    resumes where it stopped. `watch` is called every `poll_s` seconds (e.g. checking that the
+    model servers live); what it raises cancels the work and is raised here."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
+    failure: list[BaseException] = []
+
+    async def watcher() -> None:
+        while True:
+            await asyncio.sleep(poll_s)
+            try:
+                watch()  # type: ignore[misc]
+            except Exception as e:
+                failure.append(e)
+                task.cancel()
+                return
+
+    watching = asyncio.create_task(watcher()) if watch else None
     try:
         return await task
     except asyncio.CancelledError:
+        if failure:
+            raise failure[0] from None
         return RunOutcome(interrupted=True)
     finally:
+        if watching:
+            watching.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
@@ -73,6 +93,7 @@ async def _run(
     instances: list[Instance],
     shard: Shard,
     show_progress: bool,
+    watch: Callable[[], None] | None,
 ) -> tuple[RunOutcome, int, dict | None]:
     experiment = resolved.experiment
     store = RecordStore(run_dir)
@@ -119,7 +140,8 @@ async def _run(
                     shard,
                     concurrency=experiment.concurrency,
                     on_done=done,
-                )
+                ),
+                watch,
             )
         calls = sum(e.stats.calls for e in engines.by_model.values())
         return outcome, calls, engines.cache.stats() if engines.cache else None
@@ -130,13 +152,18 @@ def run_experiment(
     run_dir: Path,
     shard: Shard | None = None,
     show_progress: bool = True,
+    watch: Callable[[], None] | None = None,
 ) -> RunResult:
+    """Run (a shard of) an experiment into `run_dir`. `watch` is polled during the run; what it
+    raises (a dead model server) stops the run, keeping every finished record."""
     shard = shard or Shard()
     instances = load_instances(resolved.experiment.dataset)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(resolved.to_yaml())
     started = time.perf_counter()
-    outcome, calls, cache = asyncio.run(_run(resolved, run_dir, instances, shard, show_progress))
+    outcome, calls, cache = asyncio.run(
+        _run(resolved, run_dir, instances, shard, show_progress, watch)
+    )
     report = None
     if shard.count == 1 and not outcome.interrupted:
         report = write_report([run_dir], run_dir)

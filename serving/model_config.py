@@ -37,11 +37,19 @@ class SamplingDefaults(_Strict):
 class VllmServerArgs(_Strict):
     """How `cts serve` starts this model with `vllm serve` (GPU nodes) or the CPU build."""
 
+    #: Start a server for it (engine `openai` only); false for an endpoint someone else runs.
+    serve: bool = True
+    #: GPUs it spans; with `gpus` unset, `cts serve` packs it onto that many free GPUs.
     tensor_parallel_size: int = Field(1, ge=1)
+    #: Fraction of each of its GPUs' memory it takes; two models at 0.45 can share one GPU.
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    max_model_len: int | None = None
-    port: int | None = None
-    gpus: list[int] | None = None
+    max_model_len: int | None = Field(None, gt=0)
+    #: Fixed port; default a free one.
+    port: int | None = Field(None, gt=0, lt=65536)
+    #: Explicit GPU ids as CUDA_VISIBLE_DEVICES lists them (overrides the packing).
+    gpus: list[int | str] | None = None
+    #: Further `vllm serve` flags, e.g. ["--reasoning-parser", "qwen3"] or ["--enable-lora",
+    #: "--lora-modules", "clarifier-ft=/ckpt/adapter"].
     extra_args: list[str] = []
     env: dict[str, str] = {}
 

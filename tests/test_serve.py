@@ -1,0 +1,247 @@
+"""`cts serve`: the GPU plan (pure logic), the commands it would run, and the endpoints file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cts.cli import app
+from eval.config import load_experiment
+from serving.model_config import ModelConfig, build_engine
+from serving.serve import PlanError, plan_gpus, plan_servers, read_endpoints, served_models
+from serving.types import ChatRequest, Message, Sampling
+from serving.vllm_server import ServerError
+from tests.conftest import vllm_python
+
+
+def model(name: str, tp: int = 1, memory: float = 0.9, **vllm: object) -> ModelConfig:
+    return ModelConfig(
+        name=name,
+        path=f"/ckpt/{name}",
+        engine="openai",
+        vllm={"tensor_parallel_size": tp, "gpu_memory_utilization": memory, **vllm},
+    )
+
+
+GPUS = ["0", "1", "2", "3"]
+
+
+def test_largest_models_are_packed_first_onto_whole_gpus():
+    models = {
+        "searcher": model("WebDancer-32B", tp=2),
+        "judge": model("Qwen3-32B", tp=1),
+        "clarifier": model("Qwen3-8B", tp=1),
+    }
+    assert plan_gpus(models, GPUS) == {"searcher": ["0", "1"], "judge": ["2"], "clarifier": ["3"]}
+
+
+def test_small_models_share_a_gpu_by_memory_fraction():
+    models = {"a": model("a", memory=0.45), "b": model("b", memory=0.45), "c": model("c")}
+    plan = plan_gpus(models, ["0", "1"])
+    assert plan["c"] == ["0"] and plan["a"] == plan["b"] == ["1"]
+
+
+def test_explicit_gpus_are_honoured_and_checked():
+    models = {"a": model("a", gpus=[3]), "b": model("b", tp=2)}
+    assert plan_gpus(models, GPUS) == {"a": ["3"], "b": ["0", "1"]}
+    with pytest.raises(PlanError, match=r"model a: vllm.gpus \['7'\] names GPU\(s\) \['7'\]"):
+        plan_gpus({"a": model("a", gpus=[7])}, GPUS)
+    with pytest.raises(PlanError, match="lists 1 GPU"):
+        plan_gpus({"a": model("a", tp=2, gpus=[0])}, GPUS)
+
+
+def test_refuses_when_the_models_do_not_fit():
+    models = {"big": model("big", tp=4), "small": model("small", memory=0.5)}
+    with pytest.raises(PlanError, match=r"model small needs 1 GPU\(s\) with 50% .* free") as e:
+        plan_gpus(models, GPUS)
+    assert "big on ['0', '1', '2', '3']" in str(e.value)
+    with pytest.raises(PlanError, match="this job has no GPU"):
+        plan_gpus({"a": model("a")}, [])
+
+
+def test_only_openai_models_with_serve_on_are_served():
+    models = {
+        "served": model("served"),
+        "external": model("external", serve=False),
+        "inproc": ModelConfig(name="x", path="/x", engine="transformers"),
+    }
+    assert list(served_models(models)) == ["served"]
+
+
+def test_plan_carries_flags_env_and_ports(tmp_path):
+    models = {
+        "clarifier": model(
+            "Qwen3-8B",
+            memory=0.4,
+            max_model_len=32768,
+            extra_args=["--enable-lora", "--lora-modules", "ft=/ckpt/adapter dir"],
+            env={"VLLM_LOGGING_LEVEL": "INFO"},
+            port=8123,
+        )
+    }
+    (p,) = plan_servers(models, tmp_path, gpus=["2", "5"])
+    command = p.server.command()
+    assert command[:3] == ["vllm", "serve", "/ckpt/Qwen3-8B"]
+    assert command[command.index("--port") + 1] == "8123"
+    assert command[command.index("--gpu-memory-utilization") + 1] == "0.4"
+    assert command[command.index("--max-model-len") + 1] == "32768"
+    assert command[-3:] == ["--enable-lora", "--lora-modules", "ft=/ckpt/adapter dir"]
+    assert p.server.env == {"VLLM_LOGGING_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": "2"}
+    assert p.server.log_path == tmp_path / "clarifier.log"
+    (cpu,) = plan_servers(models, tmp_path, cpu=True, python="/venv/bin/python")
+    assert cpu.server.command()[:3] == [
+        "/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    assert "--gpu-memory-utilization" not in cpu.server.command()
+    assert "CUDA_VISIBLE_DEVICES" not in cpu.server.env
+
+
+def test_dry_run_prints_the_plan_and_quoted_commands(tmp_path):
+    result = CliRunner().invoke(
+        app,
+        [
+            "serve",
+            "--set",
+            "roles.clarifier.model=smollm2-135m-instruct-vllm",
+            "--gpus",
+            "0",
+            "--output-dir",
+            str(tmp_path / "run dir"),
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    comment, command = result.output.strip().splitlines()
+    assert comment.startswith("# smollm2-135m-instruct-vllm (smollm2-135m-instruct) on GPU(s) 0")
+    argv = shlex.split(command)
+    assert argv[:4] == ["CUDA_VISIBLE_DEVICES=0", "VLLM_CPU_KVCACHE_SPACE=2", "vllm", "serve"]
+    assert '{"backend": "xgrammar", "disable_any_whitespace": true}' in argv
+
+
+def test_a_plan_that_does_not_fit_exits_2(tmp_path):
+    result = CliRunner().invoke(
+        app,
+        [
+            "serve",
+            "--set",
+            "roles.clarifier.model=smollm2-135m-instruct-vllm",
+            "--set",
+            "models.smollm2-135m-instruct-vllm.vllm.tensor_parallel_size=2",
+            "--gpus",
+            "0",
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "GPU plan error: model smollm2-135m-instruct-vllm needs 2 GPU(s)" in result.output
+
+
+def test_endpoints_file_errors_are_clear(tmp_path):
+    with pytest.raises(ServerError, match="endpoints file not found"):
+        read_endpoints(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ServerError, match="not an endpoints file"):
+        read_endpoints(bad)
+
+
+def test_endpoints_replace_the_served_models_urls(tmp_path: Path):
+    resolved = load_experiment(None, ["roles.judge.model=smollm2-135m-instruct-vllm"])
+    file = tmp_path / "endpoints.json"
+    file.write_text(
+        json.dumps({"models": {"smollm2-135m-instruct-vllm": {"base_url": "http://h:9/v1"}}})
+    )
+    pointed = resolved.with_endpoints(read_endpoints(file))
+    assert pointed.model_for("judge").endpoint == "http://h:9/v1"
+    assert pointed.model_for("clarifier").endpoint is None
+
+
+TWO_MODELS = """
+name: serve-test
+roles:
+  clarifier: {model: tiny-a}
+  judge: {model: tiny-b}
+models:
+"""
+TINY_SERVED = """
+  {key}:
+    name: {key}
+    path: "tiny:smollm2-135m-instruct"
+    engine: openai
+    dtype: float32
+    vllm:
+      max_model_len: 1024
+      extra_args: ["--enforce-eager"]
+      env: {{VLLM_CPU_KVCACHE_SPACE: "1"}}
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_cts_serve_on_cpu_then_a_dead_server_stops_them_all(tmp_path, tiny_path):
+    """Two real vllm-cpu servers: ready detection, the endpoints file, a request through it;
+    then one server is killed and `cts serve` stops the other and names the dead one."""
+    python = vllm_python()
+    config = tmp_path / "two.yaml"
+    config.write_text(TWO_MODELS + "".join(TINY_SERVED.format(key=k) for k in ("tiny-a", "tiny-b")))
+    run_dir = tmp_path / "run"
+    endpoints = run_dir / "endpoints.json"
+    command = [sys.executable, "-m", "cts", "serve", "-c", str(config), "--cpu"]
+    command += ["--vllm-python", python, "--output-dir", str(run_dir), "--ready-timeout", "600"]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 660
+        while not endpoints.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "servers not ready"
+            time.sleep(1)
+        served = json.loads(endpoints.read_text())["models"]
+        assert set(served) == {"tiny-a", "tiny-b"}
+        for entry in served.values():
+            assert Path(entry["log"]).is_file() and _alive(entry["pid"])
+
+        resolved = load_experiment(config).with_endpoints(read_endpoints(endpoints))
+        engine = build_engine(resolved.model_for("clarifier"))
+        request = ChatRequest(
+            messages=(Message(role="user", content="Say hello."),),
+            sampling=Sampling(max_tokens=8),
+        )
+        response = asyncio.run(engine.chat(request))
+        assert response.usage.completion_tokens > 0
+        asyncio.run(engine.aclose())
+
+        os.killpg(served["tiny-b"]["pid"], signal.SIGKILL)
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 1
+        assert "server error: model tiny-b: vLLM server (tiny-b, port" in err
+        assert "exited with code" in err and "last lines of" in err
+        assert not _alive(served["tiny-a"]["pid"]) and not endpoints.exists()
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
