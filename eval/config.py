@@ -182,7 +182,13 @@ class ResolvedExperiment(BaseModel):
         return self.model_copy(update={"model_configs": configs})
 
     def output_dir(self) -> Path:
-        return Path(self.experiment.output_dir.format(name=self.experiment.name))
+        """`output_dir` with `{name}` and `{clarifier}` (the clarifier's model) filled in."""
+        clarifier = self.experiment.roles.get("clarifier")
+        return Path(
+            self.experiment.output_dir.format(
+                name=self.experiment.name, clarifier=clarifier.model if clarifier else "none"
+            )
+        )
 
     def to_yaml(self) -> str:
         """The resolved config, with versions and git sha, as a run directory records it."""
