@@ -7,6 +7,7 @@ import typer
 from eval import cli as eval_cli
 from eval import serve_cli
 from serving import cli as serving_cli
+from slurm import cli as slurm_cli
 
 app = typer.Typer(
     help="Clarify-Then-Search: does a clarification question, asked before a deep search, "
@@ -18,6 +19,7 @@ serving_cli.app.command("check")(eval_cli.models_check)
 app.add_typer(serving_cli.app, name="models")
 app.add_typer(eval_cli.config_app, name="config")
 app.add_typer(eval_cli.data_app, name="data")
+app.add_typer(slurm_cli.app, name="slurm")
 app.command("run")(eval_cli.run)
 app.command("serve")(serve_cli.serve)
 app.command("search")(eval_cli.search)

@@ -152,7 +152,8 @@ def run(
                     vllm_python,
                     "127.0.0.1",
                 )
-                console.print(f"starting {len(planned)} vLLM server(s)")
+                if planned:
+                    console.print(f"starting {len(planned)} vLLM server(s)")
                 group = stack.enter_context(serving(ServerGroup(planned)))
                 resolved = resolved.with_endpoints(
                     {p.key: p.server.base_url for p in group.planned}

@@ -9,6 +9,7 @@ writes the summary and report.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -159,7 +160,10 @@ def run_experiment(
     shard = shard or Shard()
     instances = load_instances(resolved.experiment.dataset)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(resolved.to_yaml())
+    # Shards of one run write the same file at once: replace it whole, never half-written.
+    partial = run_dir / f"config.yaml.{os.getpid()}.partial"
+    partial.write_text(resolved.to_yaml())
+    partial.replace(run_dir / "config.yaml")
     started = time.perf_counter()
     outcome, calls, cache = asyncio.run(
         _run(resolved, run_dir, instances, shard, show_progress, watch)

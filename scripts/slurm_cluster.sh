@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Install, start, check and stop a real single-node Slurm cluster (Debian 12, Slurm 22.05)
+# on a machine without systemd: the daemons are started and stopped by hand, as root.
+#
+# Usage:  scripts/slurm_cluster.sh up|down|status
+#
+#   up      install slurmctld/slurmd/slurm-client/munge if missing, write
+#           /etc/slurm/slurm.conf, start munged, slurmctld, slurmd and wait until the node
+#           is idle; idempotent (already-running daemons are left alone unless slurm.conf
+#           changed, then slurmctld/slurmd are restarted).
+#   down    stop slurmd, slurmctld, munged via their pid files and wait for them to exit.
+#   status  exit 0 iff sinfo answers and the node is idle/mixed/allocated/completing.
+#
+# Environment:
+#   CTS_SLURM_DIR   state/spool/log dir (default /var/lib/cts-slurm); logs are in
+#                   $CTS_SLURM_DIR/log: slurmctld.log, slurmd.log, munged.log, jobcomp.log
+#
+# Notes for callers: there is no slurmdbd, so no sacct; finished jobs stay visible to
+# `scontrol show job` for MinJobAge seconds and are recorded in log/jobcomp.log.
+# `sbatch --wait` polls with back-off (2 s, 8 s, 32 s...): poll squeue yourself.
+set -euo pipefail
+
+DIR="${CTS_SLURM_DIR:-/var/lib/cts-slurm}"
+CONF=/etc/slurm/slurm.conf
+PARTITION=debug
+MUNGE_PID=/run/munge/munged.pid
+SLURMCTLD_PID="$DIR/run/slurmctld.pid"
+SLURMD_PID="$DIR/run/slurmd.pid"
+NODE="$(hostname -s)"
+
+log() { printf '[slurm_cluster] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+alive() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+install_packages() {
+  local pkgs=(slurmctld slurmd slurm-client munge)
+  command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
+    && command -v sinfo >/dev/null && command -v munged >/dev/null && return 0
+  export DEBIAN_FRONTEND=noninteractive
+  log "installing ${pkgs[*]}"
+  # Only refresh the package lists when installing from the current ones fails.
+  if ! apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null; then
+    apt-get update -q >/dev/null
+    apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null
+  fi
+}
+
+setup_munge() {
+  [[ -s /etc/munge/munge.key ]] || { mungekey --create --keyfile=/etc/munge/munge.key 2>/dev/null \
+    || dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none; }
+  chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
+  install -d -o munge -g munge -m 0755 /run/munge
+  install -d -m 0755 "$DIR/log"
+  [[ -e "$DIR/log/munged.log" ]] || install -o munge -g munge -m 0640 /dev/null "$DIR/log/munged.log"
+}
+
+# Print the slurm.conf for this machine on stdout. Hardware comes from `slurmd -C`.
+render_conf() {
+  local hw cpus boards sockets cores threads mem
+  hw="$(slurmd -C | head -n1)"
+  get() { sed -n "s/.*[[:space:]]$1=\([0-9]*\).*/\1/p" <<<"$hw"; }
+  cpus=$(get CPUs) boards=$(get Boards) sockets=$(get SocketsPerBoard)
+  cores=$(get CoresPerSocket) threads=$(get ThreadsPerCore) mem=$(get RealMemory)
+  [[ -n "$cpus" && -n "$mem" ]] || die "cannot parse 'slurmd -C': $hw"
+  mem=$((mem - mem / 50))  # a little below the total, so small fluctuations never drain the node
+  cat <<EOF
+# Written by scripts/slurm_cluster.sh -- single-node test cluster, do not edit by hand.
+ClusterName=cts
+SlurmctldHost=$NODE(127.0.0.1)
+AuthType=auth/munge
+SlurmUser=root
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/slurmd
+SlurmctldPidFile=$SLURMCTLD_PID
+SlurmdPidFile=$SLURMD_PID
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
+# No cgroups here (and none needed): plain /proc process tracking, no task binding.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+# Without a default, CR_*_Memory gives a job all the node's memory, serializing every job.
+DefMemPerCPU=1024
+SchedulerParameters=batch_sched_delay=0
+# Reject impossible requests at submit time instead of leaving them pending forever.
+EnforcePartLimits=ALL
+# Cancel jobs whose dependency can never be satisfied (e.g. afterok on a failed job).
+DependencyParameters=kill_invalid_depend
+MailProg=/bin/true
+# No slurmdbd: record finished jobs in a text file instead.
+JobCompType=jobcomp/filetxt
+JobCompLoc=$DIR/log/jobcomp.log
+ReturnToService=2
+SlurmdTimeout=30
+MessageTimeout=10
+KillWait=5
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus Boards=$boards SocketsPerBoard=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$mem State=UNKNOWN
+PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+EOF
+}
+
+stop_pid() {  # stop_pid NAME PIDFILE: SIGTERM, wait up to 30 s, then SIGKILL
+  local name=$1 pidfile=$2 pid i
+  alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+  pid="$(cat "$pidfile")"
+  log "stopping $name (pid $pid)"
+  kill "$pid" 2>/dev/null || true
+  for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then log "$name did not exit, killing"; kill -9 "$pid" 2>/dev/null || true; sleep 0.5; fi
+  rm -f "$pidfile"
+}
+
+node_state() { timeout 15 sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1; }
+
+cmd_status() {
+  local st; st="$(node_state)" || return 1
+  [[ "$st" =~ ^(idle|mixed|allocated|completing)$ ]] || { log "node state: '${st:-no answer}'"; return 1; }
+}
+
+cmd_up() {
+  [[ $EUID -eq 0 ]] || die "must run as root"
+  install_packages
+  getent hosts "$NODE" >/dev/null || echo "127.0.0.1 $NODE" >>/etc/hosts
+  setup_munge
+  install -d -m 0755 "$DIR/state" "$DIR/spool/slurmd" "$DIR/run" /etc/slurm
+  local new; new="$(render_conf)"
+  if [[ ! -f "$CONF" ]] || [[ "$(cat "$CONF")" != "$new" ]]; then
+    stop_pid slurmd "$SLURMD_PID"; stop_pid slurmctld "$SLURMCTLD_PID"
+    printf '%s\n' "$new" >"$CONF"; log "wrote $CONF"
+  fi
+  alive "$MUNGE_PID" || runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID" \
+    --log-file="$DIR/log/munged.log"
+  munge -n | unmunge >/dev/null || die "munge does not work; see $DIR/log/munged.log"
+  alive "$SLURMCTLD_PID" || slurmctld
+  alive "$SLURMD_PID" || slurmd
+  local deadline=$((SECONDS + 60)) st=""
+  until cmd_status 2>/dev/null; do
+    st="$(node_state || true)"
+    if ((SECONDS >= deadline)) || [[ "$st" == *drain* || "$st" == inval* ]]; then
+      log "node '$NODE' not idle after $((SECONDS - deadline + 60)) s (state: '${st:-no answer}')"
+      for f in slurmctld slurmd munged; do log "--- tail $DIR/log/$f.log"; tail -n 20 "$DIR/log/$f.log" >&2 || true; done
+      die "cluster did not come up"
+    fi
+    sleep 0.5
+  done
+  sinfo -h -N -n "$NODE" -o 'slurm up: node=%N cpus=%c memory=%mMB partition=%P state=%T' \
+    | head -n1 | sed "s|\$| logs=$DIR/log|"
+}
+
+cmd_down() {
+  stop_pid slurmd "$SLURMD_PID"
+  stop_pid slurmctld "$SLURMCTLD_PID"
+  stop_pid munged "$MUNGE_PID"
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,119 @@
+"""`cts slurm submit|status`: the benchmark as Slurm jobs. Thin: parse options, call, print."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eval.config import load_experiment
+from serving.yaml_config import ConfigError
+from slurm.status import status
+from slurm.submit import SlurmOptions, SubmitError, submit
+
+app = typer.Typer(help="Run the benchmark as Slurm array jobs.", no_args_is_help=True)
+
+
+@app.command("submit")
+def submit_command(
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Experiment YAML (path or name). Default: quickstart."
+    ),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key (repeatable)."),
+    shards: int = typer.Option(..., help="Array tasks: shard i of N each."),
+    output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
+    partition: str | None = typer.Option(None, help="sbatch --partition."),
+    gpus_per_task: int = typer.Option(
+        0, help="GPUs per array task (its models are packed on them)."
+    ),
+    cpus_per_task: int | None = typer.Option(None, help="sbatch --cpus-per-task."),
+    mem: str | None = typer.Option(None, help="sbatch --mem, e.g. 64G."),
+    time: str | None = typer.Option(None, help="sbatch --time per task, e.g. 24:00:00."),
+    account: str | None = typer.Option(None, help="sbatch --account."),
+    array_parallelism: int | None = typer.Option(
+        None, help="At most M tasks at once (--array=0-N%M)."
+    ),
+    cpu: bool = typer.Option(False, "--cpu", help="Serve with the CPU build of vLLM."),
+    vllm_python: str | None = typer.Option(
+        None, help="Interpreter of the vLLM venv the tasks serve with (default `vllm serve`)."
+    ),
+    sbatch_arg: list[str] = typer.Option(
+        [], "--sbatch-arg", help="Extra sbatch option for the array job, e.g. --qos=high."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Render the scripts, submit nothing."),
+) -> None:
+    """Submit an evaluation array job and a merge job that waits for it (afterok).
+
+    Each task serves its models on its GPUs, runs its shard and stops its servers; jobs are
+    requeued on preemption and resume. Scripts, the frozen experiment, logs and job ids go to
+    RUN_DIR/slurm/. Submitting again on the same run directory runs only what is missing."""
+    console = Console()
+    try:
+        resolved = load_experiment(config, set_)
+        options = SlurmOptions(
+            shards=shards,
+            partition=partition,
+            gpus_per_task=gpus_per_task,
+            cpus_per_task=cpus_per_task,
+            mem=mem,
+            time=time,
+            account=account,
+            array_parallelism=array_parallelism,
+            cpu=cpu,
+            vllm_python=vllm_python,
+            extra_sbatch=sbatch_arg,
+        )
+    except (ConfigError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    run_dir = output_dir or resolved.output_dir()
+    try:
+        done = submit(resolved, run_dir, options, dry_run=dry_run)
+    except (SubmitError, OSError) as e:
+        typer.echo(f"submit failed: {e}", err=True)
+        raise typer.Exit(1) from None
+    for name, command in done.commands.items():
+        print(f"{name}: {shlex.join(command)}")  # unwrapped, to copy and paste
+    if dry_run:
+        console.print(f"scripts rendered in {run_dir / 'slurm'}; nothing submitted")
+        return
+    console.print(
+        f"submitted evaluation job {done.eval_job} ({shards} shards) and merge job "
+        f"{done.merge_job}.\nwatch: cts slurm status {run_dir}   or   squeue -j "
+        f"{done.eval_job},{done.merge_job}\nlogs: {run_dir / 'slurm' / 'logs'}",
+        highlight=False,
+    )
+
+
+@app.command("status")
+def status_command(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
+    """Per-shard progress (records done / expected, failed records) and Slurm job states."""
+    try:
+        latest, progress, merge = status(run_dir)
+    except FileNotFoundError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    table = Table("shard", "job state", "records", "failed records", "reason")
+    for p in progress:
+        job = p.job
+        table.add_row(
+            f"{p.shard.index}/{p.shard.count}",
+            job.state if job else "gone from Slurm",
+            f"{p.done}/{p.expected}",
+            str(p.failed),
+            job.reason if job and job.reason != "None" else "",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"evaluation job {latest['eval_job']}, merge job {latest['merge_job']}: "
+        f"{merge.state if merge else 'gone from Slurm'}"
+        + (f" ({merge.reason})" if merge and merge.reason not in ("", "None") else ""),
+        highlight=False,
+    )
+    total = sum(p.done for p in progress)
+    expected = sum(p.expected for p in progress)
+    console.print(f"{total}/{expected} records", highlight=False)

@@ -1,0 +1,101 @@
+"""`cts slurm status RUN_DIR`: per-shard progress from the records, and each job's Slurm state
+(from `scontrol show job`, which knows finished jobs for a while without slurmdbd)."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from eval.config import ExperimentConfig
+from eval.dataset import load_instances
+from eval.runner import RecordStore, Shard
+from slurm.submit import submissions
+
+
+@dataclass
+class JobState:
+    state: str
+    reason: str = ""
+    exit_code: str = ""
+
+
+def _fields(line: str) -> dict[str, str]:
+    out = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def job_states(job_id: str) -> dict[str, JobState]:
+    """Array task id (or "" for a plain job) → state; empty when Slurm no longer knows it."""
+    result = subprocess.run(
+        ["scontrol", "show", "job", "--oneliner", job_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        return {}
+    states = {}
+    for line in result.stdout.splitlines():
+        f = _fields(line)
+        if "JobState" in f:
+            state = JobState(f["JobState"], f.get("Reason", ""), f.get("ExitCode", ""))
+            for task in task_ids(f.get("ArrayTaskId", "")):
+                states[task] = state
+    return states
+
+
+def task_ids(text: str) -> list[str]:
+    """Pending array tasks are shown together: `0-3%2`, `1,4-5` → each id."""
+    ids: list[str] = []
+    for part in text.split("%")[0].split(","):
+        first, sep, last = part.partition("-")
+        if sep and first.isdigit() and last.isdigit():
+            ids += [str(i) for i in range(int(first), int(last) + 1)]
+        else:
+            ids.append(part)
+    return ids
+
+
+@dataclass
+class ShardProgress:
+    shard: Shard
+    done: int
+    expected: int
+    failed: int
+    job: JobState | None
+
+
+def shard_progress(run_dir: Path, shards: int) -> list[tuple[Shard, int, int, int]]:
+    """(shard, records done, records expected, records with an error) for each shard."""
+    config = yaml.safe_load((run_dir / "slurm" / "experiment.yaml").read_text())
+    experiment = ExperimentConfig.model_validate(config)
+    instances = load_instances(experiment.dataset)
+    per_instance = len(experiment.conditions) * len(experiment.seeds)
+    store = RecordStore(run_dir)
+    rows = []
+    for index in range(shards):
+        shard = Shard(index, shards)
+        records = store.completed(shard)
+        failed = sum(1 for r in records.values() if r.error is not None)
+        rows.append((shard, len(records), len(shard.select(instances)) * per_instance, failed))
+    return rows
+
+
+def status(run_dir: Path) -> tuple[dict[str, object], list[ShardProgress], JobState | None]:
+    """The latest submission, its shards' progress and job states, and the merge job's state."""
+    latest = submissions(run_dir)[-1]
+    eval_job = str(latest["eval_job"])
+    tasks = job_states(eval_job)
+    merge = job_states(str(latest["merge_job"])).get("")
+    progress = [
+        ShardProgress(shard, done, expected, failed, tasks.get(str(shard.index)))
+        for shard, done, expected, failed in shard_progress(run_dir, int(str(latest["shards"])))
+    ]
+    return latest, progress, merge

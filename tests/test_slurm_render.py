@@ -1,0 +1,100 @@
+"""Rendered sbatch scripts with hostile values: quotes, `$()`, `;`, spaces and newlines in
+paths, overrides and options run nothing unintended and reach `cts` intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval.config import load_experiment
+from slurm import submit as submit_module
+from slurm.submit import SlurmOptions, submit
+
+HOSTILE = 'it\'s "x" $(touch PWNED) `touch PWNED`; touch PWNED & $HOME\nline2'
+
+ARGV_DUMPER = """import json, os, sys
+with open(os.environ["ARGV_OUT"], "w") as f:
+    json.dump({"argv": sys.argv[1:], "cwd": os.getcwd()}, f)
+"""
+
+
+@pytest.fixture
+def fake_cts(tmp_path, monkeypatch) -> Path:
+    """`cts` replaced by a script that records its argv (the rendered scripts exec it)."""
+    dumper = tmp_path / "dump argv.py"
+    dumper.write_text(ARGV_DUMPER)
+    monkeypatch.setattr(submit_module, "cts_command", lambda: [sys.executable, str(dumper)])
+    return dumper
+
+
+def test_hostile_values_reach_cts_intact_and_run_nothing(tmp_path, fake_cts):
+    workdir = tmp_path / f"work {HOSTILE}"
+    workdir.mkdir()
+    run_dir = tmp_path / f"run {HOSTILE}"
+    resolved = load_experiment(None, [f"description={HOSTILE}", "dataset.limit=2"])
+    options = SlurmOptions(shards=3, vllm_python=f"/venv {HOSTILE}/python", cpu=True)
+    done = submit(resolved, run_dir, options, dry_run=True, workdir=workdir)
+    assert done.eval_job is None  # nothing submitted
+
+    out = tmp_path / "argv.json"
+    env = {
+        **os.environ,
+        "ARGV_OUT": str(out),
+        "SLURM_ARRAY_TASK_ID": "1",
+        "SLURM_ARRAY_TASK_COUNT": "3",
+        "SLURM_ARRAY_JOB_ID": "7",
+    }
+    subprocess.run(["bash", done.scripts["eval"]], env=env, cwd=tmp_path, check=True)
+    seen = json.loads(out.read_text())
+    assert seen["cwd"] == str(workdir)
+    assert seen["argv"] == [
+        "run",
+        "--config",
+        str(run_dir / "slurm" / "experiment.yaml"),
+        "--output-dir",
+        str(run_dir),
+        "--serve",
+        "--cpu",
+        "--vllm-python",
+        f"/venv {HOSTILE}/python",
+        "--shard",
+        "1/3",
+    ]
+    subprocess.run(["bash", done.scripts["merge"]], env=env, cwd=tmp_path, check=True)
+    assert json.loads(out.read_text())["argv"] == ["merge", str(run_dir)]
+    assert not list(tmp_path.rglob("PWNED")) and not (Path.cwd() / "PWNED").exists()
+
+    frozen = yaml.safe_load((run_dir / "slurm" / "experiment.yaml").read_text())
+    assert frozen["description"] == resolved.experiment.description
+    assert "$(touch PWNED)" in frozen["description"] and frozen["dataset"]["limit"] == 2
+    assert frozen["output_dir"] == str(run_dir)
+    assert frozen["models"]["smollm2-135m-instruct"]["path"] == "tiny:smollm2-135m-instruct"
+
+
+def test_sbatch_options_are_separate_arguments():
+    options = SlurmOptions(
+        shards=4, partition="gpu; rm -rf /", gpus_per_task=8, time="1-00:00:00", array_parallelism=2
+    )
+    args = options.eval_args()
+    assert "--partition=gpu; rm -rf /" in args  # one argv entry; no shell ever parses it
+    assert "--array=0-3%2" in args and "--gpus-per-task=8" in args and "--requeue" in args
+    assert "--signal=B:TERM@120" in args
+    with pytest.raises(ValueError, match="--partition"):
+        SlurmOptions(shards=1, partition="gpu\n#SBATCH --wrap=x")
+    with pytest.raises(ValueError, match="--shards"):
+        SlurmOptions(shards=0)
+
+
+def test_frozen_experiment_loads_back_as_the_same_experiment(tmp_path):
+    resolved = load_experiment(None, ["dataset.limit=2", "roles.judge.sampling.temperature=0.3"])
+    done = submit(resolved, tmp_path / "run", SlurmOptions(shards=2), dry_run=True)
+    again = load_experiment(Path(done.scripts["eval"]).parent / "experiment.yaml")
+    assert again.experiment.dataset == resolved.experiment.dataset
+    assert again.experiment.roles == resolved.experiment.roles
+    assert again.model_configs == resolved.model_configs
