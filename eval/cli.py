@@ -27,7 +27,7 @@ from eval.engines import open_engines
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
 from eval.report import MAIN_COLUMNS, write_report
 from eval.run import merge_run, run_experiment
-from eval.runner import Shard
+from eval.runner import RecordFileError, Shard
 from eval.search_agent import build_agent
 from eval.serve_cli import CPU_HELP, GPUS_HELP, PYTHON_HELP, plan_from_options
 from serving.serve import ServerGroup, read_endpoints, serving
@@ -163,6 +163,9 @@ def run(
     except DatasetError as e:
         typer.echo(f"dataset error\n{e}", err=True)
         raise typer.Exit(2) from None
+    except RecordFileError as e:
+        typer.echo(f"records error: {e}", err=True)
+        raise typer.Exit(1) from None
     except ServerError as e:
         typer.echo(f"server error: {e}\nfinished records are saved; servers stopped", err=True)
         raise typer.Exit(1) from None
@@ -204,7 +207,11 @@ def merge_command(run_dir: Path = typer.Argument(..., help="The run directory.")
 
     Every (instance, condition, seed) of the run's config must be recorded exactly once across
     the shard files; missing and duplicated keys are listed and the exit code is 1."""
-    report = merge_run(run_dir)
+    try:
+        report = merge_run(run_dir)
+    except (RecordFileError, FileNotFoundError) as e:
+        typer.echo(f"merge error: {e}", err=True)
+        raise typer.Exit(1) from None
     if not report.ok:
         for key in report.missing[:20]:
             typer.echo(f"missing: {key}")

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from eval.pipeline import Record
 from eval.schema import Instance
 
@@ -47,6 +49,10 @@ class Shard:
         return [inst for i, inst in enumerate(instances) if i % self.count == self.index]
 
 
+class RecordFileError(ValueError):
+    """A complete line of a records file is not a record (file:line: why)."""
+
+
 class RecordStore:
     def __init__(self, run_dir: Path) -> None:
         self.root = run_dir / "records"
@@ -73,11 +79,21 @@ class RecordStore:
         records: list[Record] = []
         data = path.read_bytes()
         keep = len(data)
-        for line in data.splitlines(keepends=True):
+        for n, line in enumerate(data.splitlines(keepends=True), 1):
             if not line.endswith(b"\n"):
                 keep -= len(line)
                 break
-            records.append(Record.model_validate_json(line))
+            try:
+                records.append(Record.model_validate_json(line))
+            except ValidationError as e:
+                # Not a torn write (that is only ever the last line): someone edited or
+                # corrupted the file. Stop rather than silently re-running or dropping keys.
+                problem = e.errors()[0]
+                where = ".".join(str(x) for x in problem["loc"])
+                raise RecordFileError(
+                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — "
+                    "not a record; fix or remove the line, then run again"
+                ) from None
         if keep < len(data):
             with path.open("r+b") as f:
                 f.truncate(keep)

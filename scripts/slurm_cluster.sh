@@ -3,21 +3,17 @@
 # on a machine without systemd: the daemons are started and stopped by hand, as root.
 #
 # Usage:  scripts/slurm_cluster.sh up|down|status
-#
-#   up      install slurmctld/slurmd/slurm-client/munge if missing, write
-#           /etc/slurm/slurm.conf, start munged, slurmctld, slurmd and wait until the node
-#           is idle; idempotent (already-running daemons are left alone unless slurm.conf
-#           changed, then slurmctld/slurmd are restarted).
+#   up      install slurmctld/slurmd/slurm-client/munge if missing, write /etc/slurm/slurm.conf,
+#           start munged, slurmctld, slurmd, wait until the node is idle. Idempotent: running
+#           daemons are kept, unless slurm.conf changed (then slurmctld/slurmd restart).
 #   down    stop slurmd, slurmctld, munged via their pid files and wait for them to exit.
 #   status  exit 0 iff sinfo answers and the node is idle/mixed/allocated/completing.
 #
-# Environment:
-#   CTS_SLURM_DIR   state/spool/log dir (default /var/lib/cts-slurm); logs are in
-#                   $CTS_SLURM_DIR/log: slurmctld.log, slurmd.log, munged.log, jobcomp.log
-#
-# Notes for callers: there is no slurmdbd, so no sacct; finished jobs stay visible to
-# `scontrol show job` for MinJobAge seconds and are recorded in log/jobcomp.log.
-# `sbatch --wait` polls with back-off (2 s, 8 s, 32 s...): poll squeue yourself.
+# CTS_SLURM_DIR (default /var/lib/cts-slurm) holds state/, spool/, run/ and log/
+# (slurmctld.log, slurmd.log, munged.log, jobcomp.log).
+# No slurmdbd, hence no sacct: finished jobs stay in `scontrol show job` for MinJobAge (300 s)
+# and are appended to log/jobcomp.log. `sbatch --wait` polls with back-off (2, 8, 32 s...),
+# so poll squeue instead.
 set -euo pipefail
 
 DIR="${CTS_SLURM_DIR:-/var/lib/cts-slurm}"
@@ -33,9 +29,9 @@ die() { log "ERROR: $*"; exit 1; }
 alive() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 install_packages() {
-  local pkgs=(slurmctld slurmd slurm-client munge)
-  command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
-    && command -v sinfo >/dev/null && command -v munged >/dev/null && return 0
+  local pkgs=(slurmctld slurmd slurm-client munge) missing="" b
+  for b in slurmctld slurmd sinfo munged; do command -v "$b" >/dev/null || missing=1; done
+  [[ -n "$missing" ]] || return 0
   export DEBIAN_FRONTEND=noninteractive
   log "installing ${pkgs[*]}"
   # Only refresh the package lists when installing from the current ones fails.
@@ -68,6 +64,8 @@ render_conf() {
 ClusterName=cts
 SlurmctldHost=$NODE(127.0.0.1)
 AuthType=auth/munge
+# A requeued job may only restart cred_expire seconds later (default 120 s).
+AuthInfo=cred_expire=10
 SlurmUser=root
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/slurmd
@@ -83,7 +81,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 # Without a default, CR_*_Memory gives a job all the node's memory, serializing every job.
 DefMemPerCPU=1024
-SchedulerParameters=batch_sched_delay=0
+# Start jobs right at submit, and run the full scheduling pass (which is what starts
+# jobs whose begin time passed, e.g. requeued ones) every 2 s instead of every 60 s.
+SchedulerParameters=batch_sched_delay=0,sched_interval=2
 # Reject impossible requests at submit time instead of leaving them pending forever.
 EnforcePartLimits=ALL
 # Cancel jobs whose dependency can never be satisfied (e.g. afterok on a failed job).
@@ -108,15 +108,22 @@ stop_pid() {  # stop_pid NAME PIDFILE: SIGTERM, wait up to 30 s, then SIGKILL
   log "stopping $name (pid $pid)"
   kill "$pid" 2>/dev/null || true
   for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then log "$name did not exit, killing"; kill -9 "$pid" 2>/dev/null || true; sleep 0.5; fi
+  if kill -0 "$pid" 2>/dev/null; then log "$name did not exit, killing"; kill -9 "$pid" || true; sleep 0.5; fi
   rm -f "$pidfile"
 }
 
 node_state() { timeout 15 sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1; }
 
 cmd_status() {
-  local st; st="$(node_state)" || return 1
+  local st; st="$(node_state || true)"
   [[ "$st" =~ ^(idle|mixed|allocated|completing)$ ]] || { log "node state: '${st:-no answer}'"; return 1; }
+}
+
+# True once slurmd (started at epoch $1 or later) has registered with slurmctld. Right after
+# a restart slurmctld reports the node state it saved, before slurmd has registered.
+registered() {
+  local t; t="$(scontrol show node "$NODE" 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')"
+  [[ -n "$t" && "$t" != None ]] && (($(date -d "$t" +%s) >= $1))
 }
 
 cmd_up() {
@@ -134,9 +141,10 @@ cmd_up() {
     --log-file="$DIR/log/munged.log"
   munge -n | unmunge >/dev/null || die "munge does not work; see $DIR/log/munged.log"
   alive "$SLURMCTLD_PID" || slurmctld
-  alive "$SLURMD_PID" || slurmd
+  local t_slurmd=0
+  alive "$SLURMD_PID" || { t_slurmd=$(date +%s); slurmd; }
   local deadline=$((SECONDS + 60)) st=""
-  until cmd_status 2>/dev/null; do
+  until cmd_status 2>/dev/null && registered "$t_slurmd"; do
     st="$(node_state || true)"
     if ((SECONDS >= deadline)) || [[ "$st" == *drain* || "$st" == inval* ]]; then
       log "node '$NODE' not idle after $((SECONDS - deadline + 60)) s (state: '${st:-no answer}')"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -89,13 +91,38 @@ def submit_command(
 
 
 @app.command("status")
-def status_command(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
+def status_command(
+    run_dir: Path = typer.Argument(..., help="The run directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
     """Per-shard progress (records done / expected, failed records) and Slurm job states."""
     try:
         latest, progress, merge = status(run_dir)
     except FileNotFoundError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "eval_job": latest["eval_job"],
+                    "merge_job": latest["merge_job"],
+                    "merge": asdict(merge) if merge else None,
+                    "shards": [
+                        {
+                            "shard": p.shard.name,
+                            "records": p.done,
+                            "expected": p.expected,
+                            "failed_records": p.failed,
+                            "job": asdict(p.job) if p.job else None,
+                        }
+                        for p in progress
+                    ],
+                },
+                indent=1,
+            )
+        )
+        return
     table = Table("shard", "job state", "records", "failed records", "reason")
     for p in progress:
         job = p.job

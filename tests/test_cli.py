@@ -67,18 +67,18 @@ def test_models_check_unknown_role():
 
 @pytest.mark.slow
 def test_run_end_to_end_on_the_tiny_model_resumes_and_reruns_from_the_cache(tmp_path, tiny_path):
-    """`cts run` on the quickstart (one instance, three conditions to keep CI short): records,
-    traces, summary and report; a second run skips every key; a run with the records removed
-    is answered from the response and tool caches."""
+    """`cts run` on the quickstart (three instances, three conditions to keep CI short):
+    records, traces, summary and report; a second run skips every key; a run with the records
+    removed is answered from the response and tool caches."""
     out = tmp_path / "run"
     args = [
         "run",
         "--output-dir",
         str(out),
         "--limit",
-        "1",
+        "3",
         "--set",
-        "conditions=[blurred, clarify@1, oracle]",
+        "conditions=[blurred, clarify@2, oracle]",
         "--set",
         f"cache.path={tmp_path / 'responses.sqlite'}",
         "--set",
@@ -88,7 +88,7 @@ def test_run_end_to_end_on_the_tiny_model_resumes_and_reruns_from_the_cache(tmp_
     ]
     first = cts(*args)
     assert first.exit_code == 0, first.output
-    assert "3 records written" in first.output and "restore_score_100" in first.output
+    assert "9 records written" in first.output and "restore_score_100" in first.output
     for name in (
         "config.yaml",
         "summary.json",
@@ -105,29 +105,35 @@ def test_run_end_to_end_on_the_tiny_model_resumes_and_reruns_from_the_cache(tmp_
         for line in f.read_text().splitlines()
     ]
     assert {(r["instance_id"], r["condition"]) for r in records} == {
-        ("A-dev-01", "blurred"),
-        ("A-dev-01", "clarify@1"),
-        ("A-dev-01", "oracle"),
+        (i, c)
+        for i in ("A-dev-01", "A-dev-02", "A-dev-03")
+        for c in ("blurred", "clarify@2", "oracle")
     }
     for r in records:
         assert r["trace_id"] is None or (out / "traces" / r["trace_id"]).is_file()
-    clarified = next(r for r in records if r["condition"] == "clarify@1")
-    assert len(clarified["questions"]) == 1 or clarified["error"]
+    for clarified in (r for r in records if r["condition"] == "clarify@2"):
+        assert len(clarified["questions"]) == 2 or clarified["error"]
     summary = json.loads((out / "summary.json").read_text())
     (system,) = summary.values()
-    assert system["records"] == 3 and set(system["scores"]) == {"blurred", "clarify@1", "oracle"}
+    assert system["records"] == 9 and set(system["scores"]) == {"blurred", "clarify@2", "oracle"}
     html = (out / "report.html").read_text()
     assert "<table>" in html and "data:image/png;base64," in html
 
     again = cts(*args)
-    assert again.exit_code == 0 and "0 records written, 3 already done" in again.output
+    assert again.exit_code == 0 and "0 records written, 9 already done" in again.output
     assert "0 model calls" in again.output
 
     for f in (out / "records").glob("*/*.jsonl"):
         f.unlink()
     cached = cts(*args)
-    assert cached.exit_code == 0 and "3 records written" in cached.output
+    assert cached.exit_code == 0 and "9 records written" in cached.output
     assert "0 model calls" in cached.output, cached.output
+    # The report says the searches were re-used, not recomputed.
+    (system,) = json.loads((out / "summary.json").read_text()).values()
+    for condition in ("blurred", "oracle"):
+        reuse = system["reuse"][condition]
+        assert reuse["search_llm_calls"] > 0 and reuse["cached"] == reuse["search_llm_calls"]
+    assert "search-agent model calls from the cache: blurred" in (out / "report.md").read_text()
     assert cts("merge", str(out)).exit_code == 0
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["versions"]["torch"].startswith("2.")

@@ -11,7 +11,7 @@ from eval.config import ClarificationConfig
 from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.diagnostics import clarification
 from eval.pipeline import run_instance
-from eval.runner import RecordStore, Shard, merge, run_keys
+from eval.runner import RecordFileError, RecordStore, Shard, merge, run_keys
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
@@ -214,3 +214,12 @@ def test_shard_parsing():
     for bad in ("4/4", "x", "1/0", "-1/3"):
         with pytest.raises(ValueError):
             Shard.parse(bad)
+
+
+def test_a_corrupt_record_line_is_an_error_naming_file_and_line(tmp_path):
+    store = RecordStore(tmp_path)
+    path = store.path("blurred", Shard())
+    path.parent.mkdir(parents=True)
+    path.write_text('{"instance_id": "a", "condition": "blurred", "seed": 0}\n{"oops": 1}\n')
+    with pytest.raises(RecordFileError, match=r"shard-0-of-1.jsonl:2: instance_id: Field required"):
+        store.completed()

@@ -1,0 +1,152 @@
+"""`cts slurm submit` on a real single-node Slurm cluster (scripts/slurm_cluster.sh up): a
+3-shard array run of a small quickstart on the tiny model plus the merge job; and a failing
+shard that cancels the merge and is reported by `cts slurm status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: A small quickstart that computes the same answers whatever runs beside it: one thread and
+#: no batching (batch padding and thread count change float sums), no response cache.
+SMALL = [
+    "dataset.limit=3",
+    "conditions=[blurred, clarify@1]",
+    "budgets.max_llm_calls=2",
+    "search.top_k=3",
+    "search.date=2026-11-30",
+    "cache.enabled=false",
+    "models.smollm2-135m-instruct.max_batch_size=1",
+    "models.smollm2-135m-instruct.threads=1",
+]
+
+
+def cluster_up() -> None:
+    ok = shutil.which("sbatch") and subprocess.run(["sinfo"], capture_output=True).returncode == 0
+    if not ok:
+        if os.environ.get("CTS_REQUIRE_SLURM"):
+            pytest.fail("CTS_REQUIRE_SLURM is set but no Slurm cluster answers (sinfo failed)")
+        pytest.skip("no Slurm cluster: bash scripts/slurm_cluster.sh up")
+
+
+def cts(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cts", *args], cwd=cwd, capture_output=True, text=True, timeout=900
+    )
+
+
+def overrides(tmp_path: Path, extra: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+    args = []
+    for item in [*SMALL, f"search.tool_cache={tmp_path / 'tools.sqlite'}", *extra]:
+        args += ["--set", item]
+    return args
+
+
+def wait_for(jobs: list[str], deadline_s: float) -> None:
+    """Poll squeue until the jobs have left the queue (sbatch --wait backs off to minutes)."""
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T"], capture_output=True, text=True
+        ).stdout
+        if not out.strip():
+            return
+        time.sleep(2)
+    raise AssertionError(f"jobs {jobs} still queued after {deadline_s} s")
+
+
+def records(path: Path) -> dict[tuple[str, str, int], dict]:
+    out = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        r.pop("seconds")
+        out[(r["instance_id"], r["condition"], r["seed"])] = r
+    return out
+
+
+def merged(run_dir: Path) -> dict:
+    found: dict = {}
+    for f in sorted(run_dir.glob("records/*/merged.jsonl")):
+        found.update(records(f))
+    return found
+
+
+def slurm_status(run_dir: Path) -> dict:
+    result = cts("slurm", "status", str(run_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def submitted(output: str) -> tuple[str, str]:
+    line = next(x for x in output.splitlines() if x.startswith("submitted evaluation job"))
+    words = line.split()
+    return words[3], words[-1].rstrip(".")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_three_shard_array_run_and_merge_equal_an_unsharded_run(tmp_path, tiny_path):
+    cluster_up()
+    run_dir = tmp_path / "sharded run"
+    submit = cts(
+        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), "--cpus-per-task", "1",
+        *overrides(tmp_path),
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr
+    eval_job, merge_job = submitted(submit.stdout)
+    wait_for([eval_job, merge_job], 1200)
+    status = slurm_status(run_dir)
+    assert [s["job"]["state"] for s in status["shards"]] == ["COMPLETED"] * 3, status
+    assert status["merge"]["state"] == "COMPLETED", status
+    assert sum(s["records"] for s in status["shards"]) == 6
+    for i in range(3):
+        assert (run_dir / "records" / "blurred" / f"shard-{i}-of-3.jsonl").is_file()
+    assert (run_dir / "summary.json").is_file() and (run_dir / "report.html").is_file()
+    jobs = json.loads((run_dir / "slurm" / "jobs.json").read_text())
+    assert [j["eval_job"] for j in jobs] == [eval_job]
+
+    reference = tmp_path / "unsharded run"
+    run = cts("run", "--output-dir", str(reference), *overrides(tmp_path))
+    assert run.returncode == 0, run.stderr
+    expected = {}
+    for f in sorted(reference.glob("records/*/shard-0-of-1.jsonl")):
+        expected.update(records(f))
+    assert len(expected) == 6
+    assert merged(run_dir) == expected
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_failing_shard_cancels_the_merge_and_is_reported(tmp_path, tiny_path):
+    cluster_up()
+    run_dir = tmp_path / "run"
+    # Shard 1 finds a corrupt records file and stops with an error naming it.
+    corrupt = run_dir / "records" / "blurred" / "shard-1-of-3.jsonl"
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_text('{"not": "a record"}\n')
+    submit = cts(
+        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), "--cpus-per-task", "1",
+        *overrides(tmp_path, ["conditions=[blurred]"]),
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr
+    eval_job, merge_job = submitted(submit.stdout)
+    wait_for([eval_job, merge_job], 900)
+    status = slurm_status(run_dir)
+    states = [s["job"]["state"] for s in status["shards"]]
+    assert states == ["COMPLETED", "FAILED", "COMPLETED"], status
+    assert status["merge"]["state"] == "CANCELLED", status
+    assert status["merge"]["reason"] == "DependencyNeverSatisfied", status
+    table = cts("slurm", "status", str(run_dir))
+    assert "FAILED" in table.stdout and "CANCELLED" in table.stdout, table.stdout
+    log = next((run_dir / "slurm" / "logs").glob(f"eval-{eval_job}_1.out")).read_text()
+    assert "shard-1-of-3.jsonl:1: instance_id: Field required" in log
+    assert not (run_dir / "summary.json").exists()
