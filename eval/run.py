@@ -27,6 +27,7 @@ from eval.report import write_report
 from eval.runner import MergeReport, RecordStore, RunOutcome, Shard, merge, run_keys
 from eval.schema import Instance
 from eval.search_agent import build_agent
+from serving.engine import EngineStats
 from serving.types import Sampling
 
 #: Room for each role's longest valid answer (its schema bounds the length), so that a
@@ -48,6 +49,8 @@ class RunResult:
     seconds: float
     model_calls: int
     cache: dict[str, int] | None
+    #: Model name → calls, constrained calls, tokens and errors by kind.
+    engine_stats: dict[str, EngineStats]
     report: dict[str, Path] | None
 
 
@@ -95,7 +98,7 @@ async def _run(
     shard: Shard,
     show_progress: bool,
     watch: Callable[[], None] | None,
-) -> tuple[RunOutcome, int, dict | None]:
+) -> tuple[RunOutcome, dict[str, EngineStats], dict[str, int] | None]:
     experiment = resolved.experiment
     store = RecordStore(run_dir)
     async with open_engines(resolved) as engines:
@@ -144,8 +147,8 @@ async def _run(
                 ),
                 watch,
             )
-        calls = sum(e.stats.calls for e in engines.by_model.values())
-        return outcome, calls, engines.cache.stats() if engines.cache else None
+        stats = {name: e.stats for name, e in engines.by_model.items()}
+        return outcome, stats, engines.cache.stats() if engines.cache else None
 
 
 def run_experiment(
@@ -165,15 +168,15 @@ def run_experiment(
     partial.write_text(resolved.to_yaml())
     partial.replace(run_dir / "config.yaml")
     started = time.perf_counter()
-    outcome, calls, cache = asyncio.run(
+    outcome, stats, cache = asyncio.run(
         _run(resolved, run_dir, instances, shard, show_progress, watch)
     )
     report = None
     if shard.count == 1 and not outcome.interrupted:
         report = write_report([run_dir], run_dir)
-    return RunResult(
-        run_dir, outcome, instances, time.perf_counter() - started, calls, cache, report
-    )
+    calls = sum(s.calls for s in stats.values())
+    seconds = time.perf_counter() - started
+    return RunResult(run_dir, outcome, instances, seconds, calls, cache, stats, report)
 
 
 def merge_run(run_dir: Path) -> MergeReport:

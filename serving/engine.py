@@ -19,6 +19,8 @@ from serving.types import ChatRequest, ChatResponse
 @dataclass
 class EngineStats:
     calls: int = 0
+    #: Calls with an output constraint (JSON schema, choice or regex).
+    constrained: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     errors: Counter[str] = field(default_factory=Counter)
@@ -26,6 +28,7 @@ class EngineStats:
     def as_dict(self) -> dict[str, object]:
         return {
             "calls": self.calls,
+            "constrained": self.constrained,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "errors": dict(self.errors),
@@ -59,6 +62,7 @@ class Engine(abc.ABC):
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         self.stats.calls += 1
+        self.stats.constrained += request.output is not None
         try:
             response = await self._complete(request)
             if request.output is not None:

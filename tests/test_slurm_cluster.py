@@ -98,7 +98,7 @@ def test_three_shard_array_run_and_merge_equal_an_unsharded_run(tmp_path, tiny_p
     cluster_up()
     run_dir = tmp_path / "sharded run"
     submit = cts(
-        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), "--cpus-per-task", "1",
+        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), "--cpus-per-task", "1", "--mem", "4G",
         *overrides(tmp_path),
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr
@@ -134,7 +134,7 @@ def test_a_failing_shard_cancels_the_merge_and_is_reported(tmp_path, tiny_path):
     corrupt.parent.mkdir(parents=True)
     corrupt.write_text('{"not": "a record"}\n')
     submit = cts(
-        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), "--cpus-per-task", "1",
+        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), "--cpus-per-task", "1", "--mem", "4G",
         *overrides(tmp_path, ["conditions=[blurred]"]),
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr
