@@ -30,6 +30,10 @@ SMALL = [
 ]
 
 
+#: One CPU and room for the tiny model per array task: two tasks run at once on 2 cores.
+TASK = ["--cpus-per-task", "1", "--mem", "4G"]
+
+
 def cluster_up() -> None:
     ok = shutil.which("sbatch") and subprocess.run(["sinfo"], capture_output=True).returncode == 0
     if not ok:
@@ -98,7 +102,7 @@ def test_three_shard_array_run_and_merge_equal_an_unsharded_run(tmp_path, tiny_p
     cluster_up()
     run_dir = tmp_path / "sharded run"
     submit = cts(
-        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), "--cpus-per-task", "1", "--mem", "4G",
+        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), *TASK,
         *overrides(tmp_path),
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr
@@ -134,7 +138,7 @@ def test_a_failing_shard_cancels_the_merge_and_is_reported(tmp_path, tiny_path):
     corrupt.parent.mkdir(parents=True)
     corrupt.write_text('{"not": "a record"}\n')
     submit = cts(
-        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), "--cpus-per-task", "1", "--mem", "4G",
+        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), *TASK,
         *overrides(tmp_path, ["conditions=[blurred]"]),
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr
