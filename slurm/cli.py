@@ -114,6 +114,7 @@ def status_command(
                             "records": p.done,
                             "expected": p.expected,
                             "failed_records": p.failed,
+                            "records_error": p.records_error,
                             "job": asdict(p.job) if p.job else None,
                         }
                         for p in progress
@@ -129,9 +130,9 @@ def status_command(
         table.add_row(
             f"{p.shard.index}/{p.shard.count}",
             job.state if job else "gone from Slurm",
-            f"{p.done}/{p.expected}",
+            f"{p.done}/{p.expected}" if p.records_error is None else "[red]unreadable[/red]",
             str(p.failed),
-            job.reason if job and job.reason != "None" else "",
+            p.records_error or (job.reason if job and job.reason != "None" else ""),
         )
     console = Console()
     console.print(table)

@@ -11,7 +11,7 @@ import yaml
 
 from eval.config import ExperimentConfig
 from eval.dataset import load_instances
-from eval.runner import RecordStore, Shard
+from eval.runner import RecordFileError, RecordStore, Shard
 from slurm.submit import submissions
 
 
@@ -70,10 +70,12 @@ class ShardProgress:
     expected: int
     failed: int
     job: JobState | None
+    #: The shard's records could not be read (file:line: why).
+    records_error: str | None = None
 
 
-def shard_progress(run_dir: Path, shards: int) -> list[tuple[Shard, int, int, int]]:
-    """(shard, records done, records expected, records with an error) for each shard."""
+def shard_progress(run_dir: Path, shards: int) -> list[ShardProgress]:
+    """Records done, expected and failed for each shard (job states are filled in later)."""
     config = yaml.safe_load((run_dir / "slurm" / "experiment.yaml").read_text())
     experiment = ExperimentConfig.model_validate(config)
     instances = load_instances(experiment.dataset)
@@ -82,9 +84,14 @@ def shard_progress(run_dir: Path, shards: int) -> list[tuple[Shard, int, int, in
     rows = []
     for index in range(shards):
         shard = Shard(index, shards)
-        records = store.completed(shard)
+        expected = len(shard.select(instances)) * per_instance
+        try:
+            records = store.completed(shard)
+        except RecordFileError as e:
+            rows.append(ShardProgress(shard, 0, expected, 0, None, str(e)))
+            continue
         failed = sum(1 for r in records.values() if r.error is not None)
-        rows.append((shard, len(records), len(shard.select(instances)) * per_instance, failed))
+        rows.append(ShardProgress(shard, len(records), expected, failed, None))
     return rows
 
 
@@ -94,8 +101,7 @@ def status(run_dir: Path) -> tuple[dict[str, object], list[ShardProgress], JobSt
     eval_job = str(latest["eval_job"])
     tasks = job_states(eval_job)
     merge = job_states(str(latest["merge_job"])).get("")
-    progress = [
-        ShardProgress(shard, done, expected, failed, tasks.get(str(shard.index)))
-        for shard, done, expected, failed in shard_progress(run_dir, int(str(latest["shards"])))
-    ]
+    progress = shard_progress(run_dir, int(str(latest["shards"])))
+    for p in progress:
+        p.job = tasks.get(str(p.shard.index))
     return latest, progress, merge

@@ -149,6 +149,9 @@ def test_a_failing_shard_cancels_the_merge_and_is_reported(tmp_path, tiny_path):
     assert states == ["COMPLETED", "FAILED", "COMPLETED"], status
     assert status["merge"]["state"] == "CANCELLED", status
     assert status["merge"]["reason"] == "DependencyNeverSatisfied", status
+    assert (
+        "shard-1-of-3.jsonl:1: instance_id: Field required" in status["shards"][1]["records_error"]
+    )
     table = cts("slurm", "status", str(run_dir))
     assert "FAILED" in table.stdout and "CANCELLED" in table.stdout, table.stdout
     log = next((run_dir / "slurm" / "logs").glob(f"eval-{eval_job}_1.out")).read_text()
