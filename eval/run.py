@@ -24,7 +24,15 @@ from eval.dataset import load_instances
 from eval.engines import open_engines
 from eval.pipeline import PipelineContext, Record, run_instance
 from eval.report import write_report
-from eval.runner import MergeReport, RecordStore, RunOutcome, Shard, merge, run_keys
+from eval.runner import (
+    MergeReport,
+    RecordStore,
+    RunOutcome,
+    Shard,
+    merge,
+    run_keys,
+    write_jsonl,
+)
 from eval.schema import Instance
 from eval.search_agent import build_agent
 from serving.engine import EngineStats
@@ -185,7 +193,14 @@ def merge_run(run_dir: Path) -> MergeReport:
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     experiment = ExperimentConfig.model_validate(config["experiment"])
     instances = load_instances(experiment.dataset)
-    report = merge(RecordStore(run_dir), instances, experiment.conditions, experiment.seeds)
+    store = RecordStore(run_dir)
+    report = merge(store, instances, experiment.conditions, experiment.seeds)
     if report.ok:
+        for condition in experiment.conditions:
+            # Dataset order, then seed: one file per condition, whatever the sharding was.
+            write_jsonl(
+                store.root / condition / "merged.jsonl",
+                (r for key, r in report.records.items() if key[1] == condition),
+            )
         write_report([run_dir], run_dir)
     return report

@@ -135,6 +135,12 @@ def test_run_end_to_end_on_the_tiny_model_resumes_and_reruns_from_the_cache(tmp_
         assert reuse["search_llm_calls"] > 0 and reuse["cached"] == reuse["search_llm_calls"]
     assert "search-agent model calls from the cache: blurred" in (out / "report.md").read_text()
     assert cts("merge", str(out)).exit_code == 0
+    merged = (out / "records" / "clarify@2" / "merged.jsonl").read_text().splitlines()
+    assert [json.loads(line)["instance_id"] for line in merged] == [
+        "A-dev-01",
+        "A-dev-02",
+        "A-dev-03",
+    ]
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["versions"]["torch"].startswith("2.")
 

@@ -157,3 +157,34 @@ def test_a_failing_shard_cancels_the_merge_and_is_reported(tmp_path, tiny_path):
     log = next((run_dir / "slurm" / "logs").glob(f"eval-{eval_job}_1.out")).read_text()
     assert "shard-1-of-3.jsonl:1: instance_id: Field required" in log
     assert not (run_dir / "summary.json").exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
+    """Preemption as Slurm does it: `scontrol requeue` sends SIGTERM to the running task; `cts
+    run` stops with its finished records on disk, the task restarts and resumes its shard, and
+    the merge still finds every key exactly once."""
+    cluster_up()
+    run_dir = tmp_path / "run"
+    submit = cts(
+        "slurm", "submit", "--shards", "1", "--output-dir", str(run_dir), *TASK,
+        *overrides(tmp_path, ["conditions=[blurred, oracle]", "dataset.limit=2"]),
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr
+    eval_job, merge_job = submitted(submit.stdout)
+    records_file = run_dir / "records" / "blurred" / "shard-0-of-1.jsonl"
+    deadline = time.monotonic() + 600
+    while not (records_file.is_file() and records_file.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline, "no record before the requeue"
+        time.sleep(1)
+    requeue = subprocess.run(["scontrol", "requeue", eval_job], capture_output=True, text=True)
+    assert requeue.returncode == 0, requeue.stderr
+    wait_for([eval_job, merge_job], 1200)
+    status = slurm_status(run_dir)
+    assert status["shards"][0]["job"]["state"] == "COMPLETED", status
+    assert status["merge"]["state"] == "COMPLETED", status
+    assert status["shards"][0]["records"] == 4
+    log = "".join(p.read_text() for p in (run_dir / "slurm" / "logs").glob("eval-*.out"))
+    assert "restart 1" in log, log
+    assert len(merged(run_dir)) == 4  # the merge job checked: each key exactly once
