@@ -75,17 +75,17 @@ async def until_signalled(
         loop.add_signal_handler(sig, task.cancel)
     failure: list[BaseException] = []
 
-    async def watcher() -> None:
+    async def watcher(check: Callable[[], None]) -> None:
         while True:
             await asyncio.sleep(poll_s)
             try:
-                watch()  # type: ignore[misc]
+                check()
             except Exception as e:
                 failure.append(e)
                 task.cancel()
                 return
 
-    watching = asyncio.create_task(watcher()) if watch else None
+    watching = asyncio.create_task(watcher(watch)) if watch else None
     try:
         return await task
     except asyncio.CancelledError:

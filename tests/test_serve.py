@@ -245,3 +245,24 @@ def test_cts_serve_on_cpu_then_a_dead_server_stops_them_all(tmp_path, tiny_path)
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)
+
+
+def test_a_dead_server_stops_the_run_and_is_raised():
+    """`cts run --serve` polls the servers while it runs; a death cancels the run."""
+    from eval.run import until_signalled
+    from eval.runner import RunOutcome
+
+    async def work() -> RunOutcome:
+        await asyncio.sleep(60)
+        return RunOutcome()
+
+    polls: list[int] = []
+
+    def watch() -> None:
+        polls.append(1)
+        if len(polls) == 3:
+            raise ServerError("model judge: vLLM server exited with code -9")
+
+    with pytest.raises(ServerError, match="model judge"):
+        asyncio.run(until_signalled(work(), watch, poll_s=0.01))
+    assert len(polls) == 3
