@@ -30,7 +30,7 @@ from eval.run import merge_run, run_experiment
 from eval.runner import RecordFileError, Shard
 from eval.search_agent import build_agent
 from eval.serve_cli import CPU_HELP, GPUS_HELP, PYTHON_HELP, plan_from_options
-from serving.serve import ServerGroup, read_endpoints, serving
+from serving.serve import ServerGroup, Stopped, read_endpoints, serving, stop_on_signals
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
 from webdancer.agent import AgentResult
@@ -154,6 +154,9 @@ def run(
                 )
                 if planned:
                     console.print(f"starting {len(planned)} vLLM server(s)")
+                # A signal while the servers load stops them; once the run starts, its own
+                # handlers take over (finished records stay, the run is resumable).
+                stack.enter_context(stop_on_signals())
                 group = stack.enter_context(serving(ServerGroup(planned)))
                 resolved = resolved.with_endpoints(
                     {p.key: p.server.base_url for p in group.planned}
@@ -169,6 +172,9 @@ def run(
     except ServerError as e:
         typer.echo(f"server error: {e}\nfinished records are saved; servers stopped", err=True)
         raise typer.Exit(1) from None
+    except Stopped as e:
+        typer.echo(f"{e} while starting the servers: all stopped", err=True)
+        raise typer.Exit(130) from None
     outcome = result.outcome
     console.print(
         f"{outcome.ran} records written, {outcome.skipped} already done, "

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 
 import typer
 from rich.console import Console
@@ -18,9 +16,11 @@ from serving.serve import (
     PlanError,
     PlannedServer,
     ServerGroup,
+    Stopped,
     dry_run_text,
     plan_servers,
     serving,
+    stop_on_signals,
 )
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
@@ -31,14 +31,6 @@ PYTHON_HELP = (
     "as the CPU build needs) instead of `vllm serve`. Default: $CTS_VLLM_PYTHON."
 )
 GPUS_HELP = "GPU ids to plan on, e.g. 0,1 (default: CUDA_VISIBLE_DEVICES, else nvidia-smi)."
-
-
-class Stopped(Exception):
-    """SIGINT or SIGTERM arrived."""
-
-
-def _raise_stopped(signum: int, frame: FrameType | None) -> None:
-    raise Stopped(signal.Signals(signum).name)
 
 
 def plan_from_options(
@@ -109,10 +101,9 @@ def serve(
         print(dry_run_text(planned))
         return
     group = ServerGroup(planned, deadline_s=ready_timeout)
-    previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGINT, signal.SIGTERM)}
+    console.print(f"starting {len(planned)} vLLM server(s); logs in {run_dir / 'logs/serve'}")
     try:
-        console.print(f"starting {len(planned)} vLLM server(s); logs in {run_dir / 'logs/serve'}")
-        with serving(group, endpoints):
+        with stop_on_signals(), serving(group, endpoints):
             console.print(_ready_table(group))
             console.print(f"endpoints: {endpoints}; Ctrl-C or SIGTERM stops every server")
             while True:
@@ -123,9 +114,6 @@ def serve(
         raise typer.Exit(1) from None
     except Stopped as e:
         console.print(f"{e}: all servers stopped")
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _ready_table(group: ServerGroup) -> Table:

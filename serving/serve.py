@@ -15,15 +15,37 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from serving.model_config import ModelConfig
 from serving.vllm_server import ServerError, VllmServer, free_port, log_tail
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM arrived while servers were starting or serving."""
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Stopped` inside the block (so starting servers are stopped by
+    the normal cleanup, not abandoned); the previous handlers come back after it."""
+
+    def raise_stopped(signum: int, frame: FrameType | None) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, raise_stopped) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class PlanError(ValueError):
@@ -185,7 +207,7 @@ def plan_servers(
         if not cpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(assignment[key])
         server = VllmServer(
-            model_path=model.resolved_path() if model.is_tiny else os.path.expanduser(model.path),
+            model_path=model.resolved_path(),
             served_name=model.name,
             log_path=log_dir / f"{key}.log",
             port=port,

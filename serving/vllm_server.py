@@ -8,6 +8,8 @@ name breaks the `vllm` console script).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -17,6 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+
+def _die_with_parent() -> None:
+    """Runs in the server process before vLLM starts: ask Linux to send it SIGTERM when the
+    process that started it dies, so a killed `cts` never leaves a server holding GPUs."""
+    # Not Linux: nothing to do; stop() is still called on every normal exit.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class ServerError(RuntimeError):
@@ -80,6 +90,7 @@ class VllmServer:
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
             start_new_session=True,  # its own process group: stop() takes the workers too
+            preexec_fn=_die_with_parent,
         )
         log.close()
         return self
