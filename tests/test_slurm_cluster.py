@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def cts(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
-def overrides(tmp_path: Path, extra: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+def overrides(tmp_path: Path, extra: Sequence[str] = ()) -> list[str]:
     args = []
     for item in [*SMALL, f"search.tool_cache={tmp_path / 'tools.sqlite'}", *extra]:
         args += ["--set", item]
@@ -90,8 +91,16 @@ def slurm_status(run_dir: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def submitted(output: str) -> tuple[str, str]:
-    line = next(x for x in output.splitlines() if x.startswith("submitted evaluation job"))
+def submit(
+    run_dir: Path, shards: int, tmp_path: Path, extra: Sequence[str] = ()
+) -> tuple[str, str]:
+    """`cts slurm submit` the small quickstart; (evaluation job id, merge job id)."""
+    result = cts(
+        "slurm", "submit", "--shards", str(shards), "--output-dir", str(run_dir), *TASK,
+        *overrides(tmp_path, extra),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("submitted evaluation job"))
     words = line.split()
     return words[3], words[-1].rstrip(".")
 
@@ -101,12 +110,7 @@ def submitted(output: str) -> tuple[str, str]:
 def test_three_shard_array_run_and_merge_equal_an_unsharded_run(tmp_path, tiny_path):
     cluster_up()
     run_dir = tmp_path / "sharded run"
-    submit = cts(
-        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), *TASK,
-        *overrides(tmp_path),
-    )  # fmt: skip
-    assert submit.returncode == 0, submit.stderr
-    eval_job, merge_job = submitted(submit.stdout)
+    eval_job, merge_job = submit(run_dir, 3, tmp_path)
     wait_for([eval_job, merge_job], 1200)
     status = slurm_status(run_dir)
     assert [s["job"]["state"] for s in status["shards"]] == ["COMPLETED"] * 3, status
@@ -137,12 +141,7 @@ def test_a_failing_shard_cancels_the_merge_and_is_reported(tmp_path, tiny_path):
     corrupt = run_dir / "records" / "blurred" / "shard-1-of-3.jsonl"
     corrupt.parent.mkdir(parents=True)
     corrupt.write_text('{"not": "a record"}\n')
-    submit = cts(
-        "slurm", "submit", "--shards", "3", "--output-dir", str(run_dir), *TASK,
-        *overrides(tmp_path, ["conditions=[blurred]"]),
-    )  # fmt: skip
-    assert submit.returncode == 0, submit.stderr
-    eval_job, merge_job = submitted(submit.stdout)
+    eval_job, merge_job = submit(run_dir, 3, tmp_path, ["conditions=[blurred]"])
     wait_for([eval_job, merge_job], 900)
     status = slurm_status(run_dir)
     states = [s["job"]["state"] for s in status["shards"]]
@@ -167,12 +166,8 @@ def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
     the merge still finds every key exactly once."""
     cluster_up()
     run_dir = tmp_path / "run"
-    submit = cts(
-        "slurm", "submit", "--shards", "1", "--output-dir", str(run_dir), *TASK,
-        *overrides(tmp_path, ["conditions=[blurred, oracle]", "dataset.limit=2"]),
-    )  # fmt: skip
-    assert submit.returncode == 0, submit.stderr
-    eval_job, merge_job = submitted(submit.stdout)
+    extra = ["conditions=[blurred, oracle]", "dataset.limit=2"]
+    eval_job, merge_job = submit(run_dir, 1, tmp_path, extra)
     records_file = run_dir / "records" / "blurred" / "shard-0-of-1.jsonl"
     deadline = time.monotonic() + 600
     while not (records_file.is_file() and records_file.read_text().count("\n") >= 1):
