@@ -231,9 +231,14 @@ def test_cts_serve_on_cpu_then_a_dead_server_stops_them_all(tmp_path, tiny_path)
             messages=(Message(role="user", content="Say hello."),),
             sampling=Sampling(max_tokens=8),
         )
-        response = asyncio.run(engine.chat(request))
-        assert response.usage.completion_tokens > 0
-        asyncio.run(engine.aclose())
+
+        async def ask() -> int:
+            try:
+                return (await engine.chat(request)).usage.completion_tokens
+            finally:
+                await engine.aclose()
+
+        assert asyncio.run(ask()) > 0
 
         os.killpg(served["tiny-b"]["pid"], signal.SIGKILL)
         _, err = process.communicate(timeout=120)
