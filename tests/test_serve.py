@@ -271,3 +271,16 @@ def test_a_dead_server_stops_the_run_and_is_raised():
     with pytest.raises(ServerError, match="model judge"):
         asyncio.run(until_signalled(work(), watch, poll_s=0.01))
     assert len(polls) == 3
+
+
+def test_hard518_fits_one_8_gpu_node_and_webdancer_keeps_its_release_sampling():
+    resolved = load_experiment("hard518")
+    served = served_models(resolved.model_configs)
+    assert set(served) == set(resolved.model_configs)  # every role is served by vLLM
+    plan = plan_gpus(served, [str(g) for g in range(8)])
+    assert sorted(g for gpus in plan.values() for g in gpus) == [str(g) for g in range(8)]
+    with pytest.raises(PlanError):
+        plan_gpus(served, ["0", "1", "2", "3"])
+    searcher = resolved.sampling_for("searcher")
+    assert (searcher.temperature, searcher.top_p, searcher.repetition_penalty) == (0.6, 0.95, 1.1)
+    assert resolved.output_dir() == Path("runs/hard518-qwen3-8b")
