@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Console
@@ -28,7 +29,7 @@ from rich.table import Table
 
 from agents.judge import judge_schema
 from agents.user_answerer import span_regex
-from eval.config import load_experiment
+from eval.config import ResolvedExperiment, load_experiment
 from eval.run import run_experiment
 from serving.errors import EngineError
 from serving.model_config import build_engine
@@ -104,7 +105,7 @@ def burst(n: int) -> list[ChatRequest]:
     ]
 
 
-async def fire(resolved, requests: list[ChatRequest]) -> dict[str, float]:  # type: ignore[no-untyped-def]
+async def fire(resolved: ResolvedExperiment, requests: list[ChatRequest]) -> dict[str, Any]:
     engine = build_engine(resolved.model_for("judge"))
 
     async def one(request: ChatRequest) -> bool:
@@ -123,6 +124,7 @@ async def fire(resolved, requests: list[ChatRequest]) -> dict[str, float]:  # ty
         "valid": sum(valid),
         "seconds": seconds,
         "completion_tokens": engine.stats.completion_tokens,
+        "errors": dict(engine.stats.errors),
     }
 
 
@@ -182,13 +184,14 @@ def main() -> None:
         "burst requests": str(probe["requests"]),
         "burst output tok/s": f"{probe['completion_tokens'] / probe['seconds']:.0f}",
         "burst constrained validity": f"{probe['valid']}/{probe['requests']}",
+        "burst errors": json.dumps(probe["errors"]) if probe["errors"] else "none",
     }
     table = Table("check", "value", title=f"GPU check: {args.model}")
     for key, value in rows.items():
         table.add_row(key, value)
     console.print(table)
     (out / "gpu_check.json").write_text(
-        json.dumps({**rows, "engine_errors": dict(stats.errors)}, indent=1)
+        json.dumps({**rows, "pipeline_errors": dict(stats.errors)}, indent=1)
     )
     console.print(f"details: {out}")
 
