@@ -193,7 +193,8 @@ class ResolvedExperiment(BaseModel):
     def to_yaml(self) -> str:
         """The resolved config, with versions and git sha, as a run directory records it."""
         doc = {
-            "experiment": self.experiment.model_dump(mode="json", exclude_none=True),
+            # None is kept: `split: null` must not read back as the default split.
+            "experiment": self.experiment.model_dump(mode="json"),
             "models": {
                 k: v.model_dump(mode="json", exclude_none=True)
                 for k, v in self.model_configs.items()

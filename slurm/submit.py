@@ -91,11 +91,10 @@ def render(name: str, **values: str) -> str:
     """Fill the `@@key@@` slots of templates/<name> (plain bash otherwise, so `$VAR` stays as
     written). Values must already be shell-quoted."""
     text = resources.files("slurm").joinpath("templates", name).read_text("utf-8")
-    for key, value in values.items():
-        text = text.replace(f"@@{key}@@", value)
-    if "@@" in text:
-        raise ValueError(f"template {name}: unfilled slot in {text!r}")
-    return text
+    slots = set(re.findall(r"@@(\w+)@@", text))
+    if slots != set(values):
+        raise ValueError(f"template {name} has slots {sorted(slots)}, got {sorted(values)}")
+    return re.sub(r"@@(\w+)@@", lambda m: values[m.group(1)], text)
 
 
 def cts_command() -> list[str]:
@@ -106,10 +105,9 @@ def cts_command() -> list[str]:
 def freeze_experiment(resolved: ResolvedExperiment, run_dir: Path) -> dict[str, object]:
     """The experiment with every model config inlined and the run directory fixed: what every
     shard runs, whatever is edited after submission."""
-    experiment = resolved.experiment.model_dump(mode="json", exclude_none=True)
-    experiment["models"] = {
-        k: m.model_dump(mode="json", exclude_none=True) for k, m in resolved.model_configs.items()
-    }
+    # None is kept: `split: null` must not fall back to the default split.
+    experiment = resolved.experiment.model_dump(mode="json")
+    experiment["models"] = {k: m.model_dump(mode="json") for k, m in resolved.model_configs.items()}
     experiment["output_dir"] = str(run_dir)
     return experiment
 

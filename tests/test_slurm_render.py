@@ -92,7 +92,10 @@ def test_sbatch_options_are_separate_arguments():
 
 
 def test_frozen_experiment_loads_back_as_the_same_experiment(tmp_path):
-    resolved = load_experiment(None, ["dataset.limit=2", "roles.judge.sampling.temperature=0.3"])
+    resolved = load_experiment(
+        None, ["dataset.limit=2", "dataset.split=null", "roles.judge.sampling.temperature=0.3"]
+    )
+    assert resolved.experiment.dataset.split is None
     done = submit(resolved, tmp_path / "run", SlurmOptions(shards=2), dry_run=True)
     again = load_experiment(Path(done.scripts["eval"]).parent / "experiment.yaml")
     assert again.experiment.dataset == resolved.experiment.dataset
