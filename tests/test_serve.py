@@ -108,7 +108,8 @@ def test_plan_carries_flags_env_and_ports(tmp_path):
     assert "CUDA_VISIBLE_DEVICES" not in cpu.server.env
 
 
-def test_dry_run_prints_the_plan_and_quoted_commands(tmp_path):
+def test_dry_run_prints_the_plan_and_quoted_commands(tmp_path, monkeypatch):
+    monkeypatch.delenv("CTS_VLLM_PYTHON", raising=False)  # `vllm serve`, not the CPU venv
     result = CliRunner().invoke(
         app,
         [
