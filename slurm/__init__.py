@@ -1,1 +1,2 @@
-"""sbatch templates and the submit/merge logic that renders them (built with the Slurm issue)."""
+"""The benchmark as Slurm jobs: sbatch templates, `cts slurm submit` (array evaluation job +
+afterok merge job) and `cts slurm status`."""
