@@ -35,7 +35,14 @@ def test_config_show_prints_the_resolved_config():
     result = cts("config", "show", "--set", "roles.clarifier.sampling.temperature=0.7")
     assert result.exit_code == 0
     doc = yaml.safe_load(result.output)
-    assert doc["experiment"]["roles"]["clarifier"]["sampling"] == {"temperature": 0.7}
+    sampling = doc["experiment"]["roles"]["clarifier"]["sampling"]
+    # Unset overrides print as null: the file reads back as exactly this experiment.
+    assert sampling == {
+        "temperature": 0.7,
+        "top_p": None,
+        "max_tokens": None,
+        "repetition_penalty": None,
+    }
     assert doc["models"]["smollm2-135m-instruct"]["engine"] == "transformers"
     assert doc["sources"]["experiment"].endswith("quickstart.yaml")
 
