@@ -55,11 +55,14 @@ class RunResult:
     outcome: RunOutcome
     instances: list[Instance]
     seconds: float
-    model_calls: int
     cache: dict[str, int] | None
     #: Model name → calls, constrained calls, tokens and errors by kind.
     engine_stats: dict[str, EngineStats]
     report: dict[str, Path] | None
+
+    @property
+    def model_calls(self) -> int:
+        return sum(s.calls for s in self.engine_stats.values())
 
 
 async def until_signalled(
@@ -182,9 +185,8 @@ def run_experiment(
     report = None
     if shard.count == 1 and not outcome.interrupted:
         report = write_report([run_dir], run_dir)
-    calls = sum(s.calls for s in stats.values())
     seconds = time.perf_counter() - started
-    return RunResult(run_dir, outcome, instances, seconds, calls, cache, stats, report)
+    return RunResult(run_dir, outcome, instances, seconds, cache, stats, report)
 
 
 def merge_run(run_dir: Path) -> MergeReport:
