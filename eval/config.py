@@ -112,6 +112,16 @@ class ClarificationConfig(_Strict):
     question_types: Literal["keywords", "llm"] = "keywords"
 
 
+class GoldenConfig(_Strict):
+    """Golden construction (`cts golden build`): the nugget builder's limits."""
+
+    #: Most nuggets per instance (the shipped benchmark has 5–6).
+    max_nuggets: int = Field(8, ge=1, le=20)
+    #: The trace's observations are cut to share about this many characters in the nugget
+    #: builder's prompt; keep it well inside the builder model's context window.
+    max_evidence_chars: int = Field(12000, ge=1000)
+
+
 def expand_path(path: str) -> Path:
     """`$CTS_HOME` (default ~/.cache/cts), other variables and `~` expanded."""
     return Path(os.path.expandvars(path.replace("$CTS_HOME", str(cts_home())))).expanduser()
@@ -136,6 +146,7 @@ class ExperimentConfig(_Strict):
     search: SearchConfig = SearchConfig()
     budgets: Budgets = Budgets()
     clarification: ClarificationConfig = ClarificationConfig()
+    golden: GoldenConfig = GoldenConfig()
     conditions: list[Condition] = Field(default_factory=lambda: list(ALL_CONDITIONS), min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     #: Concurrent instances in flight (each engine bounds its own requests too).

@@ -1,6 +1,7 @@
 """One instance under one condition and seed, end to end: clarify (k turns) → answer → rewrite →
 search → judge → score. The information flow is fixed here: the fused query goes to the user
-answerer and the judge only (and is the search query of the `oracle` upper bound)."""
+answerer and the judge only (and is the search query of the `oracle` upper bound, and of
+golden construction's `golden` key, whose trace the nugget builder reads)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from agents import clarifier, judge, rewriter, user_answerer
 from agents.question_type import classify, classify_with_model
 from agents.types import QA
 from agents.user_answerer import unsupported_words
-from eval.config import ClarificationConfig
+from eval.config import ClarificationConfig, GoldenConfig
+from eval.golden import GOLDEN, golden_nuggets
 from eval.metrics import restore_score
-from eval.schema import Instance
+from eval.schema import Instance, Nugget
 from serving.engine import ChatModel
 from serving.errors import EngineError
 from serving.types import Sampling
@@ -52,6 +54,8 @@ class Record(BaseModel):
     termination: str = ""
     doc_ids: list[str] = []
     trace_id: str | None = None
+    #: Golden construction only: the nuggets extracted from this (fused-query) search run.
+    nuggets: list[Nugget] = []
     labels: dict[str, dict[str, str]] = {}
     scores: dict[str, float] = {}
     usage: dict[str, int] = {}
@@ -70,6 +74,7 @@ class PipelineContext:
     agent: WebDancerAgent
     sampling: dict[str, Sampling]
     clarification: ClarificationConfig = field(default_factory=ClarificationConfig)
+    golden: GoldenConfig = field(default_factory=GoldenConfig)
     trace_dir: Path | None = None
 
 
@@ -90,7 +95,7 @@ async def run_instance(
 
     try:
         k = clarify_turns(condition)
-        if condition == "oracle":
+        if condition in ("oracle", GOLDEN):
             query = instance.fused_query
         elif k is None:
             query = instance.blurred_query
@@ -124,7 +129,21 @@ async def run_instance(
         if result.termination == "error":
             record.error = {"kind": "search_error", "stage": stage, "message": result.error or ""}
             return record
-        if instance.golden is not None:
+        if condition == GOLDEN:
+            stage = "nuggets"
+            try:
+                record.nuggets = await golden_nuggets(
+                    ctx.roles["nugget_builder"],
+                    instance,
+                    result.answer,
+                    result.steps,
+                    _seeded(ctx.sampling["nugget_builder"], seed),
+                    ctx.golden.max_nuggets,
+                    ctx.golden.max_evidence_chars,
+                )
+            except ValueError as e:
+                record.error = {"kind": "no_evidence", "stage": stage, "message": str(e)}
+        elif instance.golden is not None:
             stage = "judge"
             labels = await judge.judge(
                 ctx.roles["judge"],

@@ -9,6 +9,7 @@ writes the summary and report.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -19,9 +20,11 @@ from pathlib import Path
 import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from agents.nugget_builder import max_tokens_for
 from eval.config import ExperimentConfig, ResolvedExperiment
 from eval.dataset import load_instances
 from eval.engines import open_engines
+from eval.golden import GOLDEN, GoldenReport, golden_dataset
 from eval.pipeline import PipelineContext, Record, run_instance
 from eval.report import write_report
 from eval.runner import (
@@ -37,6 +40,7 @@ from eval.schema import Instance
 from eval.search_agent import build_agent
 from serving.engine import EngineStats
 from serving.types import Sampling
+from serving.yaml_config import ConfigError
 
 #: Room for each role's longest valid answer (its schema bounds the length), so that a
 #: constrained answer is never cut off by max_tokens.
@@ -102,20 +106,31 @@ async def until_signalled(
             loop.remove_signal_handler(sig)
 
 
+def _max_tokens(experiment: ExperimentConfig) -> dict[str, int]:
+    return {
+        **ROLE_MAX_TOKENS,
+        "nugget_builder": max_tokens_for(experiment.golden.max_nuggets),
+    }
+
+
 async def _run(
     resolved: ResolvedExperiment,
     run_dir: Path,
     instances: list[Instance],
+    keys: tuple[list[str], list[int]],
     shard: Shard,
     show_progress: bool,
     watch: Callable[[], None] | None,
+    retry_failed: bool,
 ) -> tuple[RunOutcome, dict[str, EngineStats], dict[str, int] | None]:
     experiment = resolved.experiment
+    conditions, seeds = keys
     store = RecordStore(run_dir)
+    max_tokens = _max_tokens(experiment)
     async with open_engines(resolved) as engines:
         sampling: dict[str, Sampling] = {
             role: resolved.sampling_for(
-                role, **({"max_tokens": ROLE_MAX_TOKENS[role]} if role in ROLE_MAX_TOKENS else {})
+                role, **({"max_tokens": max_tokens[role]} if role in max_tokens else {})
             )
             for role in experiment.roles
         }
@@ -124,9 +139,10 @@ async def _run(
             agent=build_agent(resolved, engines),
             sampling=sampling,
             clarification=experiment.clarification,
+            golden=experiment.golden,
             trace_dir=run_dir / "traces",
         )
-        total = len(shard.select(instances)) * len(experiment.conditions) * len(experiment.seeds)
+        total = len(shard.select(instances)) * len(conditions) * len(seeds)
         with Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -136,7 +152,7 @@ async def _run(
             disable=not show_progress,
         ) as progress:
             bar = progress.add_task(experiment.name, total=total, failed=0)
-            already = len(store.completed(shard))
+            already = sum(not (retry_failed and r.error) for r in store.completed(shard).values())
             progress.update(bar, completed=already)
             failed = 0
 
@@ -148,18 +164,29 @@ async def _run(
             outcome = await until_signalled(
                 run_keys(
                     instances,
-                    experiment.conditions,
-                    experiment.seeds,
+                    conditions,
+                    seeds,
                     lambda i, c, s: run_instance(i, c, s, ctx),
                     store,
                     shard,
                     concurrency=experiment.concurrency,
                     on_done=done,
+                    retry_failed=retry_failed,
                 ),
                 watch,
             )
         stats = {name: e.stats for name, e in engines.by_model.items()}
         return outcome, stats, engines.cache.stats() if engines.cache else None
+
+
+def _start(resolved: ResolvedExperiment, run_dir: Path) -> list[Instance]:
+    instances = load_instances(resolved.experiment.dataset)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Shards of one run write the same file at once: replace it whole, never half-written.
+    partial = run_dir / f"config.yaml.{os.getpid()}.partial"
+    partial.write_text(resolved.to_yaml())
+    partial.replace(run_dir / "config.yaml")
+    return instances
 
 
 def run_experiment(
@@ -168,25 +195,80 @@ def run_experiment(
     shard: Shard | None = None,
     show_progress: bool = True,
     watch: Callable[[], None] | None = None,
+    retry_failed: bool = False,
 ) -> RunResult:
     """Run (a shard of) an experiment into `run_dir`. `watch` is polled during the run; what it
-    raises (a dead model server) stops the run, keeping every finished record."""
+    raises (a dead model server) stops the run, keeping every finished record. With
+    `retry_failed`, keys whose record is a failure run again (the new record counts)."""
     shard = shard or Shard()
-    instances = load_instances(resolved.experiment.dataset)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # Shards of one run write the same file at once: replace it whole, never half-written.
-    partial = run_dir / f"config.yaml.{os.getpid()}.partial"
-    partial.write_text(resolved.to_yaml())
-    partial.replace(run_dir / "config.yaml")
+    instances = _start(resolved, run_dir)
     started = time.perf_counter()
+    keys = ([str(c) for c in resolved.experiment.conditions], list(resolved.experiment.seeds))
     outcome, stats, cache = asyncio.run(
-        _run(resolved, run_dir, instances, shard, show_progress, watch)
+        _run(resolved, run_dir, instances, keys, shard, show_progress, watch, retry_failed)
     )
     report = None
     if shard.count == 1 and not outcome.interrupted:
         report = write_report([run_dir], run_dir)
     seconds = time.perf_counter() - started
     return RunResult(run_dir, outcome, instances, seconds, cache, stats, report)
+
+
+def golden_seed(experiment: ExperimentConfig) -> int:
+    return experiment.seeds[0]
+
+
+def build_golden(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    shard: Shard | None = None,
+    show_progress: bool = True,
+    watch: Callable[[], None] | None = None,
+    retry_failed: bool = False,
+) -> RunResult:
+    """Golden construction for (a shard of) the experiment's dataset into `run_dir`: one
+    `golden` record per instance (search on the fused query, nuggets from its trace). Resumes
+    and stops like `run_experiment`; `finish_golden` writes the dataset."""
+    if "nugget_builder" not in resolved.experiment.roles:
+        raise ConfigError(
+            f"{resolved.path}: roles.nugget_builder: not set; golden construction needs it"
+        )
+    shard = shard or Shard()
+    instances = _start(resolved, run_dir)
+    started = time.perf_counter()
+    keys = ([GOLDEN], [golden_seed(resolved.experiment)])
+    outcome, stats, cache = asyncio.run(
+        _run(resolved, run_dir, instances, keys, shard, show_progress, watch, retry_failed)
+    )
+    seconds = time.perf_counter() - started
+    return RunResult(run_dir, outcome, instances, seconds, cache, stats, None)
+
+
+def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
+    """Check every instance has exactly one golden record across shards; when so, write
+    RUN_DIR/dataset.jsonl (instances with golden nuggets; failed ones are listed, not written)
+    and RUN_DIR/golden_summary.json."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    experiment = ExperimentConfig.model_validate(config["experiment"])
+    instances = load_instances(experiment.dataset)
+    store = RecordStore(run_dir)
+    merged = merge(store, instances, [GOLDEN], [golden_seed(experiment)])
+    if not merged.ok:
+        return merged, None
+    report = golden_dataset(
+        instances, {key[0]: r for key, r in merged.records.items()}, run_dir / "dataset.jsonl"
+    )
+    summary = {
+        "dataset": str(report.dataset),
+        "instances": len(instances),
+        "built": report.built,
+        "nuggets": report.nuggets,
+        "nuggets_per_instance": round(report.nuggets / report.built, 2) if report.built else 0,
+        "weights": {str(w): n for w, n in sorted(report.weights.items())},
+        "failed": report.failed,
+    }
+    (run_dir / "golden_summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    return merged, report
 
 
 def merge_run(run_dir: Path) -> MergeReport:

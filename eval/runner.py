@@ -103,12 +103,21 @@ class RecordStore:
         return sorted(self.root.glob("*/shard-*.jsonl"))
 
     def completed(self, shard: Shard | None = None) -> dict[Key, Record]:
+        """The record that counts for each key (see `counts_over`)."""
         done: dict[Key, Record] = {}
         for path in self.all_files():
             if shard is None or path.stem == shard.name:
                 for record in self.read(path):
-                    done[record.key] = record
+                    done[record.key] = counts_over(done.get(record.key), record)
         return done
+
+
+def counts_over(earlier: Record | None, record: Record) -> Record:
+    """Of two records of one key, the one that counts: a success over a failure (the failure
+    was retried with --retry-failed, or the success is the retry), else the later one."""
+    if earlier is None or earlier.error is not None:
+        return record
+    return earlier if record.error is not None else record
 
 
 @dataclass
@@ -131,10 +140,16 @@ async def run_keys(
     shard: Shard = Shard(),
     concurrency: int = 4,
     on_done: Callable[[Record], None] | None = None,
+    retry_failed: bool = False,
 ) -> RunOutcome:
-    """Run every key of this shard not recorded yet; return counts. Cancelling (Ctrl-C,
-    SIGTERM) stops in-flight keys; finished ones are already on disk."""
-    done = store.completed(shard)
+    """Run every key of this shard not recorded yet (and, with `retry_failed`, every key whose
+    record is a failure); return counts. Cancelling (Ctrl-C, SIGTERM) stops in-flight keys;
+    finished ones are already on disk."""
+    done = {
+        key: r
+        for key, r in store.completed(shard).items()
+        if not (retry_failed and r.error is not None)
+    }
     todo = [
         (inst, c, s)
         for inst in shard.select(instances)
@@ -180,13 +195,14 @@ class MergeReport:
 def merge(
     store: RecordStore, instances: list[Instance], conditions: Iterable[str], seeds: Iterable[int]
 ) -> MergeReport:
-    """Every expected key exactly once across all shard files."""
+    """Every expected key exactly once across all shard files. A failure that was retried is
+    not a duplicate: only a key with two successful records is."""
     seen: Counter[Key] = Counter()
     records: dict[Key, Record] = {}
     for path in store.all_files():
         for record in store.read(path):
-            seen[record.key] += 1
-            records[record.key] = record
+            seen[record.key] += record.error is None
+            records[record.key] = counts_over(records.get(record.key), record)
     expected = [(i.id, c, s) for i in instances for c in conditions for s in seeds]
     return MergeReport(
         records={k: records[k] for k in expected if k in records},

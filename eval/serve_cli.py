@@ -1,16 +1,23 @@
-"""`cts serve`: the experiment's models behind vLLM servers, in the foreground until stopped."""
+"""`cts serve`: the experiment's models behind vLLM servers, in the foreground until stopped;
+and the serving options every command that runs keys shares (`cts run`, `cts golden build`,
+`cts train sample`): `--endpoints FILE` or `--serve` for the length of the run."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from eval.config import load_experiment
+from eval.config import ResolvedExperiment, load_experiment
+from eval.dataset import DatasetError
+from eval.runner import RecordFileError
 from serving.model_config import ModelConfig
 from serving.serve import (
     PlanError,
@@ -19,6 +26,7 @@ from serving.serve import (
     Stopped,
     dry_run_text,
     plan_servers,
+    read_endpoints,
     serving,
     stop_on_signals,
 )
@@ -54,6 +62,69 @@ def plan_from_options(
     except PlanError as e:
         typer.echo(f"GPU plan error: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How a run reaches the models whose engine is `openai`."""
+
+    #: An endpoints file written by a running `cts serve`.
+    endpoints: Path | None = None
+    #: Start the servers for the run and stop them after it (what Slurm tasks do).
+    serve: bool = False
+    gpus: str | None = None
+    cpu: bool = False
+    vllm_python: str | None = None
+
+
+@contextmanager
+def served(
+    resolved: ResolvedExperiment, options: ServeOptions, log_dir: Path, console: Console
+) -> Iterator[tuple[ResolvedExperiment, Callable[[], None] | None]]:
+    """The experiment pointed at its servers, and a check that raises when one has died (None
+    when nothing was started here)."""
+    if options.endpoints is not None:
+        resolved = resolved.with_endpoints(read_endpoints(options.endpoints))
+    if not options.serve:
+        yield resolved, None
+        return
+    planned = plan_from_options(
+        resolved.model_configs, log_dir, options.gpus, options.cpu, options.vllm_python, "127.0.0.1"
+    )
+    if planned:
+        console.print(f"starting {len(planned)} vLLM server(s)")
+    with ExitStack() as stack:
+        # A signal while the servers load stops them; once the run starts, its own handlers
+        # take over (finished records stay, the run is resumable).
+        stack.enter_context(stop_on_signals())
+        group = stack.enter_context(serving(ServerGroup(planned)))
+        yield (
+            resolved.with_endpoints({p.key: p.server.base_url for p in group.planned}),
+            group.check,
+        )
+
+
+@contextmanager
+def run_exits() -> Iterator[None]:
+    """Exit codes and messages of a run: bad input 2, broken records or a dead server 1 (the
+    finished records are kept), a signal while the servers start 130."""
+    try:
+        yield
+    except RecordFileError as e:
+        typer.echo(f"records error: {e}", err=True)
+        raise typer.Exit(1) from None
+    except DatasetError as e:
+        typer.echo(f"dataset error\n{e}", err=True)
+        raise typer.Exit(2) from None
+    except ConfigError as e:
+        typer.echo(f"config error\n{e}", err=True)
+        raise typer.Exit(2) from None
+    except ServerError as e:
+        typer.echo(f"server error: {e}\nfinished records are saved; servers stopped", err=True)
+        raise typer.Exit(1) from None
+    except Stopped as e:
+        typer.echo(f"{e} while starting the servers: all stopped", err=True)
+        raise typer.Exit(130) from None
 
 
 def serve(

@@ -82,6 +82,17 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
             }
         )
 
+    def nugget_builder(request: ChatRequest) -> str:
+        assert request.output is not None and request.output.kind == "json"
+        item = request.output.json_schema["properties"]["nuggets"]["items"]
+        ids = item["properties"]["source_ids"]["items"]["enum"]
+        nuggets = [
+            {"text": "The first fact.", "weight": 3, "source_ids": ids[:1]},
+            {"text": " the first   FACT. ", "weight": 1, "source_ids": ids[:1]},  # a duplicate
+            {"text": "A second fact.", "weight": 2, "source_ids": [ids[-1], ids[-1]]},
+        ]
+        return _json.dumps({"nuggets": nuggets})
+
     def summarizer(request: ChatRequest) -> str:
         return _json.dumps({"evidence": "e", "summary": "s"})
 
@@ -93,6 +104,7 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
         "judge": judge,
         "summarizer": summarizer,
         "question_classifier": question_classifier,
+        "nugget_builder": nugget_builder,
     }
     return {role: ScriptedEngine(script, name=role) for role, script in scripts.items()}
 

@@ -223,3 +223,42 @@ def test_a_corrupt_record_line_is_an_error_naming_file_and_line(tmp_path):
     path.write_text('{"instance_id": "a", "condition": "blurred", "seed": 0}\n{"oops": 1}\n')
     with pytest.raises(RecordFileError, match=r"shard-0-of-1.jsonl:2: instance_id: Field required"):
         store.completed()
+
+
+def test_retry_failed_reruns_only_failures_and_the_success_counts(search, tmp_path):
+    ctx, roles = context(search)
+    store = RecordStore(tmp_path)
+    data = instances(2)
+    broken = {"on": True}
+    original = roles["searcher"].script
+
+    def flaky(request):  # type: ignore[no-untyped-def]
+        if broken["on"] and data[0].blurred_query in request.messages[-1].content:
+            return RuntimeError("server down")
+        return original(request)
+
+    roles["searcher"].script = flaky
+
+    def run(retry: bool):  # type: ignore[no-untyped-def]
+        return asyncio.run(
+            run_keys(
+                data,
+                ["blurred"],
+                [0],
+                lambda i, c, s: run_instance(i, c, s, ctx),
+                store,
+                retry_failed=retry,
+            )
+        )
+
+    first = run(False)
+    assert (first.ran, sum(first.failures.values())) == (2, 1)
+    broken["on"] = False
+    assert run(False).ran == 0  # a recorded failure is done unless retried
+    again = run(True)
+    assert (again.ran, again.skipped, sum(again.failures.values())) == (1, 1, 0)
+    # Both lines stay on disk; the success counts, and it is not a duplicate.
+    assert len(store.read(store.path("blurred", Shard()))) == 3
+    assert all(r.error is None for r in store.completed().values())
+    merged = merge(store, data, ["blurred"], [0])
+    assert merged.ok and all(r.error is None for r in merged.records.values())

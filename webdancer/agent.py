@@ -209,6 +209,7 @@ class WebDancerAgent:
             "doc_ids": outcome.doc_ids,
             "urls": outcome.urls,
             "errors": outcome.errors,
+            "evidence": outcome.evidence,
             "cached": outcome.cached,
             "latency_s": round(time.perf_counter() - started, 3),
         }

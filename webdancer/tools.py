@@ -25,6 +25,10 @@ class ToolResult:
     doc_ids: list[str] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    #: What the text actually shows, as {id, url}: each search hit, each page read (not a
+    #: failed visit); id is the corpus doc id, or the URL when there is none (web search).
+    #: Golden nuggets may cite only these.
+    evidence: list[dict[str, str]] = field(default_factory=list)
     cached: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -33,6 +37,7 @@ class ToolResult:
             "doc_ids": self.doc_ids,
             "urls": self.urls,
             "errors": self.errors,
+            "evidence": self.evidence,
         }
 
 
@@ -84,12 +89,18 @@ class Tools:
         found = await batched_search(self.search, arguments["query"], arguments["top_k"])
         hits = [h for query_hits in found.hits.values() for h in query_hits]
         return ToolResult(
-            found.text, [h.doc_id for h in hits if h.doc_id], [h.url for h in hits], found.errors
+            found.text,
+            [h.doc_id for h in hits if h.doc_id],
+            [h.url for h in hits],
+            found.errors,
+            [{"id": h.doc_id or h.url, "url": h.url} for h in hits],
         )
 
     async def _visit(self, arguments: dict[str, Any]) -> ToolResult:
         visited = await self.visitor.visit(arguments["url"], arguments["goal"])
-        return ToolResult(visited.text, visited.doc_ids, visited.urls, visited.failures)
+        return ToolResult(
+            visited.text, visited.doc_ids, visited.urls, visited.failures, visited.evidence
+        )
 
     async def _cached(
         self,
@@ -100,7 +111,8 @@ class Tools:
     ) -> ToolResult:
         if self.cache is not None:
             stored = self.cache.get(tool, backend, arguments)
-            if stored is not None:
+            # An entry from before results carried their evidence is re-run, not replayed.
+            if stored is not None and "evidence" in stored:
                 return ToolResult(**stored, cached=True)
         result: ToolResult = await run(arguments)
         # Failures may be passing (a timeout); only clean results are replayed.

@@ -168,6 +168,8 @@ class VisitResult:
     urls: list[str] = field(default_factory=list)
     doc_ids: list[str] = field(default_factory=list)
     failures: dict[str, str] = field(default_factory=dict)
+    #: Pages whose notes the text shows, as {id, url} (id: doc id, else the URL).
+    evidence: list[dict[str, str]] = field(default_factory=list)
 
 
 class Visitor:
@@ -215,4 +217,6 @@ class Visitor:
                 result.doc_ids.append(page.doc_id)
             if error is not None:
                 result.failures[url] = error
+            elif page is not None:
+                result.evidence.append({"id": page.doc_id or url, "url": url})
         return result

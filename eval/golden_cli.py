@@ -1,0 +1,149 @@
+"""`cts golden build|merge`: golden construction as commands. Thin: parse options, call, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eval.config import ResolvedExperiment, load_experiment
+from eval.golden import GoldenReport
+from eval.run import build_golden, finish_golden
+from eval.runner import MergeReport, RecordFileError, Shard
+from eval.serve_cli import CPU_HELP, GPUS_HELP, PYTHON_HELP, ServeOptions, run_exits, served
+from serving.yaml_config import ConfigError
+
+app = typer.Typer(
+    help="Golden construction (once per dataset): WebDancer on each fused query, its trace "
+    "archived, weighted nuggets extracted from it that cite only evidence the trace showed.",
+    no_args_is_help=True,
+)
+
+
+def golden_dir(resolved: ResolvedExperiment) -> Path:
+    """Beside the experiment's run directories: runs/<name>-golden by default."""
+    return resolved.output_dir().parent / f"{resolved.experiment.name}-golden"
+
+
+@app.command("build")
+def build(
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Experiment YAML (path or name); needs roles.nugget_builder."
+    ),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key (repeatable)."),
+    output_dir: Path | None = typer.Option(
+        None, help="Where records, traces and dataset.jsonl go (default runs/<name>-golden)."
+    ),
+    limit: int | None = typer.Option(None, help="Only the first N instances of the dataset."),
+    shard: str | None = typer.Option(None, help="Build shard I/N of the instances (e.g. 0/4)."),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Search again for instances that got no nuggets."
+    ),
+    endpoints: Path | None = typer.Option(
+        None, help="Endpoints file from `cts serve`: served models' URLs replace their configs'."
+    ),
+    serve: bool = typer.Option(
+        False, "--serve", help="Start the served models' vLLM servers first, stop them after."
+    ),
+    gpus: str | None = typer.Option(None, help=f"With --serve: {GPUS_HELP}"),
+    cpu: bool = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}"),
+    vllm_python: str | None = typer.Option(None, help=f"With --serve: {PYTHON_HELP}"),
+) -> None:
+    """Build golden nuggets for the experiment's dataset.
+
+    For each instance: the searcher (WebDancer) on the fused query with the experiment's first
+    seed, its trace kept under traces/golden/, then the nugget_builder role lists weighted
+    nuggets (3 essential, 2 important, 1 context) whose source_ids can only be evidence ids
+    that trace showed (corpus doc ids, or URLs with web search). Resumes like `cts run`; a
+    sharded build is finished by `cts golden merge`. The result, OUTPUT_DIR/dataset.jsonl, is
+    the dataset with `golden` filled in: point an experiment's dataset.path at it."""
+    overrides = [*set_, *([f"dataset.limit={limit}"] if limit is not None else [])]
+    console = Console()
+    with run_exits():
+        resolved = load_experiment(config, overrides)
+        try:
+            part = Shard.parse(shard) if shard else Shard()
+        except ValueError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2) from None
+        out = output_dir or golden_dir(resolved)
+        console.print(
+            f"golden construction for [bold]{resolved.experiment.name}[/bold] → {out}",
+            highlight=False,
+        )
+        options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+        logs = out / "logs" / "serve" / part.name
+        with served(resolved, options, logs, console) as (ready, watch):
+            result = build_golden(ready, out, part, watch=watch, retry_failed=retry_failed)
+    outcome = result.outcome
+    console.print(
+        f"{outcome.ran} instances searched, {outcome.skipped} already done, "
+        f"{sum(outcome.failures.values())} failed {dict(outcome.failures)}; "
+        f"{result.model_calls} model calls; {result.seconds:.0f} s",
+        highlight=False,
+    )
+    if outcome.interrupted:
+        console.print("interrupted: finished records are saved; run the same command to resume")
+        raise typer.Exit(130)
+    if part.count > 1:
+        console.print(f"shard {part.index}/{part.count} done; when all are: cts golden merge {out}")
+        return
+    _finish(out, console)
+
+
+@app.command("merge")
+def merge(run_dir: Path = typer.Argument(..., help="The golden construction directory.")) -> None:
+    """Check every instance has its golden record (across shards), then write dataset.jsonl
+    and golden_summary.json. Exit 1 when records are missing or some instance got no nuggets
+    (those are listed with why; the others are written)."""
+    _finish(run_dir, Console())
+
+
+def _finish(run_dir: Path, console: Console) -> None:
+    try:
+        merged, report = finish_golden(run_dir)
+    except (RecordFileError, FileNotFoundError, ConfigError) as e:
+        typer.echo(f"golden merge error: {e}", err=True)
+        raise typer.Exit(1) from None
+    if report is None:
+        _gaps(merged, run_dir)
+        raise typer.Exit(1)
+    console.print(_summary_table(report))
+    for instance_id, why in list(report.failed.items())[:20]:
+        console.print(f"no nuggets for {instance_id}: {why}", highlight=False)
+    console.print(
+        f"dataset with golden nuggets: {report.dataset}\nuse it in an experiment:\n"
+        f"  dataset: {{path: {report.dataset}}}",
+        highlight=False,
+    )
+    if report.failed:
+        typer.echo(
+            f"{len(report.failed)} instance(s) got no nuggets and are left out of the dataset; "
+            "`cts golden build --retry-failed` (same options) tries them again",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+def _gaps(merged: MergeReport, run_dir: Path) -> None:
+    for key in merged.missing[:20]:
+        typer.echo(f"missing: {key[0]}")
+    for key in merged.duplicates[:20]:
+        typer.echo(f"duplicate: {key[0]}")
+    typer.echo(
+        f"{len(merged.missing)} missing, {len(merged.duplicates)} duplicated instances in "
+        f"{run_dir}",
+        err=True,
+    )
+
+
+def _summary_table(report: GoldenReport) -> Table:
+    table = Table("instances with nuggets", "without", "nuggets", "per instance", "weights 3/2/1")
+    per = report.nuggets / report.built if report.built else 0.0
+    weights = "/".join(str(report.weights.get(w, 0)) for w in (3, 2, 1))
+    table.add_row(
+        str(report.built), str(len(report.failed)), str(report.nuggets), f"{per:.1f}", weights
+    )
+    return table

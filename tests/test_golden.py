@@ -1,0 +1,152 @@
+"""Golden construction: evidence from a trace, nuggets that cite only it, the `golden` key of
+the pipeline, the dataset it writes; and `cts golden build` on the tiny real model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import pytest
+
+from agents.nugget_builder import Evidence, evidence_text, nuggets_schema
+from eval.dataset import DatasetSource, corpus_path, load_instances
+from eval.golden import GOLDEN, golden_dataset, trace_evidence
+from eval.pipeline import Record, run_instance
+from eval.schema import Nugget
+from tests.scripted import scripted_context
+from webdancer.backends.local import LocalSearch
+from webdancer.protocol import ToolCall
+
+SENTINEL = "SENTINEL-golden-4c1e"
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory) -> LocalSearch:
+    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
+
+
+def instances(n: int = 2):
+    return load_instances(DatasetSource(path="sample", split="dev", limit=n))
+
+
+def test_trace_evidence_takes_tool_observations_with_doc_ids_or_urls():
+    def shown(*pairs: tuple[str, str]) -> list[dict[str, str]]:
+        return [{"id": i, "url": u} for i, u in pairs]
+
+    steps = [
+        {"kind": "llm", "text": "<think>…"},
+        {"kind": "tool", "result": "hits", "evidence": shown(("d1", "u1"), ("d2", "u2"))},
+        {"kind": "protocol_error", "message": "bad"},
+        {"kind": "tool", "result": "web", "evidence": shown(("https://a", "https://a"))},
+        {"kind": "tool", "result": "[Search] Invalid request format", "evidence": []},
+    ]
+    evidence = trace_evidence(steps)
+    assert [e.ids for e in evidence] == [("d1", "d2"), ("https://a",)]
+    assert evidence[0].text == "hits"
+    text = evidence_text(evidence, 10_000)
+    assert "[d1] u1\n[d2] u2\nhits" in text
+    assert "[https://a]\nweb" in text
+
+
+def test_evidence_is_cut_to_equal_shares():
+    long = Evidence(("a",), "x" * 5000)
+    short = Evidence(("b",), "short page")
+    text = evidence_text([long, short], 2000)
+    assert "short page" in text
+    assert text.count("x") == 1000
+
+
+def test_the_schema_admits_only_evidence_ids_and_the_benchmark_weights():
+    schema = nuggets_schema(["d1", "d2"], max_nuggets=2)
+    ok = {"nuggets": [{"text": "A fact.", "weight": 3, "source_ids": ["d2"]}]}
+    jsonschema.validate(ok, schema)
+    for bad in (
+        {"nuggets": [{"text": "A fact.", "weight": 3, "source_ids": ["d9"]}]},  # not in trace
+        {"nuggets": [{"text": "A fact.", "weight": 3, "source_ids": []}]},  # cites nothing
+        {"nuggets": [{"text": "A fact.", "weight": 5, "source_ids": ["d1"]}]},
+        {"nuggets": []},
+        {"nuggets": [{"text": "A fact.", "weight": 1, "source_ids": ["d1"]}] * 3},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_the_golden_key_searches_the_fused_query_and_cites_only_its_trace(search, tmp_path):
+    ctx, roles = scripted_context(search, tmp_path / "traces")
+    instance = instances(1)[0]
+    instance = instance.model_copy(update={"fused_query": f"{instance.fused_query} {SENTINEL}"})
+    record = asyncio.run(run_instance(instance, GOLDEN, 0, ctx))
+    assert record.error is None, record.error
+    assert record.search_query == instance.fused_query
+    # The duplicate (same text up to case and spaces) is dropped; ids are n1..nN.
+    assert [(n.id, n.text, n.weight) for n in record.nuggets] == [
+        ("n1", "The first fact.", 3),
+        ("n2", "A second fact.", 2),
+    ]
+    cited = {i for n in record.nuggets for i in n.source_ids}
+    assert cited and cited <= set(record.doc_ids)
+    assert len(record.nuggets[1].source_ids) == 1  # a repeated id is cited once
+    assert record.trace_id == f"golden/{instance.id}-seed0.json"
+    assert (tmp_path / "traces" / record.trace_id).is_file()
+    prompt = roles["nugget_builder"].requests[0].messages[-1].content
+    assert SENTINEL in prompt and all(f"[{i}]" in prompt for i in record.doc_ids)
+    assert not roles["clarifier"].requests and not roles["judge"].requests
+
+
+def test_a_trace_without_evidence_is_a_recorded_failure(search):
+    ctx, roles = scripted_context(search)
+    roles["searcher"].script = lambda r: "<think>\nknown\n</think>\n<answer>\nan answer\n</answer>"
+    record = asyncio.run(run_instance(instances(1)[0], GOLDEN, 0, ctx))
+    assert record.error is not None and record.error["kind"] == "no_evidence"
+    assert record.error["stage"] == "nuggets" and not record.nuggets
+    assert not roles["nugget_builder"].requests
+
+
+def test_a_nugget_citing_an_id_outside_the_trace_is_an_error_not_a_nugget(search):
+    ctx, roles = scripted_context(search)
+    roles["nugget_builder"].script = lambda r: json.dumps(
+        {"nuggets": [{"text": "Invented.", "weight": 3, "source_ids": ["not-in-trace"]}]}
+    )
+    record = asyncio.run(run_instance(instances(1)[0], GOLDEN, 0, ctx))
+    assert record.error is not None and record.error["stage"] == "nuggets"
+    assert record.error["kind"] == "constrained_output_invalid" and not record.nuggets
+
+
+def test_the_golden_dataset_keeps_order_and_lists_failures(tmp_path):
+    a, b, c = instances(3)
+    done = [Nugget(id="n1", text="A fact.", weight=2, source_ids=["A-0001"])]
+    records = {
+        a.id: Record(instance_id=a.id, condition=GOLDEN, seed=0, nuggets=done, trace_id="t/a"),
+        b.id: Record(
+            instance_id=b.id,
+            condition=GOLDEN,
+            seed=0,
+            error={"kind": "no_evidence", "stage": "nuggets", "message": "nothing found"},
+        ),
+    }
+    out = tmp_path / "dataset.jsonl"
+    report = golden_dataset([a, b, c], records, out)
+    assert (report.built, report.missing, list(report.failed)) == (1, [c.id], [b.id])
+    assert "no_evidence: nothing found" in report.failed[b.id]
+    assert not report.complete
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [a.id]
+    assert rows[0]["golden"]["trace_id"] == "t/a"
+    assert rows[0]["blurred_query"] == a.blurred_query
+    # What it wrote is a valid dataset with the new nuggets.
+    again = load_instances(DatasetSource(path=str(out)))
+    assert again[0].golden is not None and again[0].golden.nuggets == done
+
+
+def test_evidence_is_what_the_model_saw_not_failed_visits(search):
+    ctx, _ = scripted_context(search)
+    known = search.documents[0]
+    call = ToolCall(
+        name="visit", arguments={"url": [known.url, "https://nowhere.example/x"], "goal": "g"}
+    )
+    visited = asyncio.run(ctx.agent.tools.call(call))
+    assert visited.urls == [known.url, "https://nowhere.example/x"]
+    assert visited.evidence == [{"id": known.doc_id, "url": known.url}]
+    found = asyncio.run(ctx.agent.tools.call(ToolCall(name="search", arguments={"query": ["x"]})))
+    assert [e["id"] for e in found.evidence] == found.doc_ids and found.doc_ids
