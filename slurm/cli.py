@@ -12,19 +12,34 @@ from rich.console import Console
 from rich.table import Table
 
 from eval.config import load_experiment
+from eval.golden_cli import golden_dir
 from serving.yaml_config import ConfigError
 from slurm.status import status
-from slurm.submit import SlurmOptions, SubmitError, submit
+from slurm.submit import Job, SlurmOptions, SubmitError, eval_job, golden_job, submit
 
-app = typer.Typer(help="Run the benchmark as Slurm array jobs.", no_args_is_help=True)
+app = typer.Typer(
+    help="Run the benchmark, golden construction or clarifier fine-tuning as Slurm jobs.",
+    no_args_is_help=True,
+)
+
+
+JOB_HELP = (
+    "eval: `cts run` per shard, then `cts merge`. golden: `cts golden build` per shard, then "
+    "`cts golden merge`. train: `cts train sample` per shard, then pairs and fit on --fit-gpus "
+    "GPUs (--config is then a train config)."
+)
 
 
 @app.command("submit")
 def submit_command(
     config: str | None = typer.Option(
-        None, "--config", "-c", help="Experiment YAML (path or name). Default: quickstart."
+        None,
+        "--config",
+        "-c",
+        help="Experiment YAML (path or name; a train config for --job train). Default: quickstart.",
     ),
     set_: list[str] = typer.Option([], "--set", help="Override a config key (repeatable)."),
+    job: str = typer.Option("eval", "--job", help=JOB_HELP),
     shards: int = typer.Option(..., help="Array tasks: shard i of N each."),
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
     partition: str | None = typer.Option(None, help="sbatch --partition."),
@@ -38,6 +53,7 @@ def submit_command(
     array_parallelism: int | None = typer.Option(
         None, help="At most M tasks at once (--array=0-N%M)."
     ),
+    fit_gpus: int = typer.Option(1, help="--job train: GPUs of the fine-tuning job."),
     cpu: bool = typer.Option(False, "--cpu", help="Serve with the CPU build of vLLM."),
     vllm_python: str | None = typer.Option(
         None, help="Interpreter of the vLLM venv the tasks serve with (default `vllm serve`)."
@@ -47,14 +63,13 @@ def submit_command(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Render the scripts, submit nothing."),
 ) -> None:
-    """Submit an evaluation array job and a merge job that waits for it (afterok).
+    """Submit an array job and a final job that waits for it (afterok).
 
     Each task serves its models on its GPUs, runs its shard and stops its servers; jobs are
-    requeued on preemption and resume. Scripts, the frozen experiment, logs and job ids go to
+    requeued on preemption and resume. Scripts, the frozen config, logs and job ids go to
     RUN_DIR/slurm/. Submitting again on the same run directory runs only what is missing."""
     console = Console()
     try:
-        resolved = load_experiment(config, set_)
         options = SlurmOptions(
             shards=shards,
             partition=partition,
@@ -67,27 +82,51 @@ def submit_command(
             cpu=cpu,
             vllm_python=vllm_python,
             extra_sbatch=sbatch_arg,
+            fit_gpus=fit_gpus,
         )
+        planned, name = plan_job(job, config, set_, output_dir, options)
     except (ConfigError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    run_dir = output_dir or resolved.output_dir()
     try:
-        done = submit(resolved, run_dir, options, dry_run=dry_run)
+        done = submit(planned, name, options, dry_run=dry_run)
     except (SubmitError, OSError) as e:
         typer.echo(f"submit failed: {e}", err=True)
         raise typer.Exit(1) from None
-    for name, command in done.commands.items():
-        print(f"{name}: {shlex.join(command)}")  # unwrapped, to copy and paste
+    for which, command in done.commands.items():
+        print(f"{which}: {shlex.join(command)}")  # unwrapped, to copy and paste
+    run_dir = planned.run_dir
     if dry_run:
         console.print(f"scripts rendered in {run_dir / 'slurm'}; nothing submitted")
         return
     console.print(
-        f"submitted evaluation job {done.eval_job} ({shards} shards) and merge job "
-        f"{done.merge_job}.\nwatch: cts slurm status {run_dir}   or   squeue -j "
-        f"{done.eval_job},{done.merge_job}\nlogs: {run_dir / 'slurm' / 'logs'}",
+        f"submitted {planned.array_title} job {done.array_job} ({shards} shards) and "
+        f"{planned.final_title} job {done.final_job}.\nwatch: cts slurm status {run_dir}   or   "
+        f"squeue -j {done.array_job},{done.final_job}\nlogs: {run_dir / 'slurm' / 'logs'}",
         highlight=False,
     )
+
+
+def plan_job(
+    kind: str,
+    config: str | None,
+    overrides: list[str],
+    output_dir: Path | None,
+    options: SlurmOptions,
+) -> tuple[Job, str]:
+    """The job to submit and its name; ValueError/ConfigError for a bad kind or config."""
+    if kind not in ("eval", "golden", "train"):
+        raise ValueError(f"--job {kind!r}: expected eval, golden or train")
+    if kind == "train":
+        from train.slurm import train_job
+
+        return train_job(config, overrides, output_dir, options)
+    resolved = load_experiment(config, overrides)
+    if kind == "golden":
+        run_dir = (output_dir or golden_dir(resolved)).resolve()
+        return golden_job(resolved, run_dir, options), resolved.experiment.name
+    run_dir = (output_dir or resolved.output_dir()).resolve()
+    return eval_job(resolved, run_dir, options), resolved.experiment.name
 
 
 @app.command("status")
@@ -97,7 +136,7 @@ def status_command(
 ) -> None:
     """Per-shard progress (records done / expected, failed records) and Slurm job states."""
     try:
-        latest, progress, merge = status(run_dir)
+        latest, progress, final = status(run_dir)
     except FileNotFoundError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
@@ -105,9 +144,10 @@ def status_command(
         print(
             json.dumps(
                 {
-                    "eval_job": latest["eval_job"],
-                    "merge_job": latest["merge_job"],
-                    "merge": asdict(merge) if merge else None,
+                    "kind": latest["kind"],
+                    "array_job": latest["array_job"],
+                    "final_job": latest["final_job"],
+                    "final": asdict(final) if final else None,
                     "shards": [
                         {
                             "shard": p.shard.name,
@@ -137,9 +177,9 @@ def status_command(
     console = Console()
     console.print(table)
     console.print(
-        f"evaluation job {latest['eval_job']}, merge job {latest['merge_job']}: "
-        f"{merge.state if merge else 'gone from Slurm'}"
-        + (f" ({merge.reason})" if merge and merge.reason not in ("", "None") else ""),
+        f"{latest['kind']} array job {latest['array_job']}, final job {latest['final_job']}: "
+        f"{final.state if final else 'gone from Slurm'}"
+        + (f" ({final.reason})" if final and final.reason not in ("", "None") else ""),
         highlight=False,
     )
     total = sum(p.done for p in progress)

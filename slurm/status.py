@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -74,14 +75,14 @@ class ShardProgress:
     records_error: str | None = None
 
 
-def shard_progress(run_dir: Path, shards: int) -> list[ShardProgress]:
+def shard_progress(submission: dict[str, Any]) -> list[ShardProgress]:
     """Records done, expected and failed for each shard (job states are filled in later)."""
-    config = yaml.safe_load((run_dir / "slurm" / "experiment.yaml").read_text())
-    experiment = ExperimentConfig.model_validate(config)
-    instances = load_instances(experiment.dataset)
-    per_instance = len(experiment.conditions) * len(experiment.seeds)
-    store = RecordStore(run_dir)
+    config = yaml.safe_load(Path(str(submission["experiment"])).read_text())
+    instances = load_instances(ExperimentConfig.model_validate(config).dataset)
+    per_instance = int(submission["keys_per_instance"])
+    store = RecordStore(Path(str(submission["records_dir"])))
     rows = []
+    shards = int(submission["shards"])
     for index in range(shards):
         shard = Shard(index, shards)
         expected = len(shard.select(instances)) * per_instance
@@ -95,13 +96,12 @@ def shard_progress(run_dir: Path, shards: int) -> list[ShardProgress]:
     return rows
 
 
-def status(run_dir: Path) -> tuple[dict[str, object], list[ShardProgress], JobState | None]:
-    """The latest submission, its shards' progress and job states, and the merge job's state."""
+def status(run_dir: Path) -> tuple[dict[str, Any], list[ShardProgress], JobState | None]:
+    """The latest submission, its shards' progress and job states, and the final job's state."""
     latest = submissions(run_dir)[-1]
-    eval_job = str(latest["eval_job"])
-    tasks = job_states(eval_job)
-    merge = job_states(str(latest["merge_job"])).get("")
-    progress = shard_progress(run_dir, int(str(latest["shards"])))
+    tasks = job_states(str(latest["array_job"]))
+    final = job_states(str(latest["final_job"])).get("")
+    progress = shard_progress(latest)
     for p in progress:
         p.job = tasks.get(str(p.shard.index))
-    return latest, progress, merge
+    return latest, progress, final

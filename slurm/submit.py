@@ -1,14 +1,16 @@
-"""`cts slurm submit`: an evaluation array job (each task serves its models on its GPUs and runs
-shard $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT) and a merge job that starts only when
-every task succeeded (`afterok`).
+"""`cts slurm submit`: an array job (each task serves its models on its GPUs and runs shard
+$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT) and a final job that starts only when every
+task succeeded (`afterok`). Three kinds: evaluation (`cts run`, then `cts merge`), golden
+construction (`cts golden build`, then `cts golden merge`) and clarifier fine-tuning (`cts
+train sample`, then pairs and fit on GPUs).
 
 Safety: sbatch options go to `sbatch` as separate arguments (never through a shell), and every
 value inside a rendered script is shell-quoted, so a partition, path or override containing
 quotes, `$()`, `;` or spaces runs nothing unintended. The experiment is frozen into the run
 directory at submit time, so every shard (and a requeued one) runs the same config.
 
-Preemption: jobs are submitted with `--requeue`; `cts run` finishes on SIGTERM with every
-completed record on disk, and a restarted task resumes its shard.
+Preemption: jobs are submitted with `--requeue`; a sharded command finishes on SIGTERM with
+every completed record on disk, and a restarted task resumes its shard.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
 
@@ -47,10 +50,12 @@ class SlurmOptions:
     time: str | None = None
     account: str | None = None
     array_parallelism: int | None = None
-    #: `cts run --serve` flags for the array task (the CPU build in CI).
+    #: `--serve` flags for the array task (the CPU build in CI).
     cpu: bool = False
     vllm_python: str | None = None
     extra_sbatch: list[str] = field(default_factory=list)
+    #: GPUs of the training job (`--job train`), which runs after the sampling array.
+    fit_gpus: int = 1
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -73,7 +78,7 @@ class SlurmOptions:
                 args.append(f"{flag}={value}")
         return args
 
-    def eval_args(self) -> list[str]:
+    def array_args(self) -> list[str]:
         array = f"0-{self.shards - 1}"
         if self.array_parallelism:
             array += f"%{self.array_parallelism}"
@@ -85,6 +90,20 @@ class SlurmOptions:
         if self.mem:
             args.append(f"--mem={self.mem}")
         return [*args, *self.extra_sbatch]
+
+    def final_args(self, trains: bool) -> list[str]:
+        """A merge needs no GPU; a training job gets `fit_gpus` and the array's CPU and memory
+        requests, and SIGTERM before its time limit like the array tasks."""
+        args = self.common_args()
+        if trains:
+            args.append(f"--signal=B:TERM@{SIGTERM_GRACE_S}")
+            if self.fit_gpus:
+                args.append(f"--gpus={self.fit_gpus}")
+            if self.cpus_per_task:
+                args.append(f"--cpus-per-task={self.cpus_per_task}")
+            if self.mem:
+                args.append(f"--mem={self.mem}")
+        return args
 
 
 def render(name: str, **values: str) -> str:
@@ -112,32 +131,103 @@ def freeze_experiment(resolved: ResolvedExperiment, run_dir: Path) -> dict[str, 
     return experiment
 
 
-def render_eval(experiment_file: Path, run_dir: Path, options: SlurmOptions, workdir: Path) -> str:
+def write_frozen(path: Path, document: dict[str, object]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+    return path
+
+
+@dataclass(frozen=True)
+class Job:
+    """One submission: a sharded `cts` command as an array job (each task adds `--shard
+    $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`), then final commands that start only when
+    every task succeeded (afterok)."""
+
+    kind: Literal["eval", "golden", "train"]
+    run_dir: Path
+    #: What the array and the final job are called in messages and job names.
+    array_title: str
+    final_title: str
+    #: `cts` arguments of the sharded command (without --shard) and of the final commands.
+    array_args: list[str]
+    final_args: list[list[str]]
+    #: The final job's template: merge.sbatch (CPU) or train.sbatch (GPUs).
+    final_template: str
+    #: For `cts slurm status`: where the array's records go, the frozen experiment whose
+    #: dataset they cover, and how many records each instance gets.
+    records_dir: Path
+    experiment_file: Path
+    keys_per_instance: int
+
+
+def _serve_args(options: SlurmOptions) -> list[str]:
     serve = ["--serve"]
     if options.cpu:
         serve.append("--cpu")
     if options.vllm_python:
         serve += ["--vllm-python", options.vllm_python]
-    run = [
-        *cts_command(),
-        "run",
-        "--config",
-        str(experiment_file),
-        "--output-dir",
-        str(run_dir),
-        *serve,
-    ]
-    return render(
-        "eval_array.sbatch", workdir=shlex.quote(str(workdir)), run_command=shlex.join(run)
+    return serve
+
+
+def _experiment_job(
+    kind: Literal["eval", "golden"],
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    options: SlurmOptions,
+    command: list[str],
+    final: list[str],
+    titles: tuple[str, str],
+    keys_per_instance: int,
+) -> Job:
+    frozen = write_frozen(
+        run_dir / "slurm" / "experiment.yaml", freeze_experiment(resolved, run_dir)
+    )
+    where = ["--config", str(frozen), "--output-dir", str(run_dir)]
+    return Job(
+        kind=kind,
+        run_dir=run_dir,
+        array_title=titles[0],
+        final_title=titles[1],
+        array_args=[*command, *where, *_serve_args(options)],
+        final_args=[[*final, str(run_dir)]],
+        final_template="merge.sbatch",
+        records_dir=run_dir,
+        experiment_file=frozen,
+        keys_per_instance=keys_per_instance,
     )
 
 
-def render_merge(run_dir: Path, workdir: Path) -> str:
+def eval_job(resolved: ResolvedExperiment, run_dir: Path, options: SlurmOptions) -> Job:
+    """Evaluation: `cts run` per shard, then `cts merge` (summary, report)."""
+    keys = len(resolved.experiment.conditions) * len(resolved.experiment.seeds)
+    return _experiment_job(
+        "eval", resolved, run_dir, options, ["run"], ["merge"], ("evaluation", "merge"), keys
+    )
+
+
+def golden_job(resolved: ResolvedExperiment, run_dir: Path, options: SlurmOptions) -> Job:
+    """Golden construction: `cts golden build` per shard, then `cts golden merge` (writes
+    RUN_DIR/dataset.jsonl). One record per instance."""
+    titles = ("golden construction", "golden merge")
+    return _experiment_job(
+        "golden", resolved, run_dir, options, ["golden", "build"], ["golden", "merge"], titles, 1
+    )
+
+
+def render_array(job: Job, workdir: Path) -> str:
     return render(
-        "merge.sbatch",
+        "array.sbatch",
         workdir=shlex.quote(str(workdir)),
-        merge_command=shlex.join([*cts_command(), "merge", str(run_dir)]),
+        title=shlex.quote(job.array_title),
+        array_command=shlex.join([*cts_command(), *job.array_args]),
     )
+
+
+def render_final(job: Job, workdir: Path) -> str:
+    lines = [shlex.join([*cts_command(), *args]) for args in job.final_args]
+    # exec: the last command itself receives Slurm's signals.
+    lines[-1] = f"exec {lines[-1]}"
+    return render(job.final_template, workdir=shlex.quote(str(workdir)), commands="\n".join(lines))
 
 
 def sbatch(args: list[str], script: Path) -> str:
@@ -152,66 +242,64 @@ def sbatch(args: list[str], script: Path) -> str:
 
 @dataclass
 class Submission:
+    kind: str
     submitted_at: str
     shards: int
-    eval_job: str | None
-    merge_job: str | None
+    array_job: str | None
+    final_job: str | None
     scripts: dict[str, str]
     commands: dict[str, list[str]]
+    records_dir: str
+    experiment: str
+    keys_per_instance: int
 
 
 def submit(
-    resolved: ResolvedExperiment,
-    run_dir: Path,
-    options: SlurmOptions,
-    dry_run: bool = False,
-    workdir: Path | None = None,
+    job: Job, name: str, options: SlurmOptions, dry_run: bool = False, workdir: Path | None = None
 ) -> Submission:
-    """Render the scripts into RUN_DIR/slurm/, submit them (unless `dry_run`) and record the
-    job ids in RUN_DIR/slurm/jobs.json."""
-    run_dir = run_dir.resolve()
+    """Render the job's scripts into RUN_DIR/slurm/, submit them (unless `dry_run`) and record
+    the job ids in RUN_DIR/slurm/jobs.json."""
     workdir = (workdir or Path.cwd()).resolve()
-    slurm_dir = run_dir / "slurm"
+    slurm_dir = job.run_dir / "slurm"
     logs = slurm_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    experiment_file = slurm_dir / "experiment.yaml"
-    experiment_file.write_text(
-        yaml.safe_dump(freeze_experiment(resolved, run_dir), sort_keys=False, allow_unicode=True)
-    )
-    eval_script = slurm_dir / "eval.sbatch"
-    merge_script = slurm_dir / "merge.sbatch"
-    eval_script.write_text(render_eval(experiment_file, run_dir, options, workdir))
-    merge_script.write_text(render_merge(run_dir, workdir))
-    name = resolved.experiment.name
-    eval_args = [
-        *options.eval_args(),
-        f"--job-name=cts-{name}",
-        f"--output={logs}/eval-%A_%a.out",
+    array_script = slurm_dir / f"{job.kind}_array.sbatch"
+    final_script = slurm_dir / f"{job.kind}_final.sbatch"
+    array_script.write_text(render_array(job, workdir))
+    final_script.write_text(render_final(job, workdir))
+    array_args = [
+        *options.array_args(),
+        f"--job-name=cts-{job.kind}-{name}",
+        f"--output={logs}/{job.kind}-%A_%a.out",
         f"--chdir={workdir}",
     ]
-    merge_args = [
-        *options.common_args(),
-        f"--job-name=cts-{name}-merge",
-        f"--output={logs}/merge-%j.out",
+    final_args = [
+        *options.final_args(job.final_template == "train.sbatch"),
+        f"--job-name=cts-{job.kind}-{name}-final",
+        f"--output={logs}/{job.kind}-final-%j.out",
         f"--chdir={workdir}",
     ]
     submission = Submission(
+        kind=job.kind,
         submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         shards=options.shards,
-        eval_job=None,
-        merge_job=None,
-        scripts={"eval": str(eval_script), "merge": str(merge_script)},
+        array_job=None,
+        final_job=None,
+        scripts={"array": str(array_script), "final": str(final_script)},
         commands={
-            "eval": ["sbatch", *eval_args, str(eval_script)],
-            "merge": ["sbatch", *merge_args, "--dependency=afterok:<eval job>", str(merge_script)],
+            "array": ["sbatch", *array_args, str(array_script)],
+            "final": ["sbatch", *final_args, "--dependency=afterok:<array job>", str(final_script)],
         },
+        records_dir=str(job.records_dir),
+        experiment=str(job.experiment_file),
+        keys_per_instance=job.keys_per_instance,
     )
     if dry_run:
         return submission
-    submission.eval_job = sbatch(eval_args, eval_script)
-    merge_args.append(f"--dependency=afterok:{submission.eval_job}")
-    submission.commands["merge"] = ["sbatch", *merge_args, str(merge_script)]
-    submission.merge_job = sbatch(merge_args, merge_script)
+    submission.array_job = sbatch(array_args, array_script)
+    final_args.append(f"--dependency=afterok:{submission.array_job}")
+    submission.commands["final"] = ["sbatch", *final_args, str(final_script)]
+    submission.final_job = sbatch(final_args, final_script)
     record_submission(slurm_dir / "jobs.json", submission)
     return submission
 
@@ -225,7 +313,7 @@ def record_submission(path: Path, submission: Submission) -> None:
     os.replace(partial, path)
 
 
-def submissions(run_dir: Path) -> list[dict[str, object]]:
+def submissions(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "slurm" / "jobs.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no Slurm submission recorded for this run directory")

@@ -150,3 +150,51 @@ def test_evidence_is_what_the_model_saw_not_failed_visits(search):
     assert visited.evidence == [{"id": known.doc_id, "url": known.url}]
     found = asyncio.run(ctx.agent.tools.call(ToolCall(name="search", arguments={"query": ["x"]})))
     assert [e["id"] for e in found.evidence] == found.doc_ids and found.doc_ids
+
+
+@pytest.mark.slow
+def test_cts_golden_build_on_the_tiny_model(tmp_path, tiny_path, monkeypatch):
+    """`cts golden build` as a user runs it: traces archived, a dataset whose nuggets cite
+    only evidence their trace showed (and validates against the corpus), failures listed with
+    why; a second build makes no model call; --retry-failed re-runs only the failures."""
+    from typer.testing import CliRunner
+
+    from cts.cli import app
+
+    monkeypatch.setenv("COLUMNS", "200")
+    out = tmp_path / "golden"
+    args = ["golden", "build", "--limit", "2", "--output-dir", str(out)]
+    for item in (
+        f"cache.path={tmp_path / 'responses.sqlite'}",
+        f"search.tool_cache={tmp_path / 'tools.sqlite'}",
+        "search.date=2026-11-30",
+        "golden.max_nuggets=3",
+    ):
+        args += ["--set", item]
+    first = CliRunner().invoke(app, args, catch_exceptions=False)
+    summary = json.loads((out / "golden_summary.json").read_text())
+    assert summary["instances"] == 2
+    assert summary["built"] + len(summary["failed"]) == 2
+    assert first.exit_code == (1 if summary["failed"] else 0), first.output
+    assert "instances searched" in first.output
+    for instance_id, why in summary["failed"].items():
+        assert f"no nuggets for {instance_id}: {why.split(':')[0]}" in first.output
+    rows = [json.loads(line) for line in (out / "dataset.jsonl").read_text().splitlines()]
+    assert len(rows) == summary["built"]
+    for row in rows:
+        trace = json.loads((out / "traces" / row["golden"]["trace_id"]).read_text())
+        shown = {e["id"] for s in trace["steps"] if s["kind"] == "tool" for e in s["evidence"]}
+        nuggets = row["golden"]["nuggets"]
+        assert 1 <= len(nuggets) <= 3
+        assert all(set(n["source_ids"]) <= shown and n["source_ids"] for n in nuggets)
+        assert [n["id"] for n in nuggets] == [f"n{i}" for i in range(1, len(nuggets) + 1)]
+    if rows:
+        check = CliRunner().invoke(
+            app, ["data", "validate", str(out / "dataset.jsonl"), "--corpus", "sample"]
+        )
+        assert check.exit_code == 0, check.output
+
+    again = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert "0 instances searched, 2 already done" in again.output
+    retry = CliRunner().invoke(app, [*args, "--retry-failed"], catch_exceptions=False)
+    assert f"{len(summary['failed'])} instances searched" in retry.output

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -101,8 +102,8 @@ def submit(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("submitted evaluation job"))
-    words = line.split()
-    return words[3], words[-1].rstrip(".")
+    array_job, final_job = re.findall(r"job (\d+)", line)
+    return array_job, final_job
 
 
 @pytest.mark.slurm
@@ -114,13 +115,13 @@ def test_three_shard_array_run_and_merge_equal_an_unsharded_run(tmp_path, tiny_p
     wait_for([eval_job, merge_job], 1200)
     status = slurm_status(run_dir)
     assert [s["job"]["state"] for s in status["shards"]] == ["COMPLETED"] * 3, status
-    assert status["merge"]["state"] == "COMPLETED", status
+    assert status["final"]["state"] == "COMPLETED", status
     assert sum(s["records"] for s in status["shards"]) == 6
     for i in range(3):
         assert (run_dir / "records" / "blurred" / f"shard-{i}-of-3.jsonl").is_file()
     assert (run_dir / "summary.json").is_file() and (run_dir / "report.html").is_file()
     jobs = json.loads((run_dir / "slurm" / "jobs.json").read_text())
-    assert [j["eval_job"] for j in jobs] == [eval_job]
+    assert [j["array_job"] for j in jobs] == [eval_job]
 
     reference = tmp_path / "unsharded run"
     run = cts("run", "--output-dir", str(reference), *overrides(tmp_path))
@@ -146,8 +147,8 @@ def test_a_failing_shard_cancels_the_merge_and_is_reported(tmp_path, tiny_path):
     status = slurm_status(run_dir)
     states = [s["job"]["state"] for s in status["shards"]]
     assert states == ["COMPLETED", "FAILED", "COMPLETED"], status
-    assert status["merge"]["state"] == "CANCELLED", status
-    assert status["merge"]["reason"] == "DependencyNeverSatisfied", status
+    assert status["final"]["state"] == "CANCELLED", status
+    assert status["final"]["reason"] == "DependencyNeverSatisfied", status
     assert (
         "shard-1-of-3.jsonl:1: instance_id: Field required" in status["shards"][1]["records_error"]
     )
@@ -178,7 +179,7 @@ def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
     wait_for([eval_job, merge_job], 1200)
     status = slurm_status(run_dir)
     assert status["shards"][0]["job"]["state"] == "COMPLETED", status
-    assert status["merge"]["state"] == "COMPLETED", status
+    assert status["final"]["state"] == "COMPLETED", status
     assert status["shards"][0]["records"] == 4
     log = "".join(p.read_text() for p in (run_dir / "slurm" / "logs").glob("eval-*.out"))
     assert "restart 1" in log, log

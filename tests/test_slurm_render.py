@@ -14,7 +14,7 @@ import yaml
 
 from eval.config import load_experiment
 from slurm import submit as submit_module
-from slurm.submit import SlurmOptions, submit
+from slurm.submit import SlurmOptions, eval_job, golden_job, submit
 
 HOSTILE = 'it\'s "x" $(touch PWNED) `touch PWNED`; touch PWNED & $HOME\nline2'
 
@@ -39,8 +39,8 @@ def test_hostile_values_reach_cts_intact_and_run_nothing(tmp_path, fake_cts):
     run_dir = tmp_path / f"run {HOSTILE}"
     resolved = load_experiment(None, [f"description={HOSTILE}", "dataset.limit=2"])
     options = SlurmOptions(shards=3, vllm_python=f"/venv {HOSTILE}/python", cpu=True)
-    done = submit(resolved, run_dir, options, dry_run=True, workdir=workdir)
-    assert done.eval_job is None  # nothing submitted
+    done = submit(eval_job(resolved, run_dir, options), "q", options, True, workdir)
+    assert done.array_job is None  # nothing submitted
 
     out = tmp_path / "argv.json"
     env = {
@@ -50,7 +50,7 @@ def test_hostile_values_reach_cts_intact_and_run_nothing(tmp_path, fake_cts):
         "SLURM_ARRAY_TASK_COUNT": "3",
         "SLURM_ARRAY_JOB_ID": "7",
     }
-    subprocess.run(["bash", done.scripts["eval"]], env=env, cwd=tmp_path, check=True)
+    subprocess.run(["bash", done.scripts["array"]], env=env, cwd=tmp_path, check=True)
     seen = json.loads(out.read_text())
     assert seen["cwd"] == str(workdir)
     assert seen["argv"] == [
@@ -66,7 +66,7 @@ def test_hostile_values_reach_cts_intact_and_run_nothing(tmp_path, fake_cts):
         "--shard",
         "1/3",
     ]
-    subprocess.run(["bash", done.scripts["merge"]], env=env, cwd=tmp_path, check=True)
+    subprocess.run(["bash", done.scripts["final"]], env=env, cwd=tmp_path, check=True)
     assert json.loads(out.read_text())["argv"] == ["merge", str(run_dir)]
     assert not list(tmp_path.rglob("PWNED")) and not (Path.cwd() / "PWNED").exists()
 
@@ -81,7 +81,7 @@ def test_sbatch_options_are_separate_arguments():
     options = SlurmOptions(
         shards=4, partition="gpu; rm -rf /", gpus_per_task=8, time="1-00:00:00", array_parallelism=2
     )
-    args = options.eval_args()
+    args = options.array_args()
     assert "--partition=gpu; rm -rf /" in args  # one argv entry; no shell ever parses it
     assert "--array=0-3%2" in args and "--gpus-per-task=8" in args and "--requeue" in args
     assert "--signal=B:TERM@120" in args
@@ -96,8 +96,34 @@ def test_frozen_experiment_loads_back_as_the_same_experiment(tmp_path):
         None, ["dataset.limit=2", "dataset.split=null", "roles.judge.sampling.temperature=0.3"]
     )
     assert resolved.experiment.dataset.split is None
-    done = submit(resolved, tmp_path / "run", SlurmOptions(shards=2), dry_run=True)
-    again = load_experiment(Path(done.scripts["eval"]).parent / "experiment.yaml")
+    options = SlurmOptions(shards=2)
+    done = submit(eval_job(resolved, tmp_path / "run", options), "q", options, dry_run=True)
+    again = load_experiment(Path(done.scripts["array"]).parent / "experiment.yaml")
     assert again.experiment.dataset == resolved.experiment.dataset
     assert again.experiment.roles == resolved.experiment.roles
     assert again.model_configs == resolved.model_configs
+
+
+def test_golden_construction_job_builds_shards_then_merges(tmp_path, fake_cts):
+    run_dir = tmp_path / f"golden {HOSTILE}"
+    resolved = load_experiment(None, ["dataset.limit=2"])
+    options = SlurmOptions(shards=2, gpus_per_task=4, partition="gpu")
+    job = golden_job(resolved, run_dir, options)
+    done = submit(job, "quickstart", options, dry_run=True, workdir=tmp_path)
+    assert done.kind == "golden" and done.keys_per_instance == 1
+    assert "--gpus-per-task=4" in done.commands["array"]
+    assert not any(a.startswith("--gpus") for a in done.commands["final"])  # a merge, no GPU
+    assert "--dependency=afterok:<array job>" in done.commands["final"]
+
+    out = tmp_path / "argv.json"
+    env = {**os.environ, "ARGV_OUT": str(out), "SLURM_ARRAY_TASK_ID": "0"}
+    env.update(SLURM_ARRAY_TASK_COUNT="2", SLURM_ARRAY_JOB_ID="9")
+    subprocess.run(["bash", done.scripts["array"]], env=env, check=True, capture_output=True)
+    frozen = str(run_dir / "slurm" / "experiment.yaml")
+    assert json.loads(out.read_text())["argv"] == [
+        *("golden", "build", "--config", frozen, "--output-dir", str(run_dir), "--serve"),
+        *("--shard", "0/2"),
+    ]
+    subprocess.run(["bash", done.scripts["final"]], env=env, check=True)
+    assert json.loads(out.read_text())["argv"] == ["golden", "merge", str(run_dir)]
+    assert not list(tmp_path.rglob("PWNED"))
