@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from agents.prompts import render
 from agents.types import QA, history_text
 from serving.engine import ChatModel
-from serving.types import ChatRequest, JsonSchemaOutput, Sampling
+from serving.types import ChatRequest, JsonSchemaOutput, Message, Sampling
 
 QUESTION_MAX_CHARS = 200
 
@@ -26,6 +26,14 @@ class ClarifyingQuestionOrStop(ClarifyingQuestion):
     stop: bool
 
 
+def messages(blurred_query: str, history: list[QA], language: str) -> tuple[Message, Message]:
+    """The system and user messages `ask` sends. Fine-tuning (train/pairs.py) builds its
+    prompts here too, so a trained clarifier sees exactly the text it is asked with."""
+    return render(
+        "clarifier", language, blurred_query=blurred_query, history=history_text(history, language)
+    )
+
+
 async def ask(
     engine: ChatModel,
     blurred_query: str,
@@ -35,11 +43,12 @@ async def ask(
     allow_stop: bool = False,
 ) -> ClarifyingQuestionOrStop:
     schema = ClarifyingQuestionOrStop if allow_stop else ClarifyingQuestion
-    system, user = render(
-        "clarifier", language, blurred_query=blurred_query, history=history_text(history, language)
-    )
     response = await engine.chat(
-        ChatRequest(messages=(system, user), sampling=sampling, output=JsonSchemaOutput.of(schema))
+        ChatRequest(
+            messages=messages(blurred_query, history, language),
+            sampling=sampling,
+            output=JsonSchemaOutput.of(schema),
+        )
     )
     parsed = schema.model_validate(response.parsed)
     return ClarifyingQuestionOrStop(question=parsed.question, stop=getattr(parsed, "stop", False))

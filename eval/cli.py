@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from contextlib import ExitStack
 from pathlib import Path
 
 import typer
@@ -26,12 +25,18 @@ from eval.dataset import (
 from eval.engines import open_engines
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
 from eval.report import MAIN_COLUMNS, write_report
-from eval.run import merge_run, run_experiment
-from eval.runner import RecordFileError, Shard
+from eval.run import RunResult, merge_run, run_experiment
+from eval.runner import RecordFileError
 from eval.search_agent import build_agent
-from eval.serve_cli import CPU_HELP, GPUS_HELP, PYTHON_HELP, plan_from_options
-from serving.serve import ServerGroup, Stopped, read_endpoints, serving, stop_on_signals
-from serving.vllm_server import ServerError
+from eval.serve_cli import (
+    CPU_HELP,
+    GPUS_HELP,
+    PYTHON_HELP,
+    ServeOptions,
+    parse_shard,
+    run_exits,
+    served,
+)
 from serving.yaml_config import ConfigError
 from webdancer.agent import AgentResult
 from webdancer.corpus import CorpusError, check_corpus
@@ -116,65 +121,44 @@ def run(
     gpus: str | None = typer.Option(None, help=f"With --serve: {GPUS_HELP}"),
     cpu: bool = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}"),
     vllm_python: str | None = typer.Option(None, help=f"With --serve: {PYTHON_HELP}"),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Run again the keys whose record is a failure."
+    ),
 ) -> None:
     """Run an experiment (default: configs/experiments/quickstart.yaml).
 
     Every condition (blurred, clarify@1..3, oracle) for every instance and seed: clarify, answer,
     rewrite, search with WebDancer, judge, score. Records, traces, summary.json, report.md,
     report.html and figures go to the run directory. A run resumes where it stopped; Ctrl-C or
-    SIGTERM leaves it resumable. With --serve (what the Slurm jobs use) the models whose engine
+    SIGTERM leaves it resumable; a failed key (its error is recorded) is done unless
+    --retry-failed. With --serve (what the Slurm jobs use) the models whose engine
     is `openai` are served by vLLM for the run; if a server dies the run stops (exit 1) with
     its finished records kept."""
     overrides = [*set_, *([f"dataset.limit={limit}"] if limit is not None else [])]
     resolved = _load(config, overrides)
-    try:
-        part = Shard.parse(shard) if shard else Shard()
-        if endpoints is not None:
-            resolved = resolved.with_endpoints(read_endpoints(endpoints))
-    except (ValueError, ServerError, ConfigError) as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+    part = parse_shard(shard)
     out = output_dir or resolved.output_dir()
     console = Console()
     console.print(
         f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path} → {out}",
         highlight=False,
     )
-    try:
-        with ExitStack() as stack:
-            watch = None
-            if serve:
-                planned = plan_from_options(
-                    resolved.model_configs,
-                    out / "logs" / "serve" / f"shard-{part.index}-of-{part.count}",
-                    gpus,
-                    cpu,
-                    vllm_python,
-                    "127.0.0.1",
-                )
-                if planned:
-                    console.print(f"starting {len(planned)} vLLM server(s)")
-                # A signal while the servers load stops them; once the run starts, its own
-                # handlers take over (finished records stay, the run is resumable).
-                stack.enter_context(stop_on_signals())
-                group = stack.enter_context(serving(ServerGroup(planned)))
-                resolved = resolved.with_endpoints(
-                    {p.key: p.server.base_url for p in group.planned}
-                )
-                watch = group.check
-            result = run_experiment(resolved, out, part, watch=watch)
-    except DatasetError as e:
-        typer.echo(f"dataset error\n{e}", err=True)
-        raise typer.Exit(2) from None
-    except RecordFileError as e:
-        typer.echo(f"records error: {e}", err=True)
-        raise typer.Exit(1) from None
-    except ServerError as e:
-        typer.echo(f"server error: {e}\nfinished records are saved; servers stopped", err=True)
-        raise typer.Exit(1) from None
-    except Stopped as e:
-        typer.echo(f"{e} while starting the servers: all stopped", err=True)
-        raise typer.Exit(130) from None
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    logs = out / "logs" / "serve" / part.name
+    with run_exits(), served(resolved, options, logs, console) as (ready, watch):
+        result = run_experiment(ready, out, part, watch=watch, retry_failed=retry_failed)
+    print_outcome(console, result)
+    if result.report is None:
+        console.print(
+            f"shard {part.index}/{part.count} done; when every shard is done: cts merge {out}"
+        )
+        return
+    console.print(main_table(result.report["summary"]))
+    console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
+
+
+def print_outcome(console: Console, result: RunResult) -> None:
+    """The run's one-line account; an interrupted run exits 130 (it resumes when rerun)."""
     outcome = result.outcome
     console.print(
         f"{outcome.ran} records written, {outcome.skipped} already done, "
@@ -185,13 +169,6 @@ def run(
     if outcome.interrupted:
         console.print("interrupted: finished records are saved; run the same command to resume")
         raise typer.Exit(130)
-    if result.report is None:
-        console.print(
-            f"shard {part.index}/{part.count} done; when every shard is done: cts merge {out}"
-        )
-        return
-    console.print(main_table(result.report["summary"]))
-    console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
 
 
 def main_table(summary_path: Path) -> Table:

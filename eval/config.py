@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from configs import CONFIG_DIR, DEFAULT_EXPERIMENT
 from eval.dataset import DatasetSource
-from serving.model_config import ModelConfig
+from serving.model_config import ModelConfig, model_label
 from serving.tiny_model import cts_home
 from serving.types import Sampling
 from serving.yaml_config import (
@@ -193,12 +193,11 @@ class ResolvedExperiment(BaseModel):
         return self.model_copy(update={"model_configs": configs})
 
     def output_dir(self) -> Path:
-        """`output_dir` with `{name}` and `{clarifier}` (the clarifier's model) filled in."""
-        clarifier = self.experiment.roles.get("clarifier")
+        """`output_dir` with `{name}` and `{clarifier}` (the clarifier's model label) filled in."""
+        role = self.experiment.roles.get("clarifier")
+        clarifier = model_label(role.model, self.model_for("clarifier").name) if role else "none"
         return Path(
-            self.experiment.output_dir.format(
-                name=self.experiment.name, clarifier=clarifier.model if clarifier else "none"
-            )
+            self.experiment.output_dir.format(name=self.experiment.name, clarifier=clarifier)
         )
 
     def to_yaml(self) -> str:
@@ -256,7 +255,9 @@ def find_experiment(config: str | Path | None) -> Path:
 def _model_file(ref: str, experiment_path: Path) -> Path | None:
     if ref.endswith((".yaml", ".yml")):
         path = Path(ref).expanduser()
-        path = path if path.is_absolute() else experiment_path.parent / path
+        if not path.is_absolute() and not path.is_file():
+            # Not where the command runs: beside the experiment file, as written in it.
+            path = experiment_path.parent / path
         if not path.is_file():
             raise ConfigError(f"{path}: model config file not found")
         return path

@@ -11,8 +11,16 @@ from rich.table import Table
 from eval.config import ResolvedExperiment, load_experiment
 from eval.golden import GoldenReport
 from eval.run import build_golden, finish_golden
-from eval.runner import MergeReport, RecordFileError, Shard
-from eval.serve_cli import CPU_HELP, GPUS_HELP, PYTHON_HELP, ServeOptions, run_exits, served
+from eval.runner import MergeReport, RecordFileError
+from eval.serve_cli import (
+    CPU_HELP,
+    GPUS_HELP,
+    PYTHON_HELP,
+    ServeOptions,
+    parse_shard,
+    run_exits,
+    served,
+)
 from serving.yaml_config import ConfigError
 
 app = typer.Typer(
@@ -61,13 +69,9 @@ def build(
     the dataset with `golden` filled in: point an experiment's dataset.path at it."""
     overrides = [*set_, *([f"dataset.limit={limit}"] if limit is not None else [])]
     console = Console()
+    part = parse_shard(shard)
     with run_exits():
         resolved = load_experiment(config, overrides)
-        try:
-            part = Shard.parse(shard) if shard else Shard()
-        except ValueError as e:
-            typer.echo(str(e), err=True)
-            raise typer.Exit(2) from None
         out = output_dir or golden_dir(resolved)
         console.print(
             f"golden construction for [bold]{resolved.experiment.name}[/bold] → {out}",

@@ -19,6 +19,7 @@ import yaml
 from eval.diagnostics import QUESTION_TYPES, summarize
 from eval.pipeline import Record
 from eval.runner import RecordStore
+from serving.model_config import model_label
 
 MAIN_COLUMNS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
 
@@ -27,7 +28,8 @@ def load_run(run_dir: Path) -> tuple[str, list[str], list[Record]]:
     """(system name, conditions, records) of a run directory."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     experiment = config["experiment"]
-    clarifier = experiment["roles"].get("clarifier", {}).get("model", "?")
+    ref = experiment["roles"].get("clarifier", {}).get("model", "?")
+    clarifier = model_label(ref, config.get("models", {}).get(ref, {}).get("name", ref))
     records = list(RecordStore(run_dir).completed().values())
     return f"{experiment['name']} ({clarifier})", experiment["conditions"], records
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from eval.config import ResolvedExperiment, load_experiment
 from eval.dataset import DatasetError
-from eval.runner import RecordFileError
+from eval.runner import RecordFileError, Shard
 from serving.model_config import ModelConfig
 from serving.serve import (
     PlanError,
@@ -84,7 +84,11 @@ def served(
     """The experiment pointed at its servers, and a check that raises when one has died (None
     when nothing was started here)."""
     if options.endpoints is not None:
-        resolved = resolved.with_endpoints(read_endpoints(options.endpoints))
+        try:
+            resolved = resolved.with_endpoints(read_endpoints(options.endpoints))
+        except (ServerError, ConfigError) as e:
+            typer.echo(f"endpoints error: {e}", err=True)
+            raise typer.Exit(2) from None
     if not options.serve:
         yield resolved, None
         return
@@ -102,6 +106,15 @@ def served(
             resolved.with_endpoints({p.key: p.server.base_url for p in group.planned}),
             group.check,
         )
+
+
+def parse_shard(shard: str | None) -> Shard:
+    """`--shard I/N`; a malformed one exits 2."""
+    try:
+        return Shard.parse(shard) if shard else Shard()
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
 
 
 @contextmanager

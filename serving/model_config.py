@@ -94,6 +94,15 @@ class ModelConfig(_Strict):
         return os.path.expanduser(self.path)
 
 
+def model_label(ref: str, name: str) -> str:
+    """How a role's model reads in directory names, logs and reports: the name roles use
+    (`qwen3-8b`), or, for a model given as a path to its YAML, its served name made
+    path-safe (`smollm2-135m-instruct-quickstart`)."""
+    if ref.endswith((".yaml", ".yml")):
+        return name.replace("/", "-")
+    return ref
+
+
 def load_model_config(path: Path, overrides: list[str] | None = None) -> ModelConfig:
     return load_config(ModelConfig, path, overrides)
 

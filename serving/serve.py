@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from serving.model_config import ModelConfig
+from serving.model_config import ModelConfig, model_label
 from serving.vllm_server import ServerError, VllmServer, free_port, log_tail
 
 
@@ -209,7 +209,7 @@ def plan_servers(
         server = VllmServer(
             model_path=model.resolved_path(),
             served_name=model.name,
-            log_path=log_dir / f"{key}.log",
+            log_path=log_dir / f"{model_label(key, model.name)}.log",
             port=port,
             host=host,
             python=python,

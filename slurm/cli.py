@@ -15,7 +15,15 @@ from eval.config import load_experiment
 from eval.golden_cli import golden_dir
 from serving.yaml_config import ConfigError
 from slurm.status import status
-from slurm.submit import Job, SlurmOptions, SubmitError, eval_job, golden_job, submit
+from slurm.submit import (
+    Job,
+    SlurmOptions,
+    SubmitError,
+    eval_job,
+    golden_job,
+    submit,
+    train_job,
+)
 
 app = typer.Typer(
     help="Run the benchmark, golden construction or clarifier fine-tuning as Slurm jobs.",
@@ -118,8 +126,6 @@ def plan_job(
     if kind not in ("eval", "golden", "train"):
         raise ValueError(f"--job {kind!r}: expected eval, golden or train")
     if kind == "train":
-        from train.slurm import train_job
-
         return train_job(config, overrides, output_dir, options)
     resolved = load_experiment(config, overrides)
     if kind == "golden":

@@ -29,7 +29,9 @@ from typing import Any, Literal
 
 import yaml
 
-from eval.config import ResolvedExperiment
+from eval.config import ResolvedExperiment, load_experiment
+from train.config import load_train_config
+from train.sample import sampling_experiment
 
 #: Seconds before the time limit at which Slurm sends SIGTERM to the batch script, so `cts run`
 #: stops cleanly (and records are complete) before it is killed.
@@ -212,6 +214,48 @@ def golden_job(resolved: ResolvedExperiment, run_dir: Path, options: SlurmOption
     return _experiment_job(
         "golden", resolved, run_dir, options, ["golden", "build"], ["golden", "merge"], titles, 1
     )
+
+
+def train_job(
+    config: str | None, overrides: list[str], output_dir: Path | None, options: SlurmOptions
+) -> tuple[Job, str]:
+    """Clarifier fine-tuning: `cts train sample` per shard; then, on `fit_gpus` GPUs, `cts
+    merge` of the samples (their report), `cts train pairs` and `cts train fit`. The train
+    config is frozen with its experiment (models inlined) beside it."""
+    train = load_train_config(config, overrides)
+    run_dir = (output_dir or train.resolved_output_dir()).resolve()
+    slurm_dir = run_dir / "slurm"
+    base = load_experiment(train.experiment)
+    experiment_file = write_frozen(
+        slurm_dir / "experiment.yaml", freeze_experiment(base, base.output_dir())
+    )
+    frozen = train.model_copy(
+        update={"experiment": str(experiment_file), "output_dir": str(run_dir)}
+    )
+    train_file = write_frozen(slurm_dir / "train.yaml", frozen.model_dump(mode="json"))
+    # What the samples cover (the derived clarify@1 experiment), for `cts slurm status`.
+    sampling = sampling_experiment(load_train_config(train_file))
+    samples_file = write_frozen(
+        slurm_dir / "samples_experiment.yaml", freeze_experiment(sampling, frozen.samples_dir())
+    )
+    config_args = ["--config", str(train_file)]
+    job = Job(
+        kind="train",
+        run_dir=run_dir,
+        array_title="sampling",
+        final_title="fine-tuning",
+        array_args=["train", "sample", *config_args, *_serve_args(options)],
+        final_args=[
+            ["merge", str(frozen.samples_dir())],
+            ["train", "pairs", *config_args],
+            ["train", "fit", *config_args],
+        ],
+        final_template="train.sbatch",
+        records_dir=frozen.samples_dir(),
+        experiment_file=samples_file,
+        keys_per_instance=train.candidates,
+    )
+    return job, train.name
 
 
 def render_array(job: Job, workdir: Path) -> str:

@@ -14,7 +14,9 @@ import yaml
 
 from eval.config import load_experiment
 from slurm import submit as submit_module
-from slurm.submit import SlurmOptions, eval_job, golden_job, submit
+from slurm.submit import SlurmOptions, eval_job, golden_job, submit, train_job
+from train.config import load_train_config
+from train.sample import sampling_experiment
 
 HOSTILE = 'it\'s "x" $(touch PWNED) `touch PWNED`; touch PWNED & $HOME\nline2'
 
@@ -126,4 +128,38 @@ def test_golden_construction_job_builds_shards_then_merges(tmp_path, fake_cts):
     ]
     subprocess.run(["bash", done.scripts["final"]], env=env, check=True)
     assert json.loads(out.read_text())["argv"] == ["golden", "merge", str(run_dir)]
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_training_job_samples_in_shards_then_pairs_and_fits_on_gpus(tmp_path, fake_cts):
+    run_dir = tmp_path / f"train {HOSTILE}"
+    options = SlurmOptions(shards=3, gpus_per_task=8, fit_gpus=2, mem="64G")
+    job, name = train_job(None, ["limit=2", "candidates=4"], run_dir, options)
+    done = submit(job, name, options, dry_run=True, workdir=tmp_path)
+    assert (done.kind, done.keys_per_instance, name) == ("train", 4, "quickstart")
+    assert "--gpus=2" in done.commands["final"] and "--mem=64G" in done.commands["final"]
+    assert "--signal=B:TERM@120" in done.commands["final"]
+
+    frozen = run_dir / "slurm" / "train.yaml"
+    train = load_train_config(frozen)
+    assert (train.limit, train.candidates) == (2, 4)
+    assert train.resolved_output_dir() == run_dir.resolve()
+    # The frozen experiment has every model inlined; sampling derives clarify@1 from it.
+    sampling = sampling_experiment(train)
+    assert sampling.experiment.conditions == ["clarify@1"]
+    assert sampling.experiment.seeds == [0, 1, 2, 3]
+    assert sampling.experiment.dataset.split == "train"
+
+    out = tmp_path / "argv.json"
+    env = {**os.environ, "ARGV_OUT": str(out), "SLURM_ARRAY_TASK_ID": "2"}
+    env.update(SLURM_ARRAY_TASK_COUNT="3", SLURM_ARRAY_JOB_ID="9", SLURM_JOB_ID="10")
+    subprocess.run(["bash", done.scripts["array"]], env=env, check=True, capture_output=True)
+    assert json.loads(out.read_text())["argv"] == [
+        *("train", "sample", "--config", str(frozen), "--serve", "--shard", "2/3")
+    ]
+    # The final script runs merge, pairs and fit in order; the stand-in records the last.
+    text = Path(done.scripts["final"]).read_text()
+    assert text.index(" merge ") < text.index(" pairs ") < text.index("exec ") < text.index(" fit ")
+    subprocess.run(["bash", done.scripts["final"]], env=env, check=True, capture_output=True)
+    assert json.loads(out.read_text())["argv"] == ["train", "fit", "--config", str(frozen)]
     assert not list(tmp_path.rglob("PWNED"))

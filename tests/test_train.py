@@ -1,0 +1,576 @@
+"""Clarifier fine-tuning (train/): pairs from hand-made records, config errors, and the whole
+`cts train` pipeline on the tiny real model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from agents import clarifier
+from agents.clarifier import ClarifyingQuestion
+from cts.cli import app
+from eval.config import load_experiment
+from eval.dataset import SAMPLE_DIR
+from eval.pipeline import Record
+from eval.runner import RecordStore, Shard
+from eval.schema import Instance
+from serving.model_config import ModelConfig, load_model_config
+from serving.types import Sampling
+from serving.yaml_config import ConfigError
+from tests.scripted import ScriptedEngine
+from train.config import load_train_config
+from train.fit import fine_tuned_config
+from train.pairs import (
+    collect,
+    dpo_pairs,
+    dpo_row,
+    normalise,
+    read_records,
+    sft_examples,
+    sft_row,
+    stats,
+)
+from train.sample import sampling_experiment
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at 80 columns otherwise
+
+
+def cts(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def rec(
+    instance_id: str,
+    seed: int,
+    question: str | None,
+    score: float | None,
+    error: str | None = None,
+    condition: str = "clarify@1",
+) -> Record:
+    return Record(
+        instance_id=instance_id,
+        condition=condition,
+        seed=seed,
+        questions=[question] if question is not None else [],
+        answers=["unknown"] if question is not None else [],
+        scores={} if score is None else {"restore_score_100": score, "strict": 0.0},
+        error={"kind": error, "stage": "search", "message": "boom"} if error else None,
+    )
+
+
+def hand_made() -> list[Record]:
+    return [
+        # A: "Which year?" twice (whitespace aside) → one candidate, mean 70 over 2 samples.
+        rec("A", 0, "Which year?", 80.0),
+        rec("A", 1, "  Which   year?\n", 60.0),
+        rec("A", 2, "Which city?", 20.0),
+        rec("A", 3, "Which model?", 50.0),
+        # B: two questions 5 points apart: below a 10-point margin.
+        rec("B", 0, "Which region?", 30.0),
+        rec("B", 1, "Which country?", 25.0),
+        # C: one distinct question only.
+        rec("C", 0, "When?", 40.0),
+        rec("C", 1, "When?", 40.0),
+        # D: every question scored the same.
+        rec("D", 0, "Which one?", 0.0),
+        rec("D", 1, "Which brand?", 0.0),
+        # Unusable, each for its own reason.
+        rec("A", 4, "Which month?", None, error="search_error"),
+        rec("A", 5, "Which day?", None, error="timeout"),
+        rec("B", 2, "Which town?", None),
+        rec("B", 3, None, 10.0),
+        rec("B", 0, "Which region?", 90.0, condition="blurred"),
+        rec("Z", 0, "Which planet?", 99.0),
+    ]
+
+
+KNOWN = {"A", "B", "C", "D"}
+
+
+def test_collect_dedupes_questions_and_counts_skipped_records():
+    collected = collect(hand_made(), KNOWN)
+    assert collected.used == 10
+    assert dict(collected.skipped) == {
+        "error:search_error": 1,
+        "error:timeout": 1,
+        "no_scores": 1,
+        "no_question": 1,
+        "other_condition": 1,
+        "unknown_instance": 1,
+    }
+    a = {c.question: c for c in collected.candidates["A"]}
+    assert list(a) == ["Which year?", "Which city?", "Which model?"]  # order of first seed
+    assert a["Which year?"].score == 70.0 and a["Which year?"].seeds == (0, 1)
+    assert [c.question for c in collected.candidates["C"]] == ["When?"]
+
+
+def test_dpo_best_against_worst_only_beyond_the_margin():
+    collected = collect(hand_made(), KNOWN)
+    pairs = dpo_pairs(collected.candidates, min_margin=10.0)
+    assert [(p.instance_id, p.chosen.question, p.rejected.question, p.margin) for p in pairs] == [
+        ("A", "Which year?", "Which city?", 50.0)
+    ]
+    # B's 5 points count once the margin allows them; ties (D) never make a pair.
+    loose = dpo_pairs(collected.candidates, min_margin=0.0)
+    assert [(p.instance_id, p.margin) for p in loose] == [("A", 50.0), ("B", 5.0)]
+
+
+def test_dpo_best_against_every_other_question():
+    collected = collect(hand_made(), KNOWN)
+    pairs = dpo_pairs(collected.candidates, min_margin=10.0, pairing="best_vs_rest")
+    assert [(p.chosen.question, p.rejected.question, p.margin) for p in pairs] == [
+        ("Which year?", "Which city?", 50.0),
+        ("Which year?", "Which model?", 20.0),
+    ]
+
+
+def test_ties_prefer_the_steadier_mean_then_the_first_seed():
+    collected = collect(
+        [rec("A", 0, "One?", 50.0), rec("A", 1, "Two?", 50.0), rec("A", 2, "Two?", 50.0)]
+    )
+    (example,) = sft_examples(collected.candidates)
+    assert example.best.question == "Two?"
+    collected = collect([rec("A", 3, "Later?", 50.0), rec("A", 1, "Earlier?", 50.0)])
+    (example,) = sft_examples(collected.candidates)
+    assert example.best.question == "Earlier?"
+
+
+def test_sft_keeps_the_best_question_above_the_bar():
+    collected = collect(hand_made(), KNOWN)
+    examples = sft_examples(collected.candidates, min_score=0.0)
+    # D scored 0 everywhere: nothing restored, nothing to imitate.
+    assert [(e.instance_id, e.best.question, e.best.score) for e in examples] == [
+        ("A", "Which year?", 70.0),
+        ("B", "Which region?", 30.0),
+        ("C", "When?", 40.0),
+    ]
+    a = examples[0]
+    assert a.mean_score == pytest.approx((80 + 60 + 20 + 50) / 4)
+    # Above the mean: C's only question is its mean, so it taught nothing about asking.
+    above = sft_examples(collected.candidates, min_score=0.0, above_mean=True)
+    assert [e.instance_id for e in above] == ["A", "B"]
+    # A bar below 0 keeps every instance (the tiny model's quickstart).
+    assert len(sft_examples(collected.candidates, min_score=-1)) == 4
+
+
+def test_stats_count_why_instances_give_no_pair():
+    collected = collect(hand_made(), KNOWN)
+    pairs = dpo_pairs(collected.candidates, min_margin=10.0)
+    rows = [
+        dpo_row(p, Instance(id=p.instance_id, blurred_query="q", fused_query="q x")) for p in pairs
+    ]
+    summary = stats(collected, rows, "dpo", 10.0)
+    assert summary["instances"] == 4
+    assert summary["candidates"] == 10
+    assert summary["distinct_questions"] == 3 + 2 + 1 + 2
+    assert (summary["single_question"], summary["all_equal"], summary["below_margin"]) == (1, 1, 1)
+    assert summary["pairs"] == 1 and summary["mean_margin"] == 50.0
+    assert summary["skipped"]["error:search_error"] == 1
+
+
+def sample_instance(instance_id: str) -> Instance:
+    for line in (SAMPLE_DIR / "train.jsonl").read_text().splitlines():
+        data = json.loads(line)
+        if data["id"] == instance_id:
+            return Instance.model_validate(data)
+    raise KeyError(instance_id)
+
+
+@pytest.mark.parametrize("instance_id", ["A-train-01", "B-train-06"])
+async def test_the_prompt_is_what_clarifier_ask_sends(instance_id):
+    instance = sample_instance(instance_id)
+    question = "哪一年的补贴标准？" if instance.language == "zh" else "Which year do you mean?"
+    engine = ScriptedEngine(lambda request: json.dumps({"question": question}))
+    asked = await clarifier.ask(
+        engine, instance.blurred_query, [], instance.language, Sampling(temperature=1.0, seed=3)
+    )
+    assert asked.question == question
+    sent = [m.model_dump() for m in engine.requests[0].messages]
+
+    candidates = collect([rec(instance_id, 0, question, 60.0), rec(instance_id, 1, "Hm?", 0.0)])
+    (pair,) = dpo_pairs(candidates.candidates, min_margin=10.0)
+    row = dpo_row(pair, instance)
+    assert row["prompt"] == sent
+    assert instance.blurred_query in sent[1]["content"]
+    # The completion is what the constrained output gives, non-ASCII kept as is.
+    (chosen,) = row["chosen"]
+    assert chosen["role"] == "assistant" and question in chosen["content"]
+    assert ClarifyingQuestion.model_validate_json(chosen["content"]).question == question
+    assert json.loads(row["rejected"][0]["content"]) == {"question": "Hm?"}
+    assert (row["chosen_score"], row["rejected_score"], row["margin"]) == (60.0, 0.0, 60.0)
+
+    (example,) = sft_examples(candidates.candidates)
+    sft = sft_row(example, instance)
+    assert sft["messages"] == [*sent, chosen]
+    assert sft["instance_id"] == instance_id and sft["score"] == 60.0
+
+
+# -- files and the CLI without a model ------------------------------------------------------------
+
+
+def train_yaml(tmp_path: Path, **extra: object) -> Path:
+    doc = {
+        "name": "t",
+        "experiment": "quickstart",
+        "split": "train",
+        "candidates": 2,
+        "output_dir": str(tmp_path / "out"),
+        **extra,
+    }
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def write_samples(config_path: Path, records: list[Record]) -> Path:
+    """A sampling run's directory as `cts train sample` leaves it, with hand-made records."""
+    config = load_train_config(config_path)
+    samples = config.samples_dir()
+    samples.mkdir(parents=True, exist_ok=True)
+    (samples / "config.yaml").write_text(sampling_experiment(config).to_yaml())
+    store = RecordStore(samples)
+    for record in records:
+        store.append(record, Shard())
+    return samples
+
+
+def test_pairs_command_writes_trl_rows_and_stats(tmp_path):
+    config = train_yaml(tmp_path)
+    write_samples(
+        config,
+        [
+            rec("A-train-01", 0, "Which year?", 75.0),
+            rec("A-train-01", 1, "Which colour?", 25.0),
+            rec("A-train-02", 0, "When?", 0.0),
+            rec("A-train-02", 1, "Where?", 0.0),
+            rec("A-train-03", 0, "Which airline?", None, error="search_error"),
+        ],
+    )
+    result = cts("train", "pairs", "-c", str(config))
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "out" / "pairs.jsonl").read_text().splitlines()
+    (row,) = [json.loads(line) for line in lines]
+    assert set(row) >= {"instance_id", "prompt", "chosen", "rejected", "margin"}
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+    assert row["chosen"] == [{"role": "assistant", "content": '{"question": "Which year?"}'}]
+    summary = json.loads((tmp_path / "out" / "pairs_stats.json").read_text())
+    assert summary["pairs"] == 1 and summary["all_equal"] == 1
+    assert summary["skipped"] == {"error:search_error": 1}
+
+    sft = cts("train", "pairs", "-c", str(config), "--set", "method=sft")
+    assert sft.exit_code == 0, sft.output
+    (example,) = [json.loads(x) for x in (tmp_path / "out" / "sft.jsonl").read_text().splitlines()]
+    assert example["messages"][-1]["content"] == '{"question": "Which year?"}'
+
+
+def test_no_pairs_exits_1_and_says_why(tmp_path):
+    config = train_yaml(tmp_path)
+    write_samples(
+        config,
+        [
+            rec("A-train-01", 0, "Which year?", 0.0),
+            rec("A-train-01", 1, "Which colour?", 0.0),
+            rec("A-train-02", 0, "When?", 30.0),
+            rec("A-train-02", 1, "Where?", 25.0),
+        ],
+    )
+    result = runner.invoke(app, ["train", "pairs", "-c", str(config)])
+    assert result.exit_code == 1
+    assert "1 had all candidates scoring equal" in result.output
+    assert "1 differed by less than min_margin=10" in result.output
+    assert "min_margin may be too high" in result.output
+    # fit on the empty file says the same, before loading any model.
+    fit = runner.invoke(app, ["train", "fit", "-c", str(config)])
+    assert fit.exit_code == 1 and "min_margin may be too high" in fit.output
+
+
+def test_unreadable_rows_name_file_and_line(tmp_path):
+    config = train_yaml(tmp_path)
+    samples = write_samples(config, [rec("A-train-01", 0, "Which year?", 75.0)])
+    shard = samples / "records" / "clarify@1" / "shard-0-of-1.jsonl"
+    with shard.open("a") as f:
+        f.write('{"instance_id": "A-train-01", "seed": "x"}\n')
+        f.write('{"instance_id": "A-tr')  # unfinished: a shard still writing
+    result = runner.invoke(app, ["train", "pairs", "-c", str(config)])
+    assert result.exit_code == 1
+    assert f"{shard}:2: condition: Field required" in result.output
+
+    # The unfinished last line alone is skipped and counted, and the file is left as it was.
+    shard.write_text(shard.read_text().replace('{"instance_id": "A-train-01", "seed": "x"}\n', ""))
+    before = shard.read_bytes()
+    records, skipped = read_records(samples)
+    assert len(records) == 1 and skipped == {"unfinished_line": 1}
+    assert shard.read_bytes() == before
+
+    pairs = tmp_path / "out" / "pairs.jsonl"
+    pairs.write_text('{"prompt": [], "chosen": [], "rejected": []}\n{"prompt": []}\n')
+    fit = runner.invoke(app, ["train", "fit", "-c", str(config)])
+    assert fit.exit_code == 1 and f"{pairs}:2: missing chosen, rejected (dpo row)" in fit.output
+
+
+def test_pairs_before_sampling_says_what_to_run(tmp_path):
+    result = runner.invoke(app, ["train", "pairs", "-c", str(train_yaml(tmp_path))])
+    assert result.exit_code == 1 and "run `cts train sample` first" in result.output
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+
+def test_config_errors_name_file_line_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ncandidates: 1\nlora:\n  rank: 8\nmethod: dpo\n")
+    with pytest.raises(ConfigError) as e:
+        load_train_config(bad)
+    assert str(e.value).splitlines() == [
+        f"{bad}:2: candidates: Input should be greater than or equal to 2",
+        f"{bad}:4: lora.rank: unknown key",
+    ]
+    with pytest.raises(ConfigError, match=r"--set method: Input should be 'dpo' or 'sft'"):
+        load_train_config(train_yaml(tmp_path), ["method=ppo"])
+    result = runner.invoke(app, ["train", "fit", "-c", str(bad)])
+    assert result.exit_code == 2 and f"{bad}:2: candidates:" in result.output
+    overridden = load_train_config(
+        train_yaml(tmp_path, experiment_overrides=["budgets.max_calls=1"])
+    )
+    with pytest.raises(ConfigError) as e:
+        sampling_experiment(overridden)
+    assert str(e.value).splitlines() == [
+        f"{tmp_path / 'train.yaml'}:2: experiment 'quickstart', as this train config overrides it:",
+        "--set budgets.max_calls: unknown key",
+    ]
+    missing = runner.invoke(app, ["train", "sample", "-c", str(tmp_path / "nope.yaml")])
+    assert missing.exit_code == 2 and "train config file not found" in missing.output
+
+
+def test_sampling_on_the_evaluation_split_is_refused_before_any_run(tmp_path):
+    config = train_yaml(tmp_path, split="dev")
+    result = runner.invoke(app, ["train", "sample", "-c", str(config)])
+    assert result.exit_code == 2
+    assert f"{config}:3: split: sampling would read the data experiment 'quickstart'" in (
+        result.output
+    )
+    assert not (tmp_path / "out").exists()
+    # null reads dev and test: the evaluation split is among them.
+    with pytest.raises(ConfigError, match=r"--set split: .*split\(s\) dev, test"):
+        sampling_experiment(load_train_config(config, ["split=null"]))
+
+
+def test_sample_takes_shard_and_endpoints_as_cts_run_does(tmp_path):
+    config = str(train_yaml(tmp_path))
+    bad_shard = runner.invoke(app, ["train", "sample", "-c", config, "--shard", "3/2"])
+    assert bad_shard.exit_code == 2 and "--shard '3/2': need 0 <= I < N" in bad_shard.output
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps({"models": {"qwen3-8b": {"base_url": "http://h:1/v1"}}}))
+    foreign = runner.invoke(app, ["train", "sample", "-c", config, "--endpoints", str(endpoints)])
+    assert foreign.exit_code == 2
+    assert "endpoints for models this experiment does not use: ['qwen3-8b']" in foreign.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_shipped_train_configs_load_and_derive_the_sampling_experiment():
+    quick = load_train_config(None)
+    assert quick.name == "quickstart"
+    resolved = sampling_experiment(quick)
+    experiment = resolved.experiment
+    assert experiment.conditions == ["clarify@1"]
+    assert experiment.seeds == list(range(quick.candidates))
+    assert experiment.dataset.split == "train" and experiment.dataset.limit == quick.limit
+    assert resolved.sampling_for("clarifier").temperature == quick.temperature
+    real = load_train_config("qwen3-8b-dpo")
+    assert real.experiment == "hard518" and real.method == "dpo"
+    resolved = sampling_experiment(real)
+    assert resolved.model_for("clarifier").name == "Qwen/Qwen3-8B"
+    assert len(resolved.experiment.seeds) == real.candidates
+
+
+def test_sampling_forces_first_turn_sequential_questions(tmp_path):
+    config = train_yaml(
+        tmp_path,
+        experiment_overrides=["clarification.mode=all_at_once", "clarification.allow_stop=true"],
+        temperature=0.7,
+    )
+    experiment = sampling_experiment(load_train_config(config)).experiment
+    assert experiment.clarification.mode == "sequential"
+    assert experiment.clarification.allow_stop is False
+
+
+def test_fine_tuned_model_configs_swap_in_with_one_set(tmp_path):
+    base = ModelConfig.model_validate(
+        {
+            "name": "Qwen/Qwen3-8B",
+            "path": "Qwen/Qwen3-8B",
+            "engine": "openai",
+            # A base someone else serves: its server does not have the new weights.
+            "endpoint": "http://elsewhere:8000/v1",
+            "vllm": {"serve": False},
+        }
+    )
+    merged = fine_tuned_config(base, "qwen3-8b-x", tmp_path, merged=True, lora_rank=16)
+    assert merged.path == str((tmp_path / "checkpoint").resolve()) and merged.engine == "openai"
+    assert merged.endpoint is None and merged.vllm.serve
+    path = tmp_path / "clarifier.yaml"
+    path.write_text(yaml.safe_dump(merged.model_dump(mode="json", exclude_defaults=True)))
+    resolved = load_experiment("quickstart", [f"roles.clarifier.model={path}"])
+    assert resolved.model_for("clarifier") == merged
+    assert resolved.model_for("judge").name == "smollm2-135m-instruct"
+
+    lora = fine_tuned_config(base, "qwen3-8b-x", tmp_path, merged=False, lora_rank=32)
+    assert lora.name == "qwen3-8b-x" and lora.path == "Qwen/Qwen3-8B" and lora.engine == "openai"
+    assert lora.endpoint is None and lora.vllm.serve
+    adapter = (tmp_path / "adapter").resolve()
+    assert lora.vllm.extra_args == [
+        # The base keeps its own name; requests for `name` reach the adapter.
+        "--served-model-name",
+        "Qwen/Qwen3-8B",
+        "--enable-lora",
+        "--lora-modules",
+        f"qwen3-8b-x={adapter}",
+        "--max-lora-rank",
+        "32",
+    ]
+
+
+# -- the real thing on the tiny model -------------------------------------------------------------
+
+
+def tiny_train_config(tmp_path: Path) -> Path:
+    """One query with one nugget (C-train-06's first) and two candidates, the smallest search
+    budgets, caches in tmp_path; SFT with a bar below 0 (the tiny judge scores everything 0)."""
+    instance = sample_instance("C-train-06").model_dump()
+    instance["golden"]["nuggets"] = instance["golden"]["nuggets"][:1]
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text(json.dumps(instance) + "\n")
+    return train_yaml(
+        tmp_path,
+        dataset=str(dataset),
+        split=None,
+        candidates=2,
+        experiment_overrides=[
+            "budgets.max_llm_calls=1",
+            "search.top_k=1",
+            "search.max_page_tokens=100",
+            "search.date=2026-11-30",
+            f"cache.path={tmp_path / 'responses.sqlite'}",
+            f"search.tool_cache={tmp_path / 'tools.sqlite'}",
+        ],
+        method="sft",
+        sft_min_score=-1,
+        epochs=1,
+        batch_size=1,
+        grad_accum=1,
+        max_length=256,
+        gradient_checkpointing=False,
+        logging_steps=1,
+    )
+
+
+async def ask_with(model_config: Path) -> str:
+    from serving.model_config import build_engine
+
+    engine = build_engine(load_model_config(model_config))
+    try:
+        asked = await clarifier.ask(
+            engine,
+            "What does the tour at Orlaby Castle Museum cost?",
+            [],
+            "en",
+            Sampling(max_tokens=96),
+        )
+    finally:
+        await engine.aclose()
+    return asked.question
+
+
+def assert_trained(out: Path, method: str, examples: int) -> dict:
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    assert metrics["method"] == method and metrics["examples"] == examples
+    assert metrics["steps"] >= 1 and metrics["device"] == "cpu"
+    assert metrics["log"] and all(math.isfinite(e["loss"]) for e in metrics["log"])
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    # LoRA's B matrices start at zero: any nonzero entry is an optimizer step really taken.
+    adapter = load_file(out / "adapter" / "adapter_model.safetensors")
+    lora_b = [t for name, t in adapter.items() if "lora_B" in name]
+    assert lora_b and any(bool(t.abs().sum() > 0) for t in lora_b)
+    assert (out / "checkpoint" / "config.json").is_file()
+    assert list((out / "checkpoint").glob("*.safetensors"))
+    return metrics
+
+
+@pytest.mark.slow
+def test_cts_train_all_then_dpo_on_the_tiny_model(tmp_path, tiny_path):
+    """`cts train all` (real sampling, SFT, merge) → the checkpoint answers through the toolkit;
+    then DPO on the same samples with a hand-scored candidate added (the tiny judge scores
+    every question 0, so real samples alone give no pair)."""
+    config = tiny_train_config(tmp_path)
+    out = tmp_path / "out"
+    result = cts("train", "all", "-c", str(config))
+    assert result.exit_code == 0, result.output
+    assert "2 records written" in result.output
+
+    samples = read_records(out / "samples")[0]
+    assert sorted((r.instance_id, r.condition, r.seed) for r in samples) == [
+        ("C-train-06", "clarify@1", 0),
+        ("C-train-06", "clarify@1", 1),
+    ]
+    scored = [r for r in samples if not r.error]
+    assert scored, [r.error for r in samples]
+    assert all(r.questions and "restore_score_100" in r.scores for r in scored)
+    (example,) = [json.loads(x) for x in (out / "sft.jsonl").read_text().splitlines()]
+    best = min(scored, key=lambda r: (-r.scores["restore_score_100"], r.seed))
+    assert json.loads(example["messages"][-1]["content"]) == {
+        "question": normalise(best.questions[0])
+    }
+    assert_trained(out, "sft", 1)
+
+    model_config = out / "clarifier.yaml"
+    swapped = load_experiment("quickstart", [f"roles.clarifier.model={model_config}"])
+    clarifier_model = swapped.model_for("clarifier")
+    # Named after its base, the train config and its weights' fingerprint.
+    assert re.fullmatch(r"smollm2-135m-instruct-t-[0-9a-f]{8}", clarifier_model.name)
+    labelled = load_experiment(
+        "quickstart",
+        [f"roles.clarifier.model={model_config}", "output_dir=runs/{name}-{clarifier}"],
+    )
+    assert labelled.output_dir() == Path(f"runs/quickstart-{clarifier_model.name}")
+    assert clarifier_model.path == str((out / "checkpoint").resolve())
+    assert clarifier_model.engine == "transformers"
+    # Its own event loop: the CLI commands above ran theirs with asyncio.run.
+    question = asyncio.run(ask_with(model_config))
+    assert 3 <= len(question) <= 200
+
+    # DPO: the same real samples, scored 10, plus one hand-scored question at 90.
+    dpo_out = tmp_path / "dpo"
+    (dpo_out / "samples" / "records" / "clarify@1").mkdir(parents=True)
+    (dpo_out / "samples" / "config.yaml").write_text((out / "samples" / "config.yaml").read_text())
+    store = RecordStore(dpo_out / "samples")
+    for r in scored:
+        store.append(r.model_copy(update={"scores": {"restore_score_100": 10.0}}), Shard())
+    store.append(rec("C-train-06", 7, "Which tour do you mean?", 90.0), Shard())
+    dpo = ["-c", str(config), "--set", "method=dpo", "--set", f"output_dir={dpo_out}"]
+    pairs = cts("train", "pairs", *dpo)
+    assert pairs.exit_code == 0, pairs.output
+    (row,) = [json.loads(x) for x in (dpo_out / "pairs.jsonl").read_text().splitlines()]
+    assert json.loads(row["chosen"][0]["content"]) == {"question": "Which tour do you mean?"}
+    assert row["margin"] == 80.0
+    fit = cts("train", "fit", *dpo)
+    assert fit.exit_code == 0, fit.output
+    metrics = assert_trained(dpo_out, "dpo", 1)
+    # DPO's own statistics are logged: the trainer really compared chosen and rejected.
+    assert any(k.startswith("rewards/") for k in metrics["log"][0])
+    # Two merged 135M checkpoints are 1 GB: pytest keeps the last runs' tmp dirs.
+    for checkpoint in (out / "checkpoint", dpo_out / "checkpoint"):
+        shutil.rmtree(checkpoint)

@@ -1,0 +1,216 @@
+"""`cts train sample | pairs | fit | all`: fine-tune a clarifier against restore scores.
+Thin: parse options, call train/, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eval import cli as eval_cli
+from eval.dataset import DatasetError
+from eval.run import run_experiment
+from eval.serve_cli import (
+    CPU_HELP,
+    GPUS_HELP,
+    PYTHON_HELP,
+    ServeOptions,
+    parse_shard,
+    run_exits,
+    served,
+)
+from serving.yaml_config import ConfigError
+from train.config import TrainConfig, load_train_config
+from train.fit import FitError, FitResult, fit
+from train.pairs import PairsError, PairsResult, build_pairs, no_data_message
+from train.sample import sampling_experiment
+
+app = typer.Typer(
+    help="Fine-tune a clarifier against restore scores: sample scored questions (an evaluation "
+    "run of clarify@1, one seed per candidate), turn them into DPO pairs or SFT examples, train "
+    "a LoRA adapter with TRL. The result is a model config to swap in with one --set.",
+    no_args_is_help=True,
+)
+
+CONFIG_HELP = "Train YAML (a path, or a name under configs/train/). Default: quickstart."
+SET_HELP = "Override a train config key, e.g. --set method=sft --set limit=10 (repeatable)."
+
+
+def _load(config: str | None, overrides: list[str]) -> TrainConfig:
+    try:
+        return load_train_config(config, overrides)
+    except ConfigError as e:
+        typer.echo(f"config error\n{e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _sample(
+    train: TrainConfig,
+    shard: str | None = None,
+    endpoints: Path | None = None,
+    serve: bool = False,
+    gpus: str | None = None,
+    cpu: bool = False,
+    vllm_python: str | None = None,
+) -> bool:
+    """Run the sampling; True when every shard's records are there (no merge needed)."""
+    try:
+        resolved = sampling_experiment(train)
+    except ConfigError as e:
+        typer.echo(f"config error\n{e}", err=True)
+        raise typer.Exit(2) from None
+    part = parse_shard(shard)
+    out = train.samples_dir()
+    console = Console()
+    dataset = resolved.experiment.dataset
+    console.print(
+        f"sampling {train.candidates} clarify@1 questions per instance at temperature "
+        f"{train.temperature:g}: experiment [bold]{resolved.experiment.name}[/bold], "
+        f"{dataset.path} split {dataset.split} → {out}",
+        highlight=False,
+    )
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    logs = out / "logs" / "serve" / part.name
+    with run_exits(), served(resolved, options, logs, console) as (ready, watch):
+        result = run_experiment(ready, out, part, watch=watch)
+    eval_cli.print_outcome(console, result)
+    if result.report is None:
+        console.print(
+            f"shard {part.index}/{part.count} done; when every shard is done: cts merge {out}, "
+            "then cts train pairs"
+        )
+        return False
+    console.print(eval_cli.main_table(result.report["summary"]))
+    return True
+
+
+def _pairs(train: TrainConfig) -> PairsResult:
+    try:
+        result = build_pairs(train)
+    except PairsError as e:
+        typer.echo(f"pairs error: {e}", err=True)
+        raise typer.Exit(1) from None
+    except DatasetError as e:
+        typer.echo(f"dataset error\n{e}", err=True)
+        raise typer.Exit(2) from None
+    table = Table("statistic", "value", title=f"{train.method} data")
+    for key, value in result.stats.items():
+        table.add_row(key, str(value))
+    console = Console()
+    console.print(table)
+    if not result.rows:
+        typer.echo(no_data_message(result.stats, train), err=True)
+        raise typer.Exit(1)
+    console.print(f"{len(result.rows)} row(s): {result.path}; stats: {result.stats_path}")
+    return result
+
+
+def _fit(train: TrainConfig) -> FitResult:
+    try:
+        result = fit(train)
+    except (FitError, PairsError) as e:
+        typer.echo(f"fit error: {e}", err=True)
+        raise typer.Exit(1) from None
+    except ConfigError as e:
+        typer.echo(f"config error\n{e}", err=True)
+        raise typer.Exit(2) from None
+    m: dict[str, Any] = result.metrics
+    table = Table("method", "examples", "steps", "final loss", "mean loss", "seconds", "device")
+    table.add_row(
+        m["method"],
+        str(m["examples"]),
+        str(m["steps"]),
+        "–" if m["final_loss"] is None else f"{m['final_loss']:.4f}",
+        f"{m['train_loss']:.4f}",
+        f"{m['seconds']:.0f}",
+        f"{m['device']} ({m['dtype']})",
+    )
+    console = Console()
+    console.print(table)
+    console.print(f"adapter: {result.adapter_dir}", highlight=False)
+    if result.checkpoint_dir:
+        console.print(f"merged checkpoint: {result.checkpoint_dir}", highlight=False)
+    else:
+        console.print(
+            "adapter only (merge: false): the model config serves it with vLLM's LoRA support "
+            "(cts serve / cts run --serve)",
+            highlight=False,
+        )
+    console.print(
+        f"model config: {result.model_config_path}\n"
+        f"use it: cts run --set roles.clarifier.model={result.model_config_path.resolve()}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return result
+
+
+@app.command("sample")
+def sample_command(
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    shard: str | None = typer.Option(None, help="Run shard I/N of the instances (e.g. 0/4)."),
+    endpoints: Path | None = typer.Option(
+        None, help="Endpoints file from `cts serve`: served models' URLs replace their configs'."
+    ),
+    serve: bool = typer.Option(
+        False, "--serve", help="Start the served models' vLLM servers first, stop them after."
+    ),
+    gpus: str | None = typer.Option(None, help=f"With --serve: {GPUS_HELP}"),
+    cpu: bool = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}"),
+    vllm_python: str | None = typer.Option(None, help=f"With --serve: {PYTHON_HELP}"),
+) -> None:
+    """Sample and score candidate questions: an evaluation run into OUTPUT_DIR/samples.
+
+    The train config's experiment runs only clarify@1, on its `split`, with one seed per
+    candidate and the clarifier at the config's temperature: each record is one question with
+    the restore score its search reached. Like `cts run` it resumes, survives SIGTERM, shards
+    with --shard (then `cts merge OUTPUT_DIR/samples`) and serves models with --serve."""
+    _sample(_load(config, set_), shard, endpoints, serve, gpus, cpu, vllm_python)
+
+
+@app.command("pairs")
+def pairs_command(
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Turn the scored samples into training data: OUTPUT_DIR/pairs.jsonl (DPO) or sft.jsonl.
+
+    Failed or unscored records are skipped and counted; the same question under several seeds
+    is one candidate with its mean score. DPO pairs the best question of an instance with the
+    worst (or every other: `pairing`), when at least `min_margin` points apart; SFT keeps the
+    best question when it scored above `sft_min_score`. Prompts are exactly the clarifier's
+    first-turn messages. pairs_stats.json counts instances, candidates, pairs and skips; no
+    data at all exits 1 with the reason."""
+    _pairs(_load(config, set_))
+
+
+@app.command("fit")
+def fit_command(
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Train a LoRA adapter on the clarifier's base checkpoint with TRL (DPO or SFT).
+
+    Writes OUTPUT_DIR/adapter/, with `merge: true` OUTPUT_DIR/checkpoint/ (the merged model),
+    OUTPUT_DIR/clarifier.yaml (a model config: swap it in with
+    `cts run --set roles.clarifier.model=OUTPUT_DIR/clarifier.yaml`, an absolute path) and
+    train_metrics.json. Runs on a GPU when there is one, on the CPU otherwise."""
+    _fit(_load(config, set_))
+
+
+@app.command("all")
+def all_command(
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """sample → pairs → fit in one process, unsharded (a laptop, or one GPU node).
+
+    Each step is the command of the same name; rerunning resumes the sampling."""
+    train = _load(config, set_)
+    _sample(train)
+    _pairs(train)
+    _fit(train)

@@ -1,0 +1,157 @@
+"""Train configs (`configs/train/*.yaml`): which experiment scores the sampled questions, how
+many candidates per query, how pairs are chosen, LoRA and trainer settings, where it all goes.
+
+One file describes the three stages (sample → pairs → fit) so that they stay consistent when
+run apart (a Slurm sampling job, then a training job). Validated like the experiment configs:
+unknown keys and bad values are errors naming `file:line: key`, `--set` overrides included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from configs import CONFIG_DIR
+from serving.yaml_config import (
+    ConfigError,
+    apply_overrides,
+    format_validation_error,
+    read_yaml,
+)
+
+DEFAULT_TRAIN = "quickstart"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LoraSettings(_Strict):
+    """peft's LoraConfig; the defaults are TRL's usual starting point for 1–10B models."""
+
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    #: `all-linear` (every linear layer but the output head) or a list of module names.
+    target_modules: str | list[str] = "all-linear"
+
+
+class TrainConfig(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    description: str = ""
+    #: The experiment whose pipeline scores each sampled question (a name or a path): its
+    #: roles, search and budgets define what "a good question" means.
+    experiment: str = "quickstart"
+    #: `--set`-style overrides of the experiment for sampling only, e.g. smaller budgets.
+    experiment_overrides: list[str] = []
+    #: Queries to sample on; None = the experiment's dataset path. Must not be the data the
+    #: experiment evaluates on (checked), or the clarifier is trained on the test set.
+    dataset: str | None = None
+    #: The dataset split to sample on (the shipped sample has train/dev/test; quickstart
+    #: evaluates on dev).
+    split: str | None = "train"
+    #: Only the first N instances of the split.
+    limit: int | None = Field(None, ge=1)
+    #: Questions sampled per instance (one seed each); preference needs at least two.
+    candidates: int = Field(4, ge=2)
+    #: The clarifier's sampling temperature for the candidates: above 0, or every seed asks
+    #: the same question and nothing can be preferred.
+    temperature: float = Field(1.0, gt=0.0)
+    #: dpo: preference pairs (best vs worst question of an instance); sft: fine-tune on each
+    #: instance's best question (rejection sampling / best-of-N).
+    method: Literal["dpo", "sft"] = "dpo"
+    #: Restore-score points (0–100) the chosen question must beat the rejected one by: the
+    #: search and judge are noisy, small differences are not a preference.
+    min_margin: float = Field(10.0, ge=0.0)
+    #: best_worst: one pair per instance, so every query weighs the same; best_vs_rest: the
+    #: best against every candidate at least min_margin below it (more pairs, but instances
+    #: with many distinct questions dominate).
+    pairing: Literal["best_worst", "best_vs_rest"] = "best_worst"
+    #: SFT keeps an instance's best question when it scored above this (0: the question led
+    #: to a search that restored something) ...
+    sft_min_score: float = 0.0
+    #: ... and, with this on, only when it beat the instance's mean score (the question, not
+    #: the query, made the difference).
+    sft_above_mean: bool = False
+    lora: LoraSettings = LoraSettings()
+    #: LoRA adapters want about ten times the full fine-tuning rates TRL defaults to.
+    learning_rate: float = Field(5e-5, gt=0.0)
+    epochs: float = Field(2.0, gt=0.0)
+    #: Per device; the effective batch is batch_size × grad_accum × devices.
+    batch_size: int = Field(4, ge=1)
+    grad_accum: int = Field(4, ge=1)
+    #: DPO's KL strength (TRL's default): higher keeps the model closer to the base.
+    beta: float = Field(0.1, gt=0.0)
+    #: Tokens of prompt + question; the clarifier prompt is short, questions are ≤ 200 chars.
+    max_length: int = Field(512, ge=32)
+    seed: int = 42
+    #: auto: bfloat16 on a GPU that supports it, float32 otherwise (CPUs train in float32).
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    #: Trades compute for memory (TRL's default); off is faster for small models.
+    gradient_checkpointing: bool = True
+    logging_steps: int = Field(10, ge=1)
+    #: Merge the adapter into a full checkpoint (served like any model); false keeps only the
+    #: adapter and writes a vLLM LoRA-serving model config instead.
+    merge: bool = True
+    output_dir: str = "runs/train-{name}"
+
+    _path: Path | None = PrivateAttr(None)
+    _lines: dict[tuple[str, ...], int] = PrivateAttr(default_factory=dict)
+    _overridden: set[tuple[str, ...]] = PrivateAttr(default_factory=set)
+
+    @property
+    def path(self) -> Path | None:
+        """The YAML file it was loaded from (None when built in code)."""
+        return self._path
+
+    def where(self, *key: str) -> str:
+        """`file:line: key` (or `--set key`) for errors found after validation."""
+        dotted = ".".join(key)
+        if any(key[: len(o)] == o for o in self._overridden):
+            return f"--set {dotted}"
+        line = self._lines.get(key)
+        place = f"{self._path}:{line}" if line else str(self._path or "<train config>")
+        return f"{place}: {dotted}"
+
+    def resolved_output_dir(self) -> Path:
+        return Path(self.output_dir.format(name=self.name))
+
+    def samples_dir(self) -> Path:
+        """The sampling run: an ordinary run directory (records, traces, report)."""
+        return self.resolved_output_dir() / "samples"
+
+    def data_file(self) -> Path:
+        """What `pairs` writes and `fit` reads: preference pairs or SFT examples."""
+        name = "pairs.jsonl" if self.method == "dpo" else "sft.jsonl"
+        return self.resolved_output_dir() / name
+
+
+def find_train_config(config: str | Path | None) -> Path:
+    """`None` → the quickstart; a path; or a bare name under configs/train/."""
+    path = Path(config or DEFAULT_TRAIN).expanduser()
+    if path.is_file():
+        return path
+    candidate = CONFIG_DIR / "train" / f"{config or DEFAULT_TRAIN}.yaml"
+    if candidate.is_file():
+        return candidate
+    raise ConfigError(
+        f"{path}: train config file not found (a path, or a name under {candidate.parent})"
+    )
+
+
+def load_train_config(
+    config: str | Path | None = None, overrides: list[str] | None = None
+) -> TrainConfig:
+    """Read, override and validate a train config; ConfigError names file:line: key."""
+    path = find_train_config(config)
+    data, lines = read_yaml(path)
+    overridden = apply_overrides(data, overrides or [])
+    try:
+        loaded = TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, path, lines, overridden)) from None
+    # Kept for errors found later (a split that is the evaluation data) to name the line too.
+    loaded._path, loaded._lines, loaded._overridden = path, lines, overridden
+    return loaded

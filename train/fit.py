@@ -1,0 +1,292 @@
+"""Fine-tune the clarifier on the training data with TRL (DPO or SFT) and a LoRA adapter.
+
+The base is the checkpoint the sampling experiment's clarifier runs (`roles.clarifier.model`),
+so DPO learns from the model's own questions. The result is written as a model config beside
+the weights (`clarifier.yaml`), which an experiment takes with one line:
+`cts run --set roles.clarifier.model=<output_dir>/clarifier.yaml`.
+
+TRL, peft and torch are imported inside `fit`: they are the `train` extra, and loading them
+would slow every other `cts` command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from serving.model_config import ModelConfig
+from train.config import TrainConfig
+from train.pairs import no_data_message, read_rows
+from train.sample import experiment_with
+
+#: The ranks vLLM accepts for `--max-lora-rank` (its default is 16).
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class FitError(RuntimeError):
+    """Training cannot start or finish; the message says why and what to change."""
+
+
+@dataclass
+class FitResult:
+    adapter_dir: Path
+    checkpoint_dir: Path | None
+    model_config_path: Path
+    model_config: ModelConfig
+    metrics: dict[str, Any]
+
+
+def base_model(config: TrainConfig) -> tuple[str, ModelConfig]:
+    """The clarifier's model key and config in the sampling experiment (the policy that
+    produced the samples)."""
+    resolved = experiment_with(config, config.experiment_overrides)
+    ref = resolved.experiment.roles["clarifier"].model
+    key = Path(ref).stem if ref.endswith((".yaml", ".yml")) else ref
+    return key, resolved.model_for("clarifier")
+
+
+def fine_tuned_config(
+    base: ModelConfig, name: str, output: Path, merged: bool, lora_rank: int
+) -> ModelConfig:
+    """The model config of the result: a copy of the base's (engine, sampling, chat template,
+    vLLM settings) pointing at the merged checkpoint, or, for an adapter only, the base served
+    by vLLM with the adapter as a LoRA module that requests name."""
+    # No server runs the new weights yet: `cts serve` starts one, whatever served the base.
+    vllm = base.vllm.model_copy(update={"serve": True})
+    if merged:
+        update: dict[str, Any] = {
+            "name": name,
+            "path": str((output / "checkpoint").resolve()),
+            "revision": None,
+        }
+        if base.engine == "openai":
+            update.update(endpoint=None, vllm=vllm)
+        return base.model_copy(update=update)
+    # vLLM serves the base under `--served-model-name` and the adapter under its module name;
+    # they must differ, or requests for the module reach the base. `cts serve` passes the
+    # config's name as --served-model-name first, so the one here (later; vLLM warns about the
+    # duplicate and the last wins) gives the base its own name back, leaving `name` to the
+    # adapter.
+    args = [
+        "--served-model-name",
+        base.name,
+        "--enable-lora",
+        "--lora-modules",
+        f"{name}={(output / 'adapter').resolve()}",
+    ]
+    if lora_rank > 16:
+        args += ["--max-lora-rank", str(next(r for r in _VLLM_LORA_RANKS if r >= lora_rank))]
+    vllm = vllm.model_copy(update={"extra_args": [*base.vllm.extra_args, *args]})
+    # The in-process engines cannot apply an adapter: served by vLLM, always.
+    return base.model_copy(
+        update={"name": name, "engine": "openai", "endpoint": None, "vllm": vllm}
+    )
+
+
+def _dataset_rows(
+    rows: list[dict[str, Any]], method: str, template_kwargs: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Only the columns TRL reads. SFT rows become prompt/completion so the loss covers the
+    question alone, not the prompt (sft.jsonl keeps `messages` for other tools)."""
+    extra = {"chat_template_kwargs": template_kwargs} if template_kwargs else {}
+    if method == "dpo":
+        return [
+            {"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"], **extra}
+            for r in rows
+        ]
+    return [{"prompt": r["messages"][:-1], "completion": r["messages"][-1:], **extra} for r in rows]
+
+
+def _too_long(
+    rows: list[dict[str, Any]], tokenizer: Any, max_length: int, template_kwargs: dict[str, Any]
+) -> list[int]:
+    """Rows whose prompt plus longest completion exceed max_length: TRL would cut the
+    question (or drop the row) silently."""
+    long = []
+    for i, row in enumerate(rows):
+        completions = (
+            [row["completion"]] if "completion" in row else [row["chosen"], row["rejected"]]
+        )
+        length = max(
+            len(
+                tokenizer.apply_chat_template(
+                    row["prompt"] + c, tokenize=True, return_dict=True, **template_kwargs
+                )["input_ids"]
+            )
+            for c in completions
+        )
+        if length > max_length:
+            long.append(i)
+    return long
+
+
+def _precision(config: TrainConfig) -> tuple[Any, bool, bool, bool]:
+    """(weights dtype, use_cpu, bf16, fp16): mixed precision only on a GPU; a CPU trains in
+    the dtype it loads (float32 unless asked otherwise)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    name = config.dtype
+    if name == "auto":
+        name = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
+    dtype = getattr(torch, name)
+    return dtype, not cuda, cuda and name == "bfloat16", cuda and name == "float16"
+
+
+def fit(config: TrainConfig) -> FitResult:
+    """Train the LoRA adapter; write adapter/, checkpoint/ (merge), clarifier.yaml and
+    train_metrics.json under the config's output dir."""
+    rows = read_rows(config.data_file(), config.method)
+    output = config.resolved_output_dir()
+    if not rows:
+        stats_path = output / "pairs_stats.json"
+        detail = (
+            no_data_message(json.loads(stats_path.read_text()), config)
+            if stats_path.is_file()
+            else "no rows"
+        )
+        raise FitError(f"{config.data_file()}: nothing to train on: {detail}")
+
+    try:
+        import torch
+        from datasets import Dataset
+        from peft import LoraConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+    except ImportError as e:
+        raise FitError(
+            f"training needs the `train` extra ({e.name} is missing): "
+            'pip install "clarify-then-search[train]"'
+        ) from None
+
+    key, base = base_model(config)
+    base_path = base.resolved_path()
+    template_kwargs = dict(base.chat_template_kwargs)
+    dtype, use_cpu, bf16, fp16 = _precision(config)
+
+    tokenizer = AutoTokenizer.from_pretrained(base_path, revision=base.revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    data = _dataset_rows(rows, config.method, template_kwargs)
+    too_long = set(_too_long(data, tokenizer, config.max_length, template_kwargs))
+    data = [row for i, row in enumerate(data) if i not in too_long]
+    if not data:
+        raise FitError(
+            f"{config.where('max_length')}: all {len(too_long)} row(s) are longer than "
+            f"max_length={config.max_length} tokens; raise it"
+        )
+    model = AutoModelForCausalLM.from_pretrained(base_path, revision=base.revision, dtype=dtype)
+    lora = LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=config.lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    common: dict[str, Any] = {
+        # Checkpoints during training are not kept: the adapter is saved once at the end.
+        "output_dir": str(output / "trainer"),
+        "save_strategy": "no",
+        "report_to": "none",
+        "learning_rate": config.learning_rate,
+        "num_train_epochs": config.epochs,
+        "per_device_train_batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.grad_accum,
+        "max_length": config.max_length,
+        "seed": config.seed,
+        "logging_steps": config.logging_steps,
+        "gradient_checkpointing": config.gradient_checkpointing,
+        "use_cpu": use_cpu,
+        # TRL turns bf16 on by default; a CPU without it would fail or crawl.
+        "bf16": bf16,
+        "fp16": fp16,
+    }
+    dataset = Dataset.from_list(data)
+    trainer: Any
+    if config.method == "dpo":
+        trainer = DPOTrainer(
+            model=model,
+            args=DPOConfig(**common, beta=config.beta),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=lora,
+        )
+    else:
+        trainer = SFTTrainer(
+            model=model,
+            args=SFTConfig(**common, completion_only_loss=True),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=lora,
+        )
+    started = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - started
+
+    with contextlib.suppress(OSError):
+        (output / "trainer").rmdir()  # TRL's working dir, empty as nothing is checkpointed
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    adapter_dir = output / "adapter"
+    trained.save_pretrained(adapter_dir)
+    tokenizer.save_pretrained(adapter_dir)
+    checkpoint_dir = None
+    if config.merge:
+        checkpoint_dir = output / "checkpoint"
+        merged = trained.merge_and_unload()
+        # Gradient checkpointing turns the KV cache off in the config; generation wants it.
+        merged.config.use_cache = True
+        merged.save_pretrained(checkpoint_dir)
+        tokenizer.save_pretrained(checkpoint_dir)
+
+    # The weights' fingerprint in the name: a retrained adapter is a new model to the
+    # response cache (keyed by served name for vLLM), never answered with the old one's replies.
+    digest = hashlib.sha256()
+    for weights in sorted(adapter_dir.glob("*.safetensors")):
+        digest.update(weights.read_bytes())
+    name = f"{key}-{config.name}-{digest.hexdigest()[:8]}"
+    model_config = fine_tuned_config(base, name, output, config.merge, config.lora.r)
+    model_config_path = output / "clarifier.yaml"
+    header = (
+        f"# {config.method.upper()} fine-tune of {base.name} ({config.path or 'train config'}).\n"
+        f"# Use it: cts run --set roles.clarifier.model={model_config_path.resolve()}\n"
+    )
+    model_config_path.write_text(
+        header
+        + yaml.safe_dump(
+            # Defaults left out: the file reads like a hand-written model config.
+            model_config.model_dump(mode="json", exclude_defaults=True),
+            sort_keys=False,
+            allow_unicode=True,
+        )
+    )
+
+    log = [
+        {k: v for k, v in entry.items() if isinstance(v, (int, float))}
+        for entry in trainer.state.log_history
+        if "loss" in entry
+    ]
+    metrics = {
+        "method": config.method,
+        "base_model": base_path,
+        "examples": len(data),
+        "dropped_too_long": len(too_long),
+        "steps": result.global_step,
+        "epochs": config.epochs,
+        "train_loss": result.training_loss,
+        "final_loss": log[-1]["loss"] if log else None,
+        "seconds": round(seconds, 2),
+        "device": "cpu" if use_cpu else "cuda",
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "log": log,
+        "train_config": config.model_dump(mode="json"),
+    }
+    (output / "train_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    return FitResult(adapter_dir, checkpoint_dir, model_config_path, model_config, metrics)

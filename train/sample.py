@@ -1,0 +1,106 @@
+"""Sampling candidate questions = an evaluation run of the train config's experiment.
+
+Each candidate is the clarify@1 condition under one seed: the clarifier asks at the config's
+temperature, and the whole pipeline (answer, rewrite, search, judge) scores that question with
+its restore score. Being an ordinary run, it resumes, survives SIGTERM, shards with `--shard`
+and merges with `cts merge`, all through eval/run.py; this module only derives the experiment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eval.config import ResolvedExperiment, load_experiment
+from eval.dataset import DatasetSource
+from serving.yaml_config import ConfigError
+from train.config import TrainConfig
+
+#: Splits the shipped sample reads when `split` is null (eval/dataset.py `_source_rows`).
+_SAMPLE_DEFAULT_SPLITS = {"dev", "test"}
+_NATIVE_SUFFIXES = {".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet"}
+
+
+def sampling_overrides(config: TrainConfig) -> list[str]:
+    """The experiment's keys that sampling changes, as `--set` overrides (JSON values, which
+    YAML reads back exactly whatever the text)."""
+    dataset = [f"dataset.path={json.dumps(config.dataset)}"] if config.dataset else []
+    return [
+        *config.experiment_overrides,
+        *dataset,
+        f"dataset.split={json.dumps(config.split)}",
+        f"dataset.limit={json.dumps(config.limit)}",
+        # First-turn questions only: the trained prompt is the clarifier's first-turn prompt
+        # (history empty), so only clarify@1 scores exactly the question that prompt produced.
+        # Later turns' scores mix in earlier questions and answers.
+        'conditions=["clarify@1"]',
+        # One candidate per seed: each seed samples its own question (and its own search).
+        f"seeds={json.dumps(list(range(config.candidates)))}",
+        f"roles.clarifier.sampling.temperature={json.dumps(config.temperature)}",
+        # `ask` with one question per turn and no early stop: the prompt and JSON completion
+        # that train/pairs.py rebuilds. all_at_once uses another prompt; a stop has no question.
+        'clarification.mode="sequential"',
+        "clarification.allow_stop=false",
+    ]
+
+
+def sampling_experiment(config: TrainConfig) -> ResolvedExperiment:
+    """The experiment the candidates are sampled and scored with; ConfigError when its data
+    is the data the experiment evaluates on."""
+    evaluated = load_experiment(config.experiment).experiment.dataset
+    resolved = experiment_with(config, sampling_overrides(config))
+    sampled = resolved.experiment.dataset
+    if _overlaps(sampled, evaluated):
+        splits = _splits(sampled)
+        read = (
+            "the whole file (a file has no splits)"
+            if splits is None
+            else f"split(s) {', '.join(sorted(splits))}"
+        )
+        # Name the key the user can change: a file is wrong whatever its split.
+        key = "dataset" if splits is None else "split"
+        raise ConfigError(
+            f"{config.where(key)}: sampling would read the data experiment "
+            f"{resolved.experiment.name!r} evaluates on ({sampled.path}, {read}): the "
+            "fine-tuned clarifier would be evaluated on its own training queries. Set `split` "
+            "to another split or `dataset` to other queries."
+        )
+    return resolved
+
+
+def experiment_with(config: TrainConfig, overrides: list[str]) -> ResolvedExperiment:
+    """The train config's experiment with overrides; an error says it came through this
+    train config (an `experiment_overrides` entry reads like a `--set`)."""
+    try:
+        return load_experiment(config.experiment, overrides)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{config.where('experiment')} {config.experiment!r}, as this train config "
+            f"overrides it:\n{e}"
+        ) from None
+
+
+def _is_file(path: str) -> bool:
+    return Path(path).expanduser().suffix in _NATIVE_SUFFIXES
+
+
+def _splits(source: DatasetSource) -> set[str] | None:
+    """The splits a source reads; None = the whole file (native files ignore `split`)."""
+    if source.path == "sample":
+        return {source.split} if source.split else set(_SAMPLE_DEFAULT_SPLITS)
+    if _is_file(source.path):
+        return None
+    return {source.split or "train"}  # `datasets` loads "train" when no split is given
+
+
+def _same_path(a: str, b: str) -> bool:
+    if a == "sample" or b == "sample":
+        return a == b
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def _overlaps(sampled: DatasetSource, evaluated: DatasetSource) -> bool:
+    if not _same_path(sampled.path, evaluated.path):
+        return False
+    a, b = _splits(sampled), _splits(evaluated)
+    return a is None or b is None or bool(a & b)
