@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -184,3 +185,59 @@ def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
     log = "".join(p.read_text() for p in (run_dir / "slurm" / "logs").glob("eval-*.out"))
     assert "restart 1" in log, log
     assert len(merged(run_dir)) == 4  # the merge job checked: each key exactly once
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_training_job_samples_in_shards_then_merges_pairs_and_fits(tmp_path, tiny_path):
+    """`cts slurm submit --job train`: two sampling tasks, then one job that merges the
+    samples, builds the SFT data and trains (on the CPU here: --fit-gpus 0)."""
+    cluster_up()
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "cluster",
+                "experiment": "quickstart",
+                "experiment_overrides": [
+                    "budgets.max_llm_calls=1",
+                    "search.top_k=1",
+                    "search.max_page_tokens=100",
+                    "search.date=2026-11-30",
+                    f"cache.path={tmp_path / 'responses.sqlite'}",
+                    f"search.tool_cache={tmp_path / 'tools.sqlite'}",
+                ],
+                "split": "train",
+                "limit": 2,
+                "candidates": 2,
+                # The tiny judge scores every question 0: SFT with a bar below it trains.
+                "method": "sft",
+                "sft_min_score": -1,
+                "epochs": 1,
+                "batch_size": 1,
+                "grad_accum": 1,
+                "max_length": 256,
+                "gradient_checkpointing": False,
+            }
+        )
+    )
+    run_dir = tmp_path / "train run"
+    result = cts(
+        "slurm", "submit", "--job", "train", "--config", str(config), "--shards", "2",
+        "--fit-gpus", "0", "--output-dir", str(run_dir), *TASK,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("submitted sampling job"))
+    jobs = re.findall(r"job (\d+)", line)
+    wait_for(jobs, 900)
+    status = slurm_status(run_dir)
+    assert status["kind"] == "train"
+    assert [s["job"]["state"] for s in status["shards"]] == ["COMPLETED"] * 2, status
+    assert [s["records"] for s in status["shards"]] == [2, 2], status
+    assert status["final"]["state"] == "COMPLETED", status
+    assert (run_dir / "samples" / "summary.json").is_file()  # cts merge of the samples
+    assert len((run_dir / "sft.jsonl").read_text().splitlines()) == 2
+    metrics = json.loads((run_dir / "train_metrics.json").read_text())
+    assert metrics["examples"] == 2 and metrics["steps"] >= 1
+    model = yaml.safe_load((run_dir / "clarifier.yaml").read_text())
+    assert model["path"] == str(run_dir / "checkpoint")
