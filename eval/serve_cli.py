@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,15 +97,11 @@ def served(
     )
     if planned:
         console.print(f"starting {len(planned)} vLLM server(s)")
-    with ExitStack() as stack:
-        # A signal while the servers load stops them; once the run starts, its own handlers
-        # take over (finished records stay, the run is resumable).
-        stack.enter_context(stop_on_signals())
-        group = stack.enter_context(serving(ServerGroup(planned)))
-        yield (
-            resolved.with_endpoints({p.key: p.server.base_url for p in group.planned}),
-            group.check,
-        )
+    # A signal while the servers load stops them; once the run starts, its own handlers take
+    # over (finished records stay, the run is resumable).
+    with stop_on_signals(), serving(ServerGroup(planned)) as group:
+        urls = {p.key: p.server.base_url for p in group.planned}
+        yield resolved.with_endpoints(urls), group.check
 
 
 def parse_shard(shard: str | None) -> Shard:
