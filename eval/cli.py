@@ -29,9 +29,11 @@ from eval.run import RunResult, merge_run, run_experiment
 from eval.runner import RecordFileError
 from eval.search_agent import build_agent
 from eval.serve_cli import (
-    CPU_HELP,
-    GPUS_HELP,
-    PYTHON_HELP,
+    CPU_OPTION,
+    ENDPOINTS_OPTION,
+    GPUS_OPTION,
+    SERVE_OPTION,
+    VLLM_PYTHON_OPTION,
     ServeOptions,
     parse_shard,
     run_exits,
@@ -112,15 +114,11 @@ def run(
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
     limit: int | None = typer.Option(None, help="Only the first N instances of the dataset."),
     shard: str | None = typer.Option(None, help="Run shard I/N of the instances (e.g. 0/4)."),
-    endpoints: Path | None = typer.Option(
-        None, help="Endpoints file from `cts serve`: served models' URLs replace their configs'."
-    ),
-    serve: bool = typer.Option(
-        False, "--serve", help="Start the served models' vLLM servers first, stop them after."
-    ),
-    gpus: str | None = typer.Option(None, help=f"With --serve: {GPUS_HELP}"),
-    cpu: bool = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}"),
-    vllm_python: str | None = typer.Option(None, help=f"With --serve: {PYTHON_HELP}"),
+    endpoints: Path | None = ENDPOINTS_OPTION,
+    serve: bool = SERVE_OPTION,
+    gpus: str | None = GPUS_OPTION,
+    cpu: bool = CPU_OPTION,
+    vllm_python: str | None = VLLM_PYTHON_OPTION,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run again the keys whose record is a failure."
     ),

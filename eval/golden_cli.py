@@ -13,9 +13,11 @@ from eval.golden import GoldenReport
 from eval.run import build_golden, finish_golden
 from eval.runner import MergeReport, RecordFileError
 from eval.serve_cli import (
-    CPU_HELP,
-    GPUS_HELP,
-    PYTHON_HELP,
+    CPU_OPTION,
+    ENDPOINTS_OPTION,
+    GPUS_OPTION,
+    SERVE_OPTION,
+    VLLM_PYTHON_OPTION,
     ServeOptions,
     parse_shard,
     run_exits,
@@ -49,15 +51,11 @@ def build(
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Search again for instances that got no nuggets."
     ),
-    endpoints: Path | None = typer.Option(
-        None, help="Endpoints file from `cts serve`: served models' URLs replace their configs'."
-    ),
-    serve: bool = typer.Option(
-        False, "--serve", help="Start the served models' vLLM servers first, stop them after."
-    ),
-    gpus: str | None = typer.Option(None, help=f"With --serve: {GPUS_HELP}"),
-    cpu: bool = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}"),
-    vllm_python: str | None = typer.Option(None, help=f"With --serve: {PYTHON_HELP}"),
+    endpoints: Path | None = ENDPOINTS_OPTION,
+    serve: bool = SERVE_OPTION,
+    gpus: str | None = GPUS_OPTION,
+    cpu: bool = CPU_OPTION,
+    vllm_python: str | None = VLLM_PYTHON_OPTION,
 ) -> None:
     """Build golden nuggets for the experiment's dataset.
 

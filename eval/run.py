@@ -179,14 +179,33 @@ async def _run(
         return outcome, stats, engines.cache.stats() if engines.cache else None
 
 
-def _start(resolved: ResolvedExperiment, run_dir: Path) -> list[Instance]:
+def _run_into(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    keys: tuple[list[str], list[int]],
+    shard: Shard,
+    show_progress: bool,
+    watch: Callable[[], None] | None,
+    retry_failed: bool,
+    report: bool,
+) -> RunResult:
+    """Record `keys` (conditions, seeds) for the shard's instances into `run_dir`; with
+    `report`, a whole finished run also gets its summary and report."""
     instances = load_instances(resolved.experiment.dataset)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Shards of one run write the same file at once: replace it whole, never half-written.
     partial = run_dir / f"config.yaml.{os.getpid()}.partial"
     partial.write_text(resolved.to_yaml())
     partial.replace(run_dir / "config.yaml")
-    return instances
+    started = time.perf_counter()
+    outcome, stats, cache = asyncio.run(
+        _run(resolved, run_dir, instances, keys, shard, show_progress, watch, retry_failed)
+    )
+    written = None
+    if report and shard.count == 1 and not outcome.interrupted:
+        written = write_report([run_dir], run_dir)
+    seconds = time.perf_counter() - started
+    return RunResult(run_dir, outcome, instances, seconds, cache, stats, written)
 
 
 def run_experiment(
@@ -200,18 +219,10 @@ def run_experiment(
     """Run (a shard of) an experiment into `run_dir`. `watch` is polled during the run; what it
     raises (a dead model server) stops the run, keeping every finished record. With
     `retry_failed`, keys whose record is a failure run again (the new record counts)."""
-    shard = shard or Shard()
-    instances = _start(resolved, run_dir)
-    started = time.perf_counter()
     keys = ([str(c) for c in resolved.experiment.conditions], list(resolved.experiment.seeds))
-    outcome, stats, cache = asyncio.run(
-        _run(resolved, run_dir, instances, keys, shard, show_progress, watch, retry_failed)
+    return _run_into(
+        resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, True
     )
-    report = None
-    if shard.count == 1 and not outcome.interrupted:
-        report = write_report([run_dir], run_dir)
-    seconds = time.perf_counter() - started
-    return RunResult(run_dir, outcome, instances, seconds, cache, stats, report)
 
 
 def golden_seed(experiment: ExperimentConfig) -> int:
@@ -233,15 +244,10 @@ def build_golden(
         raise ConfigError(
             f"{resolved.path}: roles.nugget_builder: not set; golden construction needs it"
         )
-    shard = shard or Shard()
-    instances = _start(resolved, run_dir)
-    started = time.perf_counter()
     keys = ([GOLDEN], [golden_seed(resolved.experiment)])
-    outcome, stats, cache = asyncio.run(
-        _run(resolved, run_dir, instances, keys, shard, show_progress, watch, retry_failed)
+    return _run_into(
+        resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, False
     )
-    seconds = time.perf_counter() - started
-    return RunResult(run_dir, outcome, instances, seconds, cache, stats, None)
 
 
 def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:

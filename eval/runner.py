@@ -53,6 +53,29 @@ class RecordFileError(ValueError):
     """A complete line of a records file is not a record (file:line: why)."""
 
 
+def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
+    """The records of a file's bytes, and how many bytes the complete lines take (a torn last
+    line, a crash mid-write, is left out). Any other line that is not a record is an error."""
+    records: list[Record] = []
+    complete = len(data)
+    for n, line in enumerate(data.splitlines(keepends=True), 1):
+        if not line.endswith(b"\n"):
+            complete -= len(line)
+            break
+        try:
+            records.append(Record.model_validate_json(line))
+        except ValidationError as e:
+            # Not a torn write (that is only ever the last line): someone edited or
+            # corrupted the file. Stop rather than silently re-running or dropping keys.
+            problem = e.errors()[0]
+            where = ".".join(str(x) for x in problem["loc"])
+            raise RecordFileError(
+                f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — "
+                "not a record; fix or remove the line, then run again"
+            ) from None
+    return records, complete
+
+
 class RecordStore:
     def __init__(self, run_dir: Path) -> None:
         self.root = run_dir / "records"
@@ -76,27 +99,11 @@ class RecordStore:
         so the next append starts on a fresh line."""
         if not path.is_file():
             return []
-        records: list[Record] = []
         data = path.read_bytes()
-        keep = len(data)
-        for n, line in enumerate(data.splitlines(keepends=True), 1):
-            if not line.endswith(b"\n"):
-                keep -= len(line)
-                break
-            try:
-                records.append(Record.model_validate_json(line))
-            except ValidationError as e:
-                # Not a torn write (that is only ever the last line): someone edited or
-                # corrupted the file. Stop rather than silently re-running or dropping keys.
-                problem = e.errors()[0]
-                where = ".".join(str(x) for x in problem["loc"])
-                raise RecordFileError(
-                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — "
-                    "not a record; fix or remove the line, then run again"
-                ) from None
-        if keep < len(data):
+        records, complete = parse_records(path, data)
+        if complete < len(data):
             with path.open("r+b") as f:
-                f.truncate(keep)
+                f.truncate(complete)
         return records
 
     def all_files(self) -> list[Path]:

@@ -64,6 +64,21 @@ def plan_from_options(
         raise typer.Exit(2) from None
 
 
+# The serving options of every command that runs keys (`cts run`, `cts golden build`, `cts
+# train sample`), declared once so that they read the same everywhere.
+ENDPOINTS_OPTION = typer.Option(
+    None,
+    "--endpoints",
+    help="Endpoints file from `cts serve`: served models' URLs replace their configs'.",
+)
+SERVE_OPTION = typer.Option(
+    False, "--serve", help="Start the served models' vLLM servers first, stop them after."
+)
+GPUS_OPTION = typer.Option(None, "--gpus", help=f"With --serve: {GPUS_HELP}")
+CPU_OPTION = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}")
+VLLM_PYTHON_OPTION = typer.Option(None, "--vllm-python", help=f"With --serve: {PYTHON_HELP}")
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """How a run reaches the models whose engine is `openai`."""

@@ -87,11 +87,15 @@ class SlurmOptions:
         args = [*self.common_args(), f"--array={array}", f"--signal=B:TERM@{SIGTERM_GRACE_S}"]
         if self.gpus_per_task:
             args.append(f"--gpus-per-task={self.gpus_per_task}")
+        return [*args, *self._cpus_and_mem(), *self.extra_sbatch]
+
+    def _cpus_and_mem(self) -> list[str]:
+        args = []
         if self.cpus_per_task:
             args.append(f"--cpus-per-task={self.cpus_per_task}")
         if self.mem:
             args.append(f"--mem={self.mem}")
-        return [*args, *self.extra_sbatch]
+        return args
 
     def final_args(self, trains: bool) -> list[str]:
         """A merge needs no GPU; a training job gets `fit_gpus` and the array's CPU and memory
@@ -101,10 +105,7 @@ class SlurmOptions:
             args.append(f"--signal=B:TERM@{SIGTERM_GRACE_S}")
             if self.fit_gpus:
                 args.append(f"--gpus={self.fit_gpus}")
-            if self.cpus_per_task:
-                args.append(f"--cpus-per-task={self.cpus_per_task}")
-            if self.mem:
-                args.append(f"--mem={self.mem}")
+            args += self._cpus_and_mem()
         return args
 
 

@@ -14,9 +14,11 @@ from eval import cli as eval_cli
 from eval.dataset import DatasetError
 from eval.run import run_experiment
 from eval.serve_cli import (
-    CPU_HELP,
-    GPUS_HELP,
-    PYTHON_HELP,
+    CPU_OPTION,
+    ENDPOINTS_OPTION,
+    GPUS_OPTION,
+    SERVE_OPTION,
+    VLLM_PYTHON_OPTION,
     ServeOptions,
     parse_shard,
     run_exits,
@@ -153,15 +155,11 @@ def sample_command(
     config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     shard: str | None = typer.Option(None, help="Run shard I/N of the instances (e.g. 0/4)."),
-    endpoints: Path | None = typer.Option(
-        None, help="Endpoints file from `cts serve`: served models' URLs replace their configs'."
-    ),
-    serve: bool = typer.Option(
-        False, "--serve", help="Start the served models' vLLM servers first, stop them after."
-    ),
-    gpus: str | None = typer.Option(None, help=f"With --serve: {GPUS_HELP}"),
-    cpu: bool = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}"),
-    vllm_python: str | None = typer.Option(None, help=f"With --serve: {PYTHON_HELP}"),
+    endpoints: Path | None = ENDPOINTS_OPTION,
+    serve: bool = SERVE_OPTION,
+    gpus: str | None = GPUS_OPTION,
+    cpu: bool = CPU_OPTION,
+    vllm_python: str | None = VLLM_PYTHON_OPTION,
 ) -> None:
     """Sample and score candidate questions: an evaluation run into OUTPUT_DIR/samples.
 

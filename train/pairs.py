@@ -20,13 +20,12 @@ from statistics import mean
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from agents import clarifier
 from eval.config import ExperimentConfig
 from eval.dataset import load_instances
 from eval.pipeline import Record
-from eval.runner import counts_over
+from eval.runner import RecordFileError, counts_over, parse_records
 from eval.schema import Instance
 from train.config import TrainConfig
 
@@ -264,20 +263,14 @@ def read_records(samples_dir: Path) -> tuple[list[Record], Counter[str]]:
     records: dict[tuple[str, str, int], Record] = {}
     skipped: Counter[str] = Counter()
     for path in files:
-        for n, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
-            if not line.endswith(b"\n"):
-                skipped["unfinished_line"] += 1
-                continue
-            if not line.strip():
-                continue
-            try:
-                record = Record.model_validate_json(line)
-            except ValidationError as e:
-                problem = e.errors()[0]
-                where = ".".join(str(x) for x in problem["loc"])
-                raise PairsError(
-                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — not a record"
-                ) from None
+        data = path.read_bytes()
+        try:
+            found, complete = parse_records(path, data)
+        except RecordFileError as e:
+            raise PairsError(str(e)) from None
+        if complete < len(data):
+            skipped["unfinished_line"] += 1
+        for record in found:
             # A retried failure (--retry-failed) has two lines; the success counts.
             records[record.key] = counts_over(records.get(record.key), record)
     return list(records.values()), skipped
