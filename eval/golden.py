@@ -24,6 +24,10 @@ from serving.types import Sampling
 GOLDEN = "golden"
 
 
+class NoEvidence(ValueError):
+    """The golden search run showed no evidence, so no nugget could be grounded."""
+
+
 def trace_evidence(steps: Iterable[dict[str, Any]]) -> list[Evidence]:
     """Each tool observation that showed evidence (search hits, pages read; a failed visit
     shows none), with its ids: corpus doc ids, or URLs for web backends."""
@@ -45,11 +49,11 @@ async def golden_nuggets(
     max_nuggets: int,
     max_evidence_chars: int,
 ) -> list[Nugget]:
-    """Nuggets `n1…nN` for one instance from its golden trace; ValueError when the trace
-    showed no evidence (nothing could be cited, so no nugget can be grounded)."""
+    """Nuggets `n1…nN` for one instance from its golden trace; NoEvidence when the trace
+    showed none (nothing could be cited)."""
     evidence = trace_evidence(steps)
     if not evidence:
-        raise ValueError("the golden search run showed no evidence (no search hit, no page)")
+        raise NoEvidence("the golden search run showed no evidence (no search hit, no page)")
     drafts = await build_nuggets(
         engine,
         instance.fused_query,

@@ -19,7 +19,7 @@ from agents.question_type import classify, classify_with_model
 from agents.types import QA
 from agents.user_answerer import unsupported_words
 from eval.config import ClarificationConfig, GoldenConfig
-from eval.golden import GOLDEN, golden_nuggets
+from eval.golden import GOLDEN, NoEvidence, golden_nuggets
 from eval.metrics import restore_score
 from eval.schema import Instance, Nugget
 from serving.engine import ChatModel
@@ -141,7 +141,7 @@ async def run_instance(
                     ctx.golden.max_nuggets,
                     ctx.golden.max_evidence_chars,
                 )
-            except ValueError as e:
+            except NoEvidence as e:
                 record.error = {"kind": "no_evidence", "stage": stage, "message": str(e)}
         elif instance.golden is not None:
             stage = "judge"
