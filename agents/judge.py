@@ -2,7 +2,9 @@
 
 At most 10 nuggets per call; the output schema is keyed by exactly the nugget ids sent (so a
 missing or invented id is a validation error, not a score) and asks for a short evidence
-quote before each label. Temperature 0 and a fixed seed make labels reproducible."""
+quote before each label. Temperature 0 and a fixed seed make labels reproducible. As in the
+study, the judge sees the answer and the nuggets only; `query` (the fused query) is shown only
+when one is given."""
 
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def judge_sampling(sampling: Sampling) -> Sampling:
 
 async def _batch(
     engine: ChatModel,
-    query: str,
+    query: str | None,
     answer: str,
     nuggets: Sequence[Nugget],
     language: str,
@@ -66,7 +68,12 @@ async def _batch(
 ) -> dict[str, NuggetLabel]:
     listing = "\n".join(f"{n.id}: {n.text}" for n in nuggets)
     system, user = render(
-        "judge", language, query=query, answer=answer or "(no answer)", nuggets=listing
+        "judge",
+        language,
+        "user" if query is None else "user_with_query",
+        query=query,
+        answer=answer or "(no answer)",
+        nuggets=listing,
     )
     ids = [n.id for n in nuggets]
     response = await engine.chat(
@@ -83,13 +90,13 @@ async def _batch(
 
 async def judge(
     engine: ChatModel,
-    query: str,
     answer: str,
     nuggets: Sequence[Nugget],
     language: str,
     sampling: Sampling,
+    query: str | None = None,
 ) -> dict[str, NuggetLabel]:
-    """Labels for every nugget, in batches of at most 10."""
+    """Labels for every nugget, in batches of at most 10; `query` is shown only if given."""
     batches = [nuggets[i : i + BATCH] for i in range(0, len(nuggets), BATCH)]
     labelled: dict[str, NuggetLabel] = {}
     for part in await asyncio.gather(

@@ -22,10 +22,13 @@ def prompt_language(language: str) -> str:
     return "zh" if language.lower().startswith("zh") else "en"
 
 
-def render(role: str, language: str, **fields: Any) -> tuple[Message, Message]:
-    """The system and user messages of `role` in the instance's language."""
+def render(
+    role: str, language: str, variant: str = "user", **fields: Any
+) -> tuple[Message, Message]:
+    """The system and user messages of `role` in the instance's language; `variant` names
+    the user template when a role has several (the judge with or without the query)."""
     template = _templates(role)[prompt_language(language)]
     return (
         Message(role="system", content=template["system"].format(**fields)),
-        Message(role="user", content=template["user"].format(**fields)),
+        Message(role="user", content=template[variant].format(**fields)),
     )

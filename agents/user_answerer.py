@@ -4,11 +4,19 @@ a value.
 `extractive` (the default): the value is a contiguous span of the fused query. The output
 constraint itself is built from the fused query, so the answer cannot contain anything the user
 did not say; it is re-checked anyway. `abstractive` (an option): the value is worded freely, and
-`unsupported_words` flags its content words that the fused query does not contain."""
+`unsupported_words` flags its content words that the fused query does not contain.
+
+A span is made of units: each CJK character is one unit, and each run of letters/digits (with
+joiners such as `-` `.` `'` `/` `+` `&` inside it, e.g. `GPT-4o`, `3.5`, `TCP/IP`) is one unit.
+Between two consecutive units a span keeps the fused query's own separator text exactly (`, `,
+a space, nothing between CJK characters), so `iPhone 15 Pro` and `2023年` can be given but
+`iPhone15` cannot; a span never starts or ends with a separator. `SpanLimits` caps its length."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -19,37 +27,106 @@ from serving.engine import ChatModel
 from serving.errors import ConstrainedOutputError
 from serving.types import ChatRequest, JsonSchemaOutput, RegexOutput, Sampling
 
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+# CJK ideographs: Extension A, the unified block, compatibility ideographs, Extensions B-H.
+_CJK_RANGES = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+_CJK = re.compile(f"[{_CJK_RANGES}]")
+# Letters and digits of any script but CJK (which is one unit per character) and `_`.
+_ALNUM = f"[^\\W_{_CJK_RANGES}]"
+# A unit: one CJK character, or a letter/digit run whose joiners sit between two alphanumerics
+# (so `GPT-4o` is one unit, while the `,` of `Stockholm,` stays a separator).
+_UNIT = re.compile(f"[{_CJK_RANGES}]|{_ALNUM}+(?:[-.'’/+&]{_ALNUM}+)*")
 
 
-def _units(fused_query: str) -> tuple[list[str], str]:
-    """Words (characters for Chinese) and the separator that rejoins them."""
-    if _CJK.search(fused_query):
-        return [c for c in fused_query if not c.isspace()], ""
-    return [w.strip(".,;:!?\"'()") for w in fused_query.split()], " "
+@dataclass(frozen=True)
+class SpanLimits:
+    """How long an extractive answer may be: at most `max_words` letter/digit units and at
+    most `max_cjk_chars` CJK characters (a mixed span must satisfy both)."""
+
+    max_words: int = 16
+    max_cjk_chars: int = 32
+
+    def __post_init__(self) -> None:
+        if self.max_words < 1 or self.max_cjk_chars < 1:
+            raise ValueError(f"span limits must be at least 1, got {self}")
 
 
-def span_regex(fused_query: str, max_words: int = 8) -> str:
-    """`unknown`, or any run of up to `max_words` consecutive words of the fused query."""
-    units, sep = _units(fused_query)
-    units = [u for u in units if u]
-    alternatives = []
+def _units(fused_query: str) -> list[tuple[str, str]]:
+    """The fused query's units, each with the separator text that follows it up to the next
+    unit ("" after the last one)."""
+    matches = list(_UNIT.finditer(fused_query))
+    units = []
+    for i, m in enumerate(matches):
+        nxt = matches[i + 1].start() if i + 1 < len(matches) else m.end()
+        units.append((m.group(), fused_query[m.end() : nxt]))
+    return units
+
+
+def _runs(fused_query: str, limits: SpanLimits) -> Iterator[list[tuple[str, str]]]:
+    """Per start unit, the longest run of units from it within both caps. Every span is a
+    prefix of one of these runs, since shortening a run never breaks a cap."""
+    units = _units(fused_query)
     for start in range(len(units)):
-        run = units[start : start + max_words]
-        nested = re.escape(run[-1])
-        for unit in reversed(run[:-1]):
-            nested = (
-                f"{re.escape(unit)}(?:{re.escape(sep)}{nested})?"
-                if sep
-                else f"{re.escape(unit)}(?:{nested})?"
-            )
+        words = cjk = 0
+        end = start
+        while end < len(units):
+            if _CJK.fullmatch(units[end][0]):
+                cjk += 1
+            else:
+                words += 1
+            if words > limits.max_words or cjk > limits.max_cjk_chars:
+                break
+            end += 1
+        yield units[start:end]
+
+
+# Only what is special in a regex is escaped, and whitespace controls become their letter
+# escapes: `re.escape` also escapes spaces and `#&~`, which xgrammar warns about, and puts
+# literal newlines into the pattern.
+_ESCAPES = {c: "\\" + c for c in "\\.^$*+?{}[]|()"} | {
+    "\n": "\\n",
+    "\t": "\\t",
+    "\r": "\\r",
+    "\f": "\\f",
+    "\v": "\\v",
+}
+
+
+def _escape(text: str) -> str:
+    return "".join(_ESCAPES.get(c, c) for c in text)
+
+
+def span_regex(fused_query: str, limits: SpanLimits = SpanLimits()) -> str:
+    """`unknown`, or any span of the fused query within `limits`.
+
+    One alternative per start unit: the longest run from it as a nested-optional chain
+    (`a(?: b(?:, c)?)?`), so the pattern grows linearly with the query, not with the number of
+    spans; identical chains (a repeated phrase) appear once."""
+    alternatives = []
+    for run in _runs(fused_query, limits):  # never empty: every cap admits one unit
+        nested = _escape(run[-1][0])
+        for unit, sep in reversed(run[:-1]):
+            nested = f"{_escape(unit)}(?:{_escape(sep)}{nested})?"
         alternatives.append(nested)
     return "|".join([UNKNOWN, *dict.fromkeys(alternatives)])
 
 
-def is_span(answer: str, fused_query: str) -> bool:
-    units, sep = _units(fused_query)
-    return answer in sep.join(u for u in units if u)
+def spans(fused_query: str, limits: SpanLimits = SpanLimits()) -> set[str]:
+    """Every span of the fused query within `limits` (what `span_regex` allows besides
+    `unknown`)."""
+    found: set[str] = set()
+    for run in _runs(fused_query, limits):
+        text = ""
+        for unit, sep in run:
+            text += unit
+            found.add(text)
+            text += sep
+    return found
+
+
+def is_span(answer: str, fused_query: str, limits: SpanLimits = SpanLimits()) -> bool:
+    """Whether `span_regex(fused_query, limits)` accepts `answer` (checked directly, so the
+    re-check does not depend on the regex it re-checks)."""
+    return answer == UNKNOWN or answer in spans(fused_query, limits)
 
 
 AnswerMode = Literal["extractive", "abstractive"]
@@ -97,7 +174,9 @@ async def answer(
     language: str,
     sampling: Sampling,
     mode: AnswerMode = "extractive",
+    limits: SpanLimits = SpanLimits(),
 ) -> str:
+    """`limits` caps an extractive answer's length (the abstractive mode ignores it)."""
     if mode == "abstractive":
         system, user = render(
             "user_answerer_abstractive", language, fused_query=fused_query, question=question
@@ -114,10 +193,10 @@ async def answer(
         ChatRequest(
             messages=(system, user),
             sampling=sampling,
-            output=RegexOutput(pattern=span_regex(fused_query)),
+            output=RegexOutput(pattern=span_regex(fused_query, limits)),
         )
     )
     text = response.text.strip()
-    if text != UNKNOWN and not is_span(text, fused_query):
+    if not is_span(text, fused_query, limits):
         raise ConstrainedOutputError("user answerer invented text outside the fused query", text)
     return text

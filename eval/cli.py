@@ -24,7 +24,7 @@ from eval.dataset import (
 )
 from eval.engines import open_engines
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
-from eval.report import MAIN_COLUMNS, write_report
+from eval.report import MAIN_COLUMNS, report_cell, warnings, write_report
 from eval.run import RunResult, merge_run, run_experiment
 from eval.runner import RecordFileError
 from eval.search_agent import build_agent
@@ -151,7 +151,7 @@ def run(
             f"shard {part.index}/{part.count} done; when every shard is done: cts merge {out}"
         )
         return
-    console.print(main_table(result.report["summary"]))
+    print_summary(console, result.report["summary"])
     console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
 
 
@@ -171,15 +171,17 @@ def print_outcome(console: Console, result: RunResult) -> None:
 
 def main_table(summary_path: Path) -> Table:
     summary = json.loads(summary_path.read_text())
-    table = Table("system", *MAIN_COLUMNS, title="restore_score_100 [95% CI]")
-    for name, system in summary.items():
-        cells = []
-        for condition in MAIN_COLUMNS:
-            entry = system["scores"].get(condition, {}).get("restore_score_100")
-            cells.append(
-                f"{entry['mean']:.1f} [{entry['low']:.1f}, {entry['high']:.1f}]" if entry else "–"
-            )
-        table.add_row(name, *cells)
+    report = summary["report"]
+    policy = report["failure_policy"]
+    table = Table(
+        "system",
+        *MAIN_COLUMNS,
+        title="restore_score_100 [95% CI] (n instances, failed records)",
+        caption=f"paired on {report['paired_instances']} instances; failures: "
+        + ("scored 0" if policy == "zero" else "excluded"),
+    )
+    for name, system in summary["systems"].items():
+        table.add_row(name, *(report_cell(system["scores"].get(c), policy) for c in MAIN_COLUMNS))
     return table
 
 
@@ -203,18 +205,45 @@ def merge_command(run_dir: Path = typer.Argument(..., help="The run directory.")
             err=True,
         )
         raise typer.Exit(1)
-    Console().print(main_table(run_dir / "summary.json"))
+    print_summary(Console(), run_dir / "summary.json")
     typer.echo(f"merged {len(report.records)} records; report: {run_dir / 'report.html'}")
 
 
 def report_command(
     run_dirs: list[Path] = typer.Argument(..., help="One run directory per clarifier system."),
     out: Path = typer.Option(Path("report"), help="Where to write the combined report."),
+    failures: str | None = typer.Option(
+        None,
+        help="exclude: compare on the instances scored under every condition of every run "
+        "(paired); zero: a failed record scores 0. Default: the first run's report.failures.",
+    ),
+    min_gap: float | None = typer.Option(
+        None,
+        help="Gain recovered only when oracle beats blurred by at least this many points. "
+        "Default: the first run's report.min_gap (1.0).",
+    ),
 ) -> None:
-    """Combine runs into one report: main table (one row per system), diagnostics, figures."""
-    paths = write_report(run_dirs, out)
-    Console().print(main_table(paths["summary"]))
+    """Combine runs into one report: main table (one row per system, paired on the instances
+    every run scored), systems compared pairwise per condition (paired bootstrap CI, sign-flip
+    test, Holm across k), diagnostics and figures."""
+    if failures not in (None, "exclude", "zero"):
+        typer.echo(f"--failures {failures!r}: expected exclude or zero", err=True)
+        raise typer.Exit(2)
+    missing = [d for d in run_dirs if not (d / "config.yaml").is_file()]
+    if missing:
+        typer.echo(f"not a run directory (no config.yaml): {missing[0]}", err=True)
+        raise typer.Exit(2)
+    paths = write_report(run_dirs, out, failures, min_gap)  # type: ignore[arg-type]
+    print_summary(Console(), paths["summary"])
     typer.echo(f"report: {paths['html']}")
+
+
+def print_summary(console: Console, summary_path: Path) -> None:
+    """The main table and the warnings a reader must not miss."""
+    console.print(main_table(summary_path))
+    for name, system in json.loads(summary_path.read_text())["systems"].items():
+        for line in warnings(name, system):
+            console.print(line, style="yellow", highlight=False)
 
 
 data_app = typer.Typer(help="Validate and describe datasets and corpora.", no_args_is_help=True)

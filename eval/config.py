@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from configs import CONFIG_DIR, DEFAULT_EXPERIMENT
 from eval.dataset import DatasetSource
@@ -94,6 +102,11 @@ class Budgets(_Strict):
     max_context_tokens: int = Field(8192, ge=256)
 
 
+class AnswerSpan(_Strict):
+    max_words: int = Field(16, ge=1)
+    max_cjk_chars: int = Field(32, ge=1)
+
+
 class ClarificationConfig(_Strict):
     """How the clarify@k conditions ask, answer and classify."""
 
@@ -110,6 +123,10 @@ class ClarificationConfig(_Strict):
     #: Question-type diagnostics: keyword rules (no model call) or the `question_classifier`
     #: role.
     question_types: Literal["keywords", "llm"] = "keywords"
+    #: Longest extractive answer: Latin/digit words and CJK characters a span may hold
+    #: (both apply to a mixed span). Room for real values: a school and major in Chinese
+    #: ("北京大学人工智能专业" is 10 characters), a product name with its specification.
+    answer_span: AnswerSpan = Field(default_factory=lambda: AnswerSpan())
 
 
 class GoldenConfig(_Strict):
@@ -120,6 +137,29 @@ class GoldenConfig(_Strict):
     #: The trace's observations are cut to share about this many characters in the nugget
     #: builder's prompt; keep it well inside the builder model's context window.
     max_evidence_chars: int = Field(12000, ge=1000)
+    #: The golden search run's seed. It must not be an evaluation seed: the `oracle`
+    #: condition searches the same fused query, and with a shared seed (and cache) it would
+    #: replay the very run its nuggets were extracted from instead of being an independent run.
+    seed: int = Field(1000, ge=0)
+
+
+class JudgeConfig(_Strict):
+    """What the coverage judge is shown."""
+
+    #: The study's judge compares the search output with the nuggets only; true also shows it
+    #: the fused query (the user's full intent).
+    show_query: bool = False
+
+
+class ReportConfig(_Strict):
+    """How the report treats failures and guards its ratios."""
+
+    #: exclude: compare conditions on the instances scored under every one of them (paired;
+    #: the excluded instances are listed); zero: a failed record scores 0 and the table says so.
+    failures: Literal["exclude", "zero"] = "exclude"
+    #: Gain recovered, (score − blurred) / (oracle − blurred), is reported only when the
+    #: oracle beats blurred by at least this many points; a smaller gap only amplifies noise.
+    min_gap: float = Field(1.0, gt=0.0)
 
 
 def expand_path(path: str) -> Path:
@@ -146,13 +186,29 @@ class ExperimentConfig(_Strict):
     search: SearchConfig = SearchConfig()
     budgets: Budgets = Budgets()
     clarification: ClarificationConfig = ClarificationConfig()
-    golden: GoldenConfig = GoldenConfig()
+    judge: JudgeConfig = JudgeConfig()
+    report: ReportConfig = ReportConfig()
     conditions: list[Condition] = Field(default_factory=lambda: list(ALL_CONDITIONS), min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    #: After `seeds`, so that its check sees them.
+    golden: GoldenConfig = GoldenConfig()
     #: Concurrent instances in flight (each engine bounds its own requests too).
     concurrency: int = Field(4, ge=1)
     output_dir: str = "runs/{name}"
     cache: CacheConfig = CacheConfig()
+
+    @field_validator("golden")
+    @classmethod
+    def _golden_seed_is_not_an_evaluation_seed(
+        cls, golden: GoldenConfig, info: ValidationInfo
+    ) -> GoldenConfig:
+        seeds = info.data.get("seeds", [])
+        if golden.seed in seeds:
+            raise ValueError(
+                f"golden.seed {golden.seed} is also an evaluation seed (seeds: {seeds}); the "
+                "oracle condition would replay the golden run: give golden construction its own"
+            )
+        return golden
 
     @model_validator(mode="after")
     def _llm_classifier_has_a_role(self) -> ExperimentConfig:

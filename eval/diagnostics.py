@@ -1,77 +1,144 @@
-"""From records to the numbers a paper needs: scores per condition with bootstrap CIs, gain over
-blurred and gain recovered toward oracle, paired tests, and the clarification diagnostics
-(UA answerability per turn and per k, all-unknown rate, question-type mix with per-type unknown
-rate, region-only rate), plus failures by kind."""
+"""From records to the numbers a paper needs (DESIGN §2), every one with the n it stands on.
+
+Scores: per condition, each instance's score is its mean over seeds. Failed records are never a
+silent 0 nor silently dropped: under the `exclude` policy (the default) every score, gain, CI
+and test stands on the instances scored under every condition (and, in a report of several
+runs, in every run): paired, the others listed with why; under `zero` a failed record scores 0
+and the report says so. Gain recovered is guarded against a missing or tiny oracle gap.
+
+Clarification diagnostics are descriptive rates over the clarify@k records that did not fail:
+User Answerer answerability per turn within each k and per k, all-unknown rate, question-type
+mix (a question may have several types) with the unknown rate per type — the study's region
+figure is the unknown rate of region questions — the score split by whether any answer was
+given, breakdowns per language and removed constraint, and a degenerate-judge warning.
+"""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from statistics import mean
-from typing import Any
+from typing import Any, Literal
 
 from agents.question_type import QUESTION_TYPES
 from agents.types import UNKNOWN
-from eval.metrics import bootstrap_ci, gain_recovered, paired_test
+from eval.metrics import (
+    bootstrap_ci,
+    gain_recovered_ci,
+    holm,
+    paired_difference,
+    paired_test,
+)
 from eval.pipeline import Record, clarify_turns
 
-SCORE_VARIANTS = ("restore_score_100", "strict", "unweighted")
+SCORE = "restore_score_100"
+SCORE_VARIANTS = (SCORE, "strict", "unweighted")
+FailurePolicy = Literal["exclude", "zero"]
+#: The study's unknown rate of region questions (its region finding).
+STUDY_REGION_UNKNOWN = "0.75–0.87"
+#: One judge label this common says the judge does not discriminate.
+DEGENERATE_SHARE = 0.95
 
 
-def _scored(records: Iterable[Record]) -> list[Record]:
-    return [r for r in records if r.error is None and r.scores]
+@dataclass
+class Scored:
+    """One run's scores, instance by instance, under a failure policy."""
+
+    #: condition → instance → score variant → mean over seeds.
+    values: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    #: condition → seed → instance → restore score.
+    per_seed: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
+    #: instance → why it has no score under some condition.
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    #: condition → failed records.
+    failed: Counter[str] = field(default_factory=Counter)
+
+    def complete(self, conditions: Iterable[str]) -> set[str]:
+        """Instances with a score under every one of `conditions`."""
+        sets = [set(self.values.get(c, {})) for c in conditions]
+        return set.intersection(*sets) if sets else set()
 
 
-def _by_condition(records: Iterable[Record]) -> dict[str, list[Record]]:
-    grouped: dict[str, list[Record]] = defaultdict(list)
-    for r in records:
-        grouped[r.condition].append(r)
-    return dict(grouped)
+def score_records(
+    records: Iterable[Record], conditions: list[str], seeds: list[int], policy: FailurePolicy
+) -> Scored:
+    """An instance is scored under a condition when all its seeds are: each scored, or (policy
+    `zero`) failed and counted 0. A missing record, an unscorable instance (no golden nuggets)
+    and (policy `exclude`) a failure leave it unscored there, with the reason."""
+    keyed = {r.key: r for r in records}
+    scored = Scored()
+    for instance in sorted({r.instance_id for r in keyed.values()}):
+        for condition in conditions:
+            per_seed: dict[int, dict[str, float]] = {}
+            for seed in seeds:
+                record = keyed.get((instance, condition, seed))
+                why = None
+                if record is None:
+                    why = f"{condition} seed {seed}: no record"
+                elif record.error is not None:
+                    scored.failed[condition] += 1
+                    if policy == "zero":
+                        per_seed[seed] = dict.fromkeys(SCORE_VARIANTS, 0.0)
+                        continue
+                    why = (
+                        f"{condition} seed {seed}: failed at {record.error.get('stage', '?')} "
+                        f"({record.error.get('kind', '?')})"
+                    )
+                elif not record.scores:
+                    why = f"{condition} seed {seed}: not scored (no golden nuggets)"
+                else:
+                    per_seed[seed] = record.scores
+                if why:
+                    scored.problems.setdefault(instance, []).append(why)
+            if len(per_seed) == len(seeds):
+                scored.values.setdefault(condition, {})[instance] = {
+                    v: mean(s[v] for s in per_seed.values()) for v in SCORE_VARIANTS
+                }
+                for seed, s in per_seed.items():
+                    scored.per_seed.setdefault(condition, {}).setdefault(seed, {})[instance] = s[
+                        SCORE
+                    ]
+    return scored
 
 
-def _mean_over_seeds(records: list[Record], variant: str) -> dict[str, float]:
-    """Instance id → score averaged over seeds (the unit the CIs resample)."""
-    per_instance: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        per_instance[r.instance_id].append(r.scores[variant])
-    return {i: mean(v) for i, v in per_instance.items()}
+def _column(scored: Scored, condition: str, ids: list[str], variant: str = SCORE) -> list[float]:
+    return [scored.values[condition][i][variant] for i in ids]
 
 
-def score_table(records: list[Record], conditions: list[str]) -> dict[str, Any]:
-    """Per condition and score variant: mean with a 95% CI over instances, n, and per seed."""
-    grouped = _by_condition(_scored(records))
+def score_table(scored: Scored, conditions: list[str], ids: list[str]) -> dict[str, Any]:
+    """Per condition and score variant: mean with a 95% CI over the paired instances `ids`;
+    n (those instances) and the condition's failed records; the mean per seed."""
     table: dict[str, Any] = {}
     for condition in conditions:
-        rows = grouped.get(condition, [])
-        entry: dict[str, Any] = {"n_records": len(rows)}
-        for variant in SCORE_VARIANTS:
-            values = list(_mean_over_seeds(rows, variant).values())
-            if values:
-                ci = bootstrap_ci(values)
+        entry: dict[str, Any] = {"n": len(ids), "failed": scored.failed[condition]}
+        if ids:
+            for variant in SCORE_VARIANTS:
+                ci = bootstrap_ci(_column(scored, condition, ids, variant))
                 entry[variant] = {"mean": ci.mean, "low": ci.low, "high": ci.high, "n": ci.n}
-        entry["per_seed"] = {
-            str(seed): mean(r.scores["restore_score_100"] for r in rows if r.seed == seed)
-            for seed in sorted({r.seed for r in rows})
-        }
+            seeds = scored.per_seed.get(condition, {})
+            entry["per_seed"] = {
+                str(seed): mean(seeds[seed][i] for i in ids) for seed in sorted(seeds)
+            }
         table[condition] = entry
     return table
 
 
-def gains(records: list[Record], conditions: list[str]) -> dict[str, Any]:
-    """Each clarify@k against blurred (paired over instances) and the gain recovered toward
-    oracle: (score − blurred) / (oracle − blurred) on the condition means."""
-    grouped = _by_condition(_scored(records))
-    blurred = _mean_over_seeds(grouped.get("blurred", []), "restore_score_100")
-    oracle = _mean_over_seeds(grouped.get("oracle", []), "restore_score_100")
+def gains(scored: Scored, conditions: list[str], ids: list[str], min_gap: float) -> dict[str, Any]:
+    """Each condition against blurred on the paired instances: mean difference with a paired
+    bootstrap CI and a sign-flip test; and gain recovered toward oracle, (score − blurred) /
+    (oracle − blurred), with a paired bootstrap CI — undefined when the oracle beats blurred
+    by less than `min_gap` points."""
     out: dict[str, Any] = {}
+    if "blurred" not in conditions or not ids:
+        return out
+    blurred = _column(scored, "blurred", ids)
+    oracle = _column(scored, "oracle", ids) if "oracle" in conditions else None
     for condition in conditions:
         if condition == "blurred":
             continue
-        scores = _mean_over_seeds(grouped.get(condition, []), "restore_score_100")
-        shared = sorted(set(scores) & set(blurred))
-        if not shared:
-            continue
-        test = paired_test([scores[i] for i in shared], [blurred[i] for i in shared])
+        score = _column(scored, condition, ids)
+        test = paired_test(score, blurred)
         entry: dict[str, Any] = {
             "gain_over_blurred": test.mean_difference,
             "low": test.low,
@@ -79,63 +146,173 @@ def gains(records: list[Record], conditions: list[str]) -> dict[str, Any]:
             "p_value": test.p_value,
             "n": test.n,
         }
-        both = sorted(set(shared) & set(oracle))
-        if both:
-            entry["gain_recovered"] = gain_recovered(
-                mean(scores[i] for i in both),
-                mean(blurred[i] for i in both),
-                mean(oracle[i] for i in both),
+        if oracle is not None and condition != "oracle":
+            gap = mean(oracle) - mean(blurred)
+            found = gain_recovered_ci(score, blurred, oracle, min_gap=min_gap)
+            entry["gain_recovered"] = (
+                {"undefined": True, "gap": gap, "min_gap": min_gap}
+                if found is None
+                else {
+                    "value": found.value,
+                    "low": found.low,
+                    "high": found.high,
+                    "n": found.n,
+                    "undefined_share": found.undefined_share,
+                    "gap": gap,
+                }
             )
         out[condition] = entry
     return out
 
 
-def clarification(records: list[Record]) -> dict[str, Any]:
-    """Answerability and question types over every clarify@k record (errors excluded)."""
-    asked = [r for r in records if clarify_turns(r.condition) and r.error is None]
-    per_turn: dict[int, list[bool]] = defaultdict(list)
+def _rate(values: list[bool]) -> dict[str, Any]:
+    return {"rate": sum(values) / len(values) if values else None, "n": len(values)}
+
+
+def _asked(records: Iterable[Record]) -> list[Record]:
+    return [r for r in records if clarify_turns(r.condition) and r.error is None]
+
+
+def _distinct_questions(asked: list[Record], mode: str) -> list[tuple[list[str], str]]:
+    """(types, answer) of each question asked once: in sequential mode clarify@j repeats the
+    first j turns of one dialogue, so each (instance, seed) counts its longest record only."""
+    if mode != "sequential":
+        chosen = asked
+    else:
+        longest: dict[tuple[str, int], Record] = {}
+        for r in asked:
+            key = (r.instance_id, r.seed)
+            if key not in longest or len(r.questions) > len(longest[key].questions):
+                longest[key] = r
+        chosen = list(longest.values())
+    return [
+        (types, answer)
+        for r in chosen
+        for types, answer in zip(r.question_types, r.answers, strict=True)
+    ]
+
+
+def clarification(records: list[Record], mode: str = "sequential") -> dict[str, Any]:
+    """Answerability and question types over the clarify@k records that did not fail."""
+    asked = _asked(records)
+    per_turn: dict[int, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     per_k: dict[int, list[bool]] = defaultdict(list)
     all_unknown: dict[int, list[bool]] = defaultdict(list)
-    region_only: list[bool] = []
-    types: Counter[str] = Counter()
-    unknown_by_type: Counter[str] = Counter()
     stopped: dict[int, list[bool]] = defaultdict(list)
+    all_region: list[bool] = []
     for r in asked:
         k = clarify_turns(r.condition) or 0
         answered = [a != UNKNOWN for a in r.answers]
         for turn, ok in enumerate(answered, 1):
-            per_turn[turn].append(ok)
+            per_turn[k][turn].append(ok)
         per_k[k].extend(answered)
         all_unknown[k].append(bool(answered) and not any(answered))
-        region_only.append(bool(r.question_types) and set(r.question_types) == {"region"})
         stopped[k].append(r.stopped_early)
-        for kind, answer in zip(r.question_types, r.answers, strict=True):
-            types[kind] += 1
-            unknown_by_type[kind] += answer == UNKNOWN
-
-    def rate(values: list[bool]) -> float | None:
-        return sum(values) / len(values) if values else None
-
+        if r.question_types:
+            all_region.append(all("region" in types for types in r.question_types))
+    questions = _distinct_questions(asked, mode)
+    counts: Counter[str] = Counter()
+    unknown: Counter[str] = Counter()
+    for types, answer in questions:
+        for kind in types:
+            counts[kind] += 1
+            unknown[kind] += answer == UNKNOWN
     checked = [
         bool(words)
         for r in asked
         for words, answer in zip(r.unsupported_words, r.answers, strict=False)
         if answer != UNKNOWN
     ]
-    total = sum(types.values())
+    by_k = sorted(per_k)
     return {
-        "answerability_per_turn": {str(t): rate(v) for t, v in sorted(per_turn.items())},
-        "answerability_per_k": {str(k): rate(v) for k, v in sorted(per_k.items())},
-        "all_unknown_rate_per_k": {str(k): rate(v) for k, v in sorted(all_unknown.items())},
-        "stopped_early_rate_per_k": {str(k): rate(v) for k, v in sorted(stopped.items())},
-        "question_type_mix": {t: (types[t] / total if total else 0.0) for t in QUESTION_TYPES},
-        "question_type_counts": {t: types[t] for t in QUESTION_TYPES},
-        "unknown_rate_per_type": {
-            t: (unknown_by_type[t] / types[t] if types[t] else None) for t in QUESTION_TYPES
+        "mode": mode,
+        "answerability_per_k": {str(k): _rate(per_k[k]) for k in by_k},
+        "answerability_per_turn": {
+            str(k): {str(t): _rate(v) for t, v in sorted(per_turn[k].items())} for k in by_k
         },
-        "region_only_rate": rate(region_only),
+        "all_unknown_rate_per_k": {str(k): _rate(all_unknown[k]) for k in by_k},
+        "stopped_early_rate_per_k": {str(k): _rate(stopped[k]) for k in by_k},
+        # Shares of the questions asked; a question of several types counts in each.
+        "questions": len(questions),
+        "question_type_counts": {t: counts[t] for t in QUESTION_TYPES},
+        "question_type_share": {
+            t: (counts[t] / len(questions) if questions else None) for t in QUESTION_TYPES
+        },
+        "unknown_rate_per_type": {
+            t: {"rate": unknown[t] / counts[t] if counts[t] else None, "n": counts[t]}
+            for t in QUESTION_TYPES
+        },
+        # The study's region figure: of the questions about region, the share answered unknown.
+        "region_question_unknown_rate": {
+            "rate": unknown["region"] / counts["region"] if counts["region"] else None,
+            "n": counts["region"],
+            "study": STUDY_REGION_UNKNOWN,
+        },
+        # Not the study's figure: clarify@k interactions in which every question asked about
+        # region.
+        "all_region_interaction_rate": _rate(all_region),
         # Abstractive User Answerer only: answers with content words not in the fused query.
-        "unsupported_answers": {"checked": len(checked), "rate": rate(checked)},
+        "unsupported_answers": {"checked": len(checked), "rate": _rate(checked)["rate"]},
+    }
+
+
+def _mean_n(values: list[float]) -> dict[str, Any]:
+    return {"mean": mean(values) if values else None, "n": len(values)}
+
+
+def score_by_answered(records: list[Record]) -> dict[str, Any]:
+    """Per k, the restore score of scored clarify@k records in which at least one answer was
+    not `unknown`, against those in which every answer was (the clarification told nothing)."""
+    split: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in _asked(records):
+        if r.scored and r.answers:
+            group = "all_unknown" if all(a == UNKNOWN for a in r.answers) else "some_answered"
+            split[clarify_turns(r.condition) or 0][group].append(r.scores[SCORE])
+    return {
+        str(k): {g: _mean_n(split[k][g]) for g in ("some_answered", "all_unknown")}
+        for k in sorted(split)
+    }
+
+
+def breakdowns(
+    records: list[Record], scored: Scored, conditions: list[str], ids: list[str]
+) -> dict[str, Any]:
+    """The restore score per language and per removed-constraint type, on the paired
+    instances; an instance with several removed constraints counts in each."""
+    language: dict[str, str] = {}
+    removed: dict[str, list[str]] = {}
+    for r in records:
+        language.setdefault(r.instance_id, r.language or "?")
+        removed.setdefault(r.instance_id, r.removed_constraints or ["none"])
+    groups: dict[str, dict[str, list[str]]] = {"language": {}, "removed_constraint": {}}
+    for i in ids:
+        groups["language"].setdefault(language.get(i, "?"), []).append(i)
+        for kind in removed.get(i, ["none"]):
+            groups["removed_constraint"].setdefault(kind, []).append(i)
+    return {
+        by: {
+            group: {
+                "n": len(members),
+                **{c: mean(_column(scored, c, members)) for c in conditions},
+            }
+            for group, members in sorted(found.items())
+        }
+        for by, found in groups.items()
+    }
+
+
+def judge_labels(records: Iterable[Record]) -> dict[str, Any]:
+    """How often the judge gave each label; `degenerate` when one label takes at least 95%
+    of them: the judge does not tell answers apart and the scores carry no information."""
+    labels = Counter(v["label"] for r in records for v in r.labels.values())
+    total = sum(labels.values())
+    top, count = labels.most_common(1)[0] if labels else ("", 0)
+    return {
+        "counts": {label: labels[label] for label in ("full", "partial", "none")},
+        "total": total,
+        "dominant": top or None,
+        "dominant_share": count / total if total else None,
+        "degenerate": bool(total) and count / total >= DEGENERATE_SHARE,
     }
 
 
@@ -152,19 +329,90 @@ def reuse(records: list[Record]) -> dict[str, Any]:
 
 
 def failures(records: list[Record]) -> dict[str, Any]:
-    kinds = Counter(r.error["kind"] for r in records if r.error)
-    stages = Counter(r.error["stage"] for r in records if r.error)
-    return {"total": sum(kinds.values()), "by_kind": dict(kinds), "by_stage": dict(stages)}
+    failed = [r for r in records if r.error]
+    return {
+        "total": len(failed),
+        "by_condition": dict(Counter(r.condition for r in failed)),
+        "by_stage": dict(Counter(r.error["stage"] for r in failed if r.error)),
+        "by_kind": dict(Counter(r.error["kind"] for r in failed if r.error)),
+    }
 
 
-def summarize(records: list[Record], conditions: list[str]) -> dict[str, Any]:
+def summarize(
+    records: list[Record],
+    conditions: list[str],
+    seeds: list[int],
+    ids: list[str],
+    scored: Scored,
+    *,
+    policy: FailurePolicy = "exclude",
+    min_gap: float = 1.0,
+    mode: str = "sequential",
+) -> dict[str, Any]:
+    """One run's summary on the paired instances `ids` (see `paired_instances`)."""
+    excluded = {
+        i: scored.problems.get(i, ["not scored in every run of the report"])
+        for i in sorted({r.instance_id for r in records} - set(ids))
+    }
     return {
         "records": len(records),
         "instances": len({r.instance_id for r in records}),
-        "seeds": sorted({r.seed for r in records}),
-        "scores": score_table(records, conditions),
-        "gains": gains(records, conditions),
-        "clarification": clarification(records),
+        "seeds": seeds,
+        "failure_policy": policy,
+        "paired_instances": len(ids),
+        "excluded_instances": excluded,
+        "scores": score_table(scored, conditions, ids),
+        "gains": gains(scored, conditions, ids, min_gap),
+        "clarification": clarification(records, mode),
+        "score_by_answered": score_by_answered(records),
+        "breakdowns": breakdowns(records, scored, conditions, ids),
+        "judge": judge_labels(records),
         "reuse": reuse(records),
         "failures": failures(records),
     }
+
+
+def paired_instances(runs: list[tuple[Scored, list[str]]]) -> list[str]:
+    """The instances scored under every condition of every run (each run: its scores and
+    conditions): what a report compares on."""
+    sets = [scored.complete(conditions) for scored, conditions in runs]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
+def compare_systems(
+    systems: list[tuple[str, Scored]], conditions: list[str]
+) -> list[dict[str, Any]]:
+    """Every pair of systems, per condition, on the instances both scored under it: the mean
+    difference (first − second) with a paired bootstrap CI and sign-flip test; p-values
+    Holm-corrected across the clarify@k conditions of each pair (the family of the question
+    "does this clarifier beat that one")."""
+    rows: list[dict[str, Any]] = []
+    for a in range(len(systems)):
+        for b in range(a + 1, len(systems)):
+            (name_a, first), (name_b, second) = systems[a], systems[b]
+            pair: list[dict[str, Any]] = []
+            for condition in conditions:
+                left = {i: v[SCORE] for i, v in first.values.get(condition, {}).items()}
+                right = {i: v[SCORE] for i, v in second.values.get(condition, {}).items()}
+                if not set(left) & set(right):
+                    continue
+                test = paired_difference(left, right)
+                pair.append(
+                    {
+                        "a": name_a,
+                        "b": name_b,
+                        "condition": condition,
+                        "difference": test.mean_difference,
+                        "low": test.low,
+                        "high": test.high,
+                        "p_value": test.p_value,
+                        "p_holm": None,
+                        "n": test.n,
+                    }
+                )
+            family = {r["condition"]: r["p_value"] for r in pair if clarify_turns(r["condition"])}
+            adjusted = holm(family) if family else {}
+            for r in pair:
+                r["p_holm"] = adjusted.get(r["condition"])
+            rows += pair
+    return rows

@@ -2,9 +2,11 @@
 archived, weighted nuggets extracted from that trace, each nugget's `source_ids` restricted to
 evidence ids the trace showed.
 
-The search run is the pipeline's `golden` key (one per instance, the experiment's first seed),
-so it shards, resumes and survives preemption like any evaluation; `finish` then writes the
-dataset with `golden` filled in, which an experiment's `dataset.path` can point at."""
+The search run is the pipeline's `golden` key (one per instance, seeded with `golden.seed`,
+which is never an evaluation seed: the `oracle` condition is then an independent run on the same
+fused query, not a replay of the run its nuggets came from), so it shards, resumes and survives
+preemption like any evaluation; `finish` then writes the dataset with `golden` filled in, which
+an experiment's `dataset.path` can point at."""
 
 from __future__ import annotations
 
@@ -102,7 +104,7 @@ def golden_dataset(instances: list[Instance], records: dict[str, Any], out: Path
                 error = record.error or {"kind": "no_nuggets", "message": ""}
                 report.failed[instance.id] = f"{error['kind']}: {error['message']}"[:300]
                 continue
-            golden = Golden(nuggets=record.nuggets, trace_id=record.trace_id)
+            golden = Golden(nuggets=record.nuggets, trace_id=record.trace_id, seed=record.seed)
             row = instance.model_copy(update={"golden": golden}).model_dump(mode="json")
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             report.built += 1

@@ -2,6 +2,21 @@
 
 restore_score_100 = 100 · Σ w·s / Σ w with s(full) = 1, s(partial) = 0.5, s(none) = 0; the strict
 variant scores partial as 0; the unweighted one gives every nugget weight 1.
+
+Statistics, each written so that it cannot mislead:
+
+- ``gain_recovered`` — (score − blurred) / (oracle − blurred), None unless the oracle's gap over
+  blurred is positive and at least ``min_gap`` points (a negative gap flips the sign, a tiny one
+  multiplies noise); callers show "undefined (gap x.x)".
+- ``gain_recovered_ci`` — the same ratio on paired per-instance scores with a paired percentile
+  bootstrap; resamples whose gap is ≤ 0 are counted, and when too many of them are undefined the
+  interval is reported as unbounded (``low``/``high`` None) rather than invented.
+- ``bootstrap_ci`` — mean with a percentile bootstrap CI over instances.
+- ``paired_test`` — a − b on the same instances: bootstrap CI and a two-sided sign-flip p-value,
+  exact when all 2^n flips fit in ``resamples``, else Monte Carlo with p = (b + 1)/(B + 1), so
+  never 0.
+- ``paired_difference`` — ``paired_test`` on two instance-id → score maps, on their common ids.
+- ``holm`` — Holm–Bonferroni step-down adjusted p-values for a family of comparisons.
 """
 
 from __future__ import annotations
@@ -15,6 +30,10 @@ from typing import Literal
 Label = Literal["full", "partial", "none"]
 LABEL_SCORE: dict[str, float] = {"full": 1.0, "partial": 0.5, "none": 0.0}
 STRICT_SCORE: dict[str, float] = {"full": 1.0, "partial": 0.0, "none": 0.0}
+
+# Score differences are sums of means of floats: a gap that prints as 1.0 may be 0.9999999999.
+# Comparisons against a threshold allow this much so that the printed gap and the verdict agree.
+_EPS = 1e-9
 
 
 def restore_score(
@@ -36,13 +55,110 @@ def restore_score(
     return 100.0 * gained / total
 
 
-def gain_recovered(score: float, blurred: float, oracle: float) -> float | None:
+def gain_recovered(
+    score: float, blurred: float, oracle: float, min_gap: float = 1.0
+) -> float | None:
     """(score − blurred) / (oracle − blurred): the share of the oracle's gain a clarifier
-    restores. None when the oracle gains nothing over blurred (undefined)."""
+    restores.
+
+    Defined only when the gap oracle − blurred is positive and at least ``min_gap`` points;
+    otherwise None. A negative gap would flip the sign (clarify 50, blurred 60, oracle 40 would
+    read +0.5) and a gap of a fraction of a point turns score noise into large ratios. Callers
+    show "undefined (gap x.x)" with the gap they computed.
+    """
+    if min_gap < 0:
+        raise ValueError("min_gap must be non-negative")
     gap = oracle - blurred
-    if abs(gap) < 1e-9:
+    if gap <= _EPS or gap < min_gap - _EPS:
         return None
     return (score - blurred) / gap
+
+
+@dataclass(frozen=True)
+class RatioEstimate:
+    """A gain-recovered estimate with its bootstrap interval.
+
+    ``low``/``high`` are None when the interval is unbounded: more than (1 − level)/2 of the
+    resamples had no defined ratio (gap ≤ 0), i.e. the oracle's gap over blurred is not reliably
+    positive. ``undefined_share`` is that share of resamples in every case.
+    """
+
+    value: float
+    low: float | None
+    high: float | None
+    n: int
+    undefined_share: float
+
+
+def gain_recovered_ci(
+    score: Sequence[float],
+    blurred: Sequence[float],
+    oracle: Sequence[float],
+    *,
+    min_gap: float = 1.0,
+    level: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> RatioEstimate | None:
+    """Gain recovered on paired per-instance scores with a paired percentile bootstrap CI.
+
+    The three sequences hold one value per instance, for the same instances in the same order.
+    The point estimate is the ratio of the means, ``gain_recovered(mean s, mean b, mean o,
+    min_gap)``; None when that is undefined (then there is nothing to put an interval around).
+
+    Each resample draws instance indices with replacement — the same indices for all three
+    sequences, which keeps the pairing — and computes (mean s − mean b) / (mean o − mean b).
+    ``min_gap`` guards only the point estimate; a resample's ratio is undefined only when its gap
+    is ≤ 0, where the ratio has no meaning (as the gap falls to 0 it diverges).
+
+    Undefined resamples. The interval is the percentile interval over ALL B resamples, with the
+    undefined ones placed adversarially: for the lower bound they are taken to lie below every
+    defined ratio, for the upper bound above every one (as if −∞ and +∞). So with u undefined,
+    the lower bound is the ⌊αB⌋-th smallest value of the full list (0-based) = the (⌊αB⌋ − u)-th
+    defined one, and symmetrically at the top, where α = (1 − level)/2. Why not simply drop them:
+    that quietly conditions on the gap being positive and narrows the interval exactly when the
+    denominator is shakiest; the adversarial placement can only widen it, and it meets the
+    unbounded case continuously — once u > αB the bound would have to be one of the undefined
+    resamples, so ``low`` and ``high`` are None (the report says "CI undefined: the oracle's gap
+    over blurred is not reliably positive"). ``undefined_share`` = u / B is always reported.
+    """
+    n = len(score)
+    if n == 0 or len(blurred) != n or len(oracle) != n:
+        raise ValueError("paired samples need the same, non-zero length")
+    if not 0 < level < 1:
+        raise ValueError("level must lie strictly between 0 and 1")
+    if resamples < 1:
+        raise ValueError("resamples must be at least 1")
+    value = gain_recovered(sum(score) / n, sum(blurred) / n, sum(oracle) / n, min_gap)
+    if value is None:
+        return None
+    rng = random.Random(seed)
+    indices = range(n)
+    ratios: list[float] = []
+    undefined = 0
+    for _ in range(resamples):
+        drawn = rng.choices(indices, k=n)
+        mean_s = sum(score[i] for i in drawn) / n
+        mean_b = sum(blurred[i] for i in drawn) / n
+        mean_o = sum(oracle[i] for i in drawn) / n
+        gap = mean_o - mean_b
+        if gap <= 0:
+            undefined += 1
+            continue
+        # Same expression as gain_recovered, so that identical instances reproduce the point
+        # estimate bit for bit.
+        ratios.append((mean_s - mean_b) / gap)
+    share = undefined / resamples
+    alpha = (1 - level) / 2
+    # Order-statistic positions in the full list of B resamples, as in bootstrap_ci; _EPS keeps
+    # αB = 250.00000000000003 (float noise in 1 − 0.95) from moving a position.
+    low_pos = max(0, math.floor(alpha * resamples + _EPS))
+    high_pos = min(resamples - 1, math.ceil((1 - alpha) * resamples - _EPS) - 1)
+    # Undefined resamples sit first (for the low bound) or last (for the high bound).
+    if low_pos < undefined or high_pos >= resamples - undefined:
+        return RatioEstimate(value, None, None, n, share)
+    ratios.sort()
+    return RatioEstimate(value, ratios[low_pos - undefined], ratios[high_pos], n, share)
 
 
 @dataclass(frozen=True)
@@ -84,13 +200,21 @@ def paired_test(
     a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0
 ) -> PairedTest:
     """a − b over the same instances: a bootstrap CI of the mean difference and a two-sided
-    paired sign-flip permutation p-value (exact when 2^n ≤ resamples)."""
+    paired sign-flip permutation p-value.
+
+    When 2^n ≤ resamples every flip is enumerated and p is exact (the identity flip is among
+    them, so p ≥ 1/2^n). Otherwise B = resamples flips are sampled and p = (b + 1)/(B + 1),
+    b counting sampled flips at least as extreme as observed: the observed assignment counts as
+    one more, which keeps the test valid and p never 0 — a Monte Carlo p of 0 would claim more
+    than B samples can show.
+    """
     if len(a) != len(b) or not a:
         raise ValueError("paired samples need the same, non-zero length")
     diffs = [x - y for x, y in zip(a, b, strict=True)]
     n = len(diffs)
     observed = abs(sum(diffs) / n)
-    if 2**n <= resamples:
+    exact = 2**n <= resamples
+    if exact:
         flips = [[1 - 2 * ((mask >> i) & 1) for i in range(n)] for mask in range(2**n)]
     else:
         rng = random.Random(seed)
@@ -100,5 +224,44 @@ def paired_test(
         for signs in flips
         if abs(sum(s * d for s, d in zip(signs, diffs, strict=True)) / n) >= observed - 1e-12
     )
+    p_value = extreme / len(flips) if exact else (extreme + 1) / (len(flips) + 1)
     ci = bootstrap_ci(diffs, resamples=resamples, seed=seed)
-    return PairedTest(ci.mean, ci.low, ci.high, extreme / len(flips), n)
+    return PairedTest(ci.mean, ci.low, ci.high, p_value, n)
+
+
+def paired_difference(
+    a: Mapping[str, float],
+    b: Mapping[str, float],
+    *,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> PairedTest:
+    """``paired_test`` of a − b on the instance ids both maps score (sorted, so the result does
+    not depend on insertion order). Ids only one side scored are left out — ``n`` says how many
+    were compared. ValueError when the maps share no id: an empty comparison is no evidence."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        raise ValueError("the two systems share no scored instance")
+    return paired_test(
+        [a[i] for i in common], [b[i] for i in common], resamples=resamples, seed=seed
+    )
+
+
+def holm(p_values: Mapping[str, float]) -> dict[str, float]:
+    """Holm–Bonferroni step-down adjusted p-values, keyed (and ordered) as given.
+
+    With the m p-values sorted ascending, the i-th (0-based) is multiplied by m − i; a running
+    maximum keeps the adjusted values non-decreasing in that order (a smaller raw p never gets a
+    larger adjusted one), and each is capped at 1. Ties get equal adjusted values whatever their
+    order. Reject at level α exactly where the adjusted p ≤ α.
+    """
+    for key, p in p_values.items():
+        if not 0.0 <= p <= 1.0:  # also rejects NaN
+            raise ValueError(f"p-value for {key!r} is not in [0, 1]: {p}")
+    m = len(p_values)
+    adjusted: dict[str, float] = {}
+    running = 0.0
+    for rank, key in enumerate(sorted(p_values, key=lambda k: p_values[k])):
+        running = max(running, min(1.0, (m - rank) * p_values[key]))
+        adjusted[key] = running
+    return {key: adjusted[key] for key in p_values}

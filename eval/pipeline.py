@@ -1,24 +1,21 @@
 """One instance under one condition and seed, end to end: clarify (k turns) → answer → rewrite →
 search → judge → score. The information flow is fixed here: the fused query goes to the user
-answerer and the judge only (and is the search query of the `oracle` upper bound, and of
-golden construction's `golden` key, whose trace the nugget builder reads)."""
+answerer and, with `judge.show_query`, the judge (and is the search query of the `oracle` upper
+bound, and of golden construction's `golden` key, whose trace the nugget builder reads)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
-from agents import clarifier, judge, rewriter, user_answerer
-from agents.question_type import classify, classify_with_model
-from agents.types import QA
-from agents.user_answerer import unsupported_words
-from eval.config import ClarificationConfig, GoldenConfig
+from agents import judge, rewriter
+from eval.config import GoldenConfig, JudgeConfig
+from eval.dialogue import Clarification, failure
 from eval.golden import GOLDEN, NoEvidence, golden_nuggets
 from eval.metrics import restore_score
 from eval.schema import Instance, Nugget
@@ -42,9 +39,13 @@ class Record(BaseModel):
     instance_id: str
     condition: str
     seed: int
+    #: The instance's language and removed constraint types, for the report's breakdowns.
+    language: str = ""
+    removed_constraints: list[str] = []
     questions: list[str] = []
     answers: list[str] = []
-    question_types: list[str] = []
+    #: Per question, every type it asks about.
+    question_types: list[list[str]] = []
     #: Abstractive User Answerer only: per answer, content words not in the fused query.
     unsupported_words: list[list[str]] = []
     stopped_early: bool = False
@@ -63,9 +64,21 @@ class Record(BaseModel):
     #: {kind, stage, message} when the instance failed; the run goes on.
     error: dict[str, str] | None = None
 
+    @field_validator("question_types", mode="before")
+    @classmethod
+    def _one_type_each_before(cls, value: Any) -> Any:
+        # Records written before questions could have several types hold one per question.
+        if isinstance(value, list):
+            return [[v] if isinstance(v, str) else v for v in value]
+        return value
+
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.instance_id, self.condition, self.seed)
+
+    @property
+    def scored(self) -> bool:
+        return self.error is None and bool(self.scores)
 
 
 @dataclass
@@ -73,26 +86,27 @@ class PipelineContext:
     roles: dict[str, ChatModel]
     agent: WebDancerAgent
     sampling: dict[str, Sampling]
-    clarification: ClarificationConfig = field(default_factory=ClarificationConfig)
+    #: The clarify@k dialogues (questions, answers, their types).
+    clarification: Clarification
     golden: GoldenConfig = field(default_factory=GoldenConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     trace_dir: Path | None = None
-
-
-def _seeded(sampling: Sampling, seed: int) -> Sampling:
-    return sampling.model_copy(update={"seed": seed})
 
 
 async def run_instance(
     instance: Instance, condition: str, seed: int, ctx: PipelineContext
 ) -> Record:
-    record = Record(instance_id=instance.id, condition=condition, seed=seed)
+    """Every sampled request of the key is seeded with `seed`: clarifier, User Answerer,
+    rewriter, searcher and summarizer; the judge keeps temperature 0 and its fixed seed."""
+    record = Record(
+        instance_id=instance.id,
+        condition=condition,
+        seed=seed,
+        language=instance.language,
+        removed_constraints=list(instance.removed_constraints),
+    )
     started = time.perf_counter()
     stage = ""
-
-    def mark(name: str) -> None:
-        nonlocal stage
-        stage = name
-
     try:
         k = clarify_turns(condition)
         if condition in ("oracle", GOLDEN):
@@ -100,19 +114,29 @@ async def run_instance(
         elif k is None:
             query = instance.blurred_query
         else:
-            pairs = await _clarify(instance, k, seed, ctx, record, mark)
+            stage = "clarify"
+            turns, record.stopped_early, failed = await ctx.clarification.turns(instance, k, seed)
+            record.questions = [t.question for t in turns]
+            record.answers = [t.answer for t in turns]
+            record.question_types = [t.question_types for t in turns]
+            record.unsupported_words = [
+                t.unsupported_words for t in turns if t.unsupported_words is not None
+            ]
+            if failed is not None:
+                record.error = failed
+                return record
             stage = "rewrite"
             query = await rewriter.rewrite(
                 ctx.roles["rewriter"],
                 instance.blurred_query,
-                pairs,
+                [t.qa for t in turns],
                 instance.language,
-                _seeded(ctx.sampling["rewriter"], seed),
+                ctx.sampling["rewriter"].with_seed(seed),
             )
             record.rewrite = query
         record.search_query = query
         stage = "search"
-        result = await ctx.agent.run(query)
+        result = await ctx.agent.run(query, seed)
         record.answer, record.termination, record.doc_ids = (
             result.answer,
             result.termination,
@@ -137,7 +161,7 @@ async def run_instance(
                     instance,
                     result.answer,
                     result.steps,
-                    _seeded(ctx.sampling["nugget_builder"], seed),
+                    ctx.sampling["nugget_builder"].with_seed(seed),
                     ctx.golden.max_nuggets,
                     ctx.golden.max_evidence_chars,
                 )
@@ -147,11 +171,11 @@ async def run_instance(
             stage = "judge"
             labels = await judge.judge(
                 ctx.roles["judge"],
-                instance.fused_query,
                 result.answer,
                 instance.golden.nuggets,
                 instance.language,
                 ctx.sampling["judge"],
+                query=instance.fused_query if ctx.judge.show_query else None,
             )
             record.labels = {
                 i: {"label": v.label, "evidence": v.evidence} for i, v in labels.items()
@@ -164,86 +188,10 @@ async def run_instance(
                 "unweighted": restore_score(chosen, weights, weighted=False),  # type: ignore[arg-type]
             }
     except (EngineError, ToolCacheMiss) as e:
-        kind = e.kind if isinstance(e, EngineError) else "tool_cache_miss"
-        record.error = {"kind": kind, "stage": stage, "message": str(e)[:2000]}
+        record.error = failure(e, stage)
     finally:
         record.seconds = round(time.perf_counter() - started, 3)
     return record
-
-
-async def _clarify(
-    instance: Instance,
-    k: int,
-    seed: int,
-    ctx: PipelineContext,
-    record: Record,
-    mark: Callable[[str], None],
-) -> list[QA]:
-    """k questions (sequential turns, or all at once), each answered by the User Answerer; the
-    record gets questions, answers, their types and the abstractive post-check. `mark` names
-    the stage in progress for the error record."""
-    options = ctx.clarification
-    ask_sampling = _seeded(ctx.sampling["clarifier"], seed)
-    pairs: list[QA] = []
-
-    async def answer(question: str) -> None:
-        mark("answer")
-        reply = await user_answerer.answer(
-            ctx.roles["user_answerer"],
-            instance.fused_query,
-            question,
-            instance.language,
-            _seeded(ctx.sampling["user_answerer"], seed),
-            mode=options.answerer,
-        )
-        pairs.append(QA(question=question, answer=reply))
-        record.questions.append(question)
-        record.answers.append(reply)
-        if options.answerer == "abstractive":
-            record.unsupported_words.append(unsupported_words(reply, instance.fused_query))
-
-    if options.mode == "all_at_once":
-        mark("clarify")
-        questions = await clarifier.ask_all(
-            ctx.roles["clarifier"],
-            instance.blurred_query,
-            k,
-            instance.language,
-            ask_sampling,
-            allow_stop=options.allow_stop,
-        )
-        record.stopped_early = len(questions) < k
-        for question in questions:
-            await answer(question)
-    else:
-        for _ in range(k):
-            mark("clarify")
-            turn = await clarifier.ask(
-                ctx.roles["clarifier"],
-                instance.blurred_query,
-                pairs,
-                instance.language,
-                ask_sampling,
-                allow_stop=options.allow_stop,
-            )
-            if turn.stop:
-                record.stopped_early = True
-                break
-            await answer(turn.question)
-    mark("classify")
-    for question in record.questions:
-        if options.question_types == "llm":
-            record.question_types.append(
-                await classify_with_model(
-                    ctx.roles["question_classifier"],
-                    question,
-                    instance.language,
-                    ctx.sampling["question_classifier"],
-                )
-            )
-        else:
-            record.question_types.append(classify(question))
-    return pairs
 
 
 def _write_trace(trace_dir: Path, record: Record, trace: dict[str, Any]) -> str:

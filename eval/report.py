@@ -2,8 +2,12 @@
 report.html (figures embedded) for people, and the figures as PNG.
 
 One row per clarifier system (a run directory) in the paper-style main table: blurred,
-clarify@1..3 and oracle with 95% bootstrap CIs. Blurred and oracle do not depend on the
-clarifier; with the shared response cache, comparing clarifiers re-uses them (the report says so).
+clarify@1..3 and oracle with 95% bootstrap CIs, each cell with the instances it stands on and
+the condition's failed records. Every number is paired: it stands on the instances scored under
+every condition of every run in the report (see eval/diagnostics.py); the others are listed in
+summary.json with why. Several runs are also compared pairwise per condition. Blurred and
+oracle do not depend on the clarifier; with the shared response cache, comparing clarifiers
+re-uses them (the report says so).
 """
 
 from __future__ import annotations
@@ -11,12 +15,23 @@ from __future__ import annotations
 import base64
 import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from eval.diagnostics import QUESTION_TYPES, summarize
+from eval.config import ExperimentConfig
+from eval.diagnostics import (
+    DEGENERATE_SHARE,
+    QUESTION_TYPES,
+    FailurePolicy,
+    Scored,
+    compare_systems,
+    paired_instances,
+    score_records,
+    summarize,
+)
 from eval.pipeline import Record
 from eval.runner import RecordStore
 from serving.model_config import model_label
@@ -24,40 +39,127 @@ from serving.model_config import model_label
 MAIN_COLUMNS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
 
 
-def load_run(run_dir: Path) -> tuple[str, list[str], list[Record]]:
-    """(system name, conditions, records) of a run directory."""
+@dataclass
+class RunView:
+    """What the report reads of a run directory."""
+
+    name: str
+    experiment: ExperimentConfig
+    records: list[Record]
+
+
+def load_run(run_dir: Path) -> RunView:
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    experiment = config["experiment"]
-    ref = experiment["roles"].get("clarifier", {}).get("model", "?")
+    experiment = ExperimentConfig.model_validate(config["experiment"])
+    role = experiment.roles.get("clarifier")
+    ref = role.model if role else "?"
     clarifier = model_label(ref, config.get("models", {}).get(ref, {}).get("name", ref))
     records = list(RecordStore(run_dir).completed().values())
-    return f"{experiment['name']} ({clarifier})", experiment["conditions"], records
+    return RunView(f"{experiment.name} ({clarifier})", experiment, records)
 
 
-def _cell(entry: dict[str, Any] | None) -> str:
-    if not entry or "restore_score_100" not in entry:
+def report_cell(entry: dict[str, Any] | None, policy: str) -> str:
+    if not entry:
         return "–"
+    failed = entry.get("failed", 0)
+    note = f", {failed} failed" + (" (scored 0)" if policy == "zero" else "") if failed else ""
+    if "restore_score_100" not in entry:
+        return f"– (n=0{note})"
     s = entry["restore_score_100"]
-    return f"{s['mean']:.1f} [{s['low']:.1f}, {s['high']:.1f}]"
+    return f"{s['mean']:.1f} [{s['low']:.1f}, {s['high']:.1f}] (n={s['n']}{note})"
 
 
-def _pct(value: float | None) -> str:
+def _pct(value: dict[str, Any] | float | None) -> str:
+    """A rate as a percentage; a {rate, n} entry with its n."""
+    if isinstance(value, dict):
+        rate, n = value.get("rate"), value.get("n")
+        return "–" if rate is None else f"{100 * rate:.0f}% of {n}"
     return "–" if value is None else f"{100 * value:.0f}%"
 
 
-def markdown(systems: list[tuple[str, dict[str, Any]]]) -> str:
+def _score(entry: dict[str, Any]) -> str:
+    return "–" if entry["mean"] is None else f"{entry['mean']:.1f} (n={entry['n']})"
+
+
+def _recovered(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "–"
+    if entry.get("undefined"):
+        return f"undefined (gap {entry['gap']:.1f} < {entry['min_gap']:g})"
+    if entry["low"] is None:
+        return f"{entry['value']:.2f} [CI undefined: gap not reliably > 0]"
+    return f"{entry['value']:.2f} [{entry['low']:.2f}, {entry['high']:.2f}]"
+
+
+def warnings(name: str, summary: dict[str, Any]) -> list[str]:
+    """Lines a reader must not miss: failed records, a judge that gives one label."""
+    found = []
+    f = summary["failures"]
+    if f["total"]:
+        by_stage = ", ".join(f"{k} {v}" for k, v in sorted(f["by_stage"].items()))
+        by_kind = ", ".join(f"{k} {v}" for k, v in sorted(f["by_kind"].items()))
+        treated = (
+            "scored 0"
+            if summary["failure_policy"] == "zero"
+            else f"their instances excluded from every comparison "
+            f"({len(summary['excluded_instances'])} excluded)"
+        )
+        found.append(
+            f"WARNING {name}: {f['total']} of {summary['records']} records failed "
+            f"(by stage: {by_stage}; by kind: {by_kind}); {treated}."
+        )
+    judge = summary["judge"]
+    if judge["degenerate"]:
+        found.append(
+            f"WARNING {name}: the judge labelled {100 * judge['dominant_share']:.0f}% of "
+            f"{judge['total']} nuggets `{judge['dominant']}` (≥ {100 * DEGENERATE_SHARE:.0f}%): "
+            "it does not tell answers apart, so these scores are uninformative."
+        )
+    return found
+
+
+def markdown(
+    systems: list[tuple[str, dict[str, Any]]],
+    comparisons: list[dict[str, Any]],
+    paired: int,
+    policy: str,
+) -> str:
+    treated = (
+        "failed records score 0 (policy `zero`)"
+        if policy == "zero"
+        else "instances with a failed record are excluded (policy `exclude`)"
+    )
     lines = [
         "# Clarify-Then-Search report",
         "",
-        "restore_score_100 (weighted nugget coverage, 0–100), mean over instances with a "
-        "95% bootstrap CI.",
+        "restore_score_100 (weighted nugget coverage, 0–100): mean over instances (each the "
+        "mean over seeds) with a 95% bootstrap CI; n = instances, then the condition's failed "
+        "records.",
+        "",
+        f"Paired: every score, gain and test stands on the {paired} instance(s) scored under "
+        f"every condition of every run below; {treated}. Excluded instances are listed, with "
+        "why, in summary.json (`excluded_instances`).",
+        "",
+    ]
+    for name, summary in systems:
+        lines += [f"- {w}" for w in warnings(name, summary)]
+    lines += [
         "",
         "| system | " + " | ".join(MAIN_COLUMNS) + " |",
         "|---|" + "---|" * len(MAIN_COLUMNS),
     ]
     for name, summary in systems:
-        cells = [_cell(summary["scores"].get(c)) for c in MAIN_COLUMNS]
+        cells = [report_cell(summary["scores"].get(c), policy) for c in MAIN_COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name, summary in systems:
+        mode = summary["clarification"]["mode"]
+        how = (
+            "clarify@j is the first j turns of one dialogue per instance and seed"
+            if mode == "sequential"
+            else "each clarify@k asks its k questions in one call"
+        )
+        lines.append(f"- {name}: clarification `{mode}` ({how}).")
     lines += [
         "",
         "Blurred and oracle searches do not depend on the clarifier; runs that share "
@@ -73,73 +175,134 @@ def markdown(systems: list[tuple[str, dict[str, Any]]]) -> str:
         if reused:
             lines.append(f"- {name}: search-agent model calls from the cache: {', '.join(reused)}.")
     lines.append("")
+    if comparisons:
+        lines += [
+            "## Systems compared",
+            "",
+            "Per condition, on the instances both systems scored under it: difference in "
+            "restore_score_100 (first − second) with a paired bootstrap 95% CI and a paired "
+            "sign-flip test; p (Holm) corrects across the clarify@k conditions of each pair.",
+            "",
+            "| first − second | condition | difference [95% CI] | p | p (Holm) | n |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in comparisons:
+            holm_p = "–" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
+            lines.append(
+                f"| {c['a']} − {c['b']} | {c['condition']} | {c['difference']:+.1f} "
+                f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['p_value']:.3f} | {holm_p} | "
+                f"{c['n']} |"
+            )
+        lines.append("")
     for name, summary in systems:
-        lines += [
-            f"## {name}",
-            "",
-            f"{summary['instances']} instances, seeds "
-            f"{summary['seeds']}, {summary['records']} records.",
-            "",
-            "| condition | strict | unweighted | gain over blurred [CI], p | gain recovered |",
-            "|---|---|---|---|---|",
-        ]
-        for condition, entry in summary["scores"].items():
-            strict = entry.get("strict", {}).get("mean")
-            unweighted = entry.get("unweighted", {}).get("mean")
-            gain = summary["gains"].get(condition)
-            gain_text = (
-                (
-                    f"{gain['gain_over_blurred']:+.1f} [{gain['low']:+.1f}, "
-                    f"{gain['high']:+.1f}], p={gain['p_value']:.3f}"
-                )
-                if gain
-                else "–"
-            )
-            recovered = gain.get("gain_recovered") if gain else None
-            lines.append(
-                f"| {condition} | {'–' if strict is None else f'{strict:.1f}'} | "
-                f"{'–' if unweighted is None else f'{unweighted:.1f}'} | {gain_text} | "
-                f"{'–' if recovered is None else f'{recovered:.2f}'} |"
-            )
-        c = summary["clarification"]
-        lines += [
-            "",
-            "| k | UA answerability | all-unknown rate | stopped early |",
-            "|---|---|---|---|",
-        ]
-        for k, value in c["answerability_per_k"].items():
-            lines.append(
-                f"| {k} | {_pct(value)} | {_pct(c['all_unknown_rate_per_k'].get(k))} | "
-                f"{_pct(c['stopped_early_rate_per_k'].get(k))} |"
-            )
-        lines += ["", "| question type | share of questions | unknown rate |", "|---|---|---|"]
-        for t in QUESTION_TYPES:
-            lines.append(
-                f"| {t} | {_pct(c['question_type_mix'][t])} | "
-                f"{_pct(c['unknown_rate_per_type'][t])} |"
-            )
-        lines += [
-            "",
-            f"Region-only rate (every question asked about region): "
-            f"{_pct(c['region_only_rate'])}. Answerability per turn: "
-            + ", ".join(f"turn {t}: {_pct(v)}" for t, v in c["answerability_per_turn"].items())
-            + ".",
-            *(
-                [
-                    "",
-                    f"Abstractive answers with content words not in the fused query: "
-                    f"{_pct(c['unsupported_answers']['rate'])} of "
-                    f"{c['unsupported_answers']['checked']} answers.",
-                ]
-                if c["unsupported_answers"]["checked"]
-                else []
-            ),
-            "",
-            f"Failures: {summary['failures']['total']} "
-            f"{json.dumps(summary['failures']['by_kind'])}.",
-            "",
-        ]
+        lines += _system_section(name, summary)
     return "\n".join(lines)
+
+
+def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
+    c = summary["clarification"]
+    region = c["region_question_unknown_rate"]
+    lines = [
+        f"## {name}",
+        "",
+        f"{summary['instances']} instances ({summary['paired_instances']} paired, "
+        f"{len(summary['excluded_instances'])} excluded), seeds {summary['seeds']}, "
+        f"{summary['records']} records.",
+        "",
+        f"Unknown rate of region questions: {_pct(region)} region questions (the study: "
+        f"{region['study']}). Not to be confused with the share of interactions in which "
+        f"every question asked about region: {_pct(c['all_region_interaction_rate'])} "
+        "interactions.",
+        "",
+        "Gain over blurred: paired mean difference [95% CI], sign-flip p. Gain recovered: "
+        "(score − blurred) / (oracle − blurred) [paired bootstrap 95% CI], undefined when the "
+        "oracle's gap over blurred is below the minimum.",
+        "",
+        "| condition | strict | unweighted | gain over blurred [CI], p | gain recovered | n |",
+        "|---|---|---|---|---|---|",
+    ]
+    for condition, entry in summary["scores"].items():
+        strict = entry.get("strict", {}).get("mean")
+        unweighted = entry.get("unweighted", {}).get("mean")
+        gain = summary["gains"].get(condition)
+        gain_text = (
+            f"{gain['gain_over_blurred']:+.1f} [{gain['low']:+.1f}, {gain['high']:+.1f}], "
+            f"p={gain['p_value']:.3f}"
+            if gain
+            else "–"
+        )
+        lines.append(
+            f"| {condition} | {'–' if strict is None else f'{strict:.1f}'} | "
+            f"{'–' if unweighted is None else f'{unweighted:.1f}'} | {gain_text} | "
+            f"{_recovered(gain.get('gain_recovered') if gain else None)} | {entry['n']} |"
+        )
+    answered = summary["score_by_answered"]
+    lines += [
+        "",
+        "User Answerer, per k (rates of the clarify@k records that did not fail): "
+        "answerability (answers not `unknown`), per turn within k; all-unknown rate; the "
+        "score when some answer was given against when all were `unknown`.",
+        "",
+        "| k | answerability | per turn | all-unknown rate | stopped early "
+        "| score, some answered | score, all unknown |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k, value in c["answerability_per_k"].items():
+        turns = "; ".join(f"t{t}: {_pct(v)}" for t, v in c["answerability_per_turn"][k].items())
+        split = answered.get(k, {})
+        lines.append(
+            f"| {k} | {_pct(value)} | {turns} | {_pct(c['all_unknown_rate_per_k'][k])} | "
+            f"{_pct(c['stopped_early_rate_per_k'][k])} | "
+            f"{_score(split['some_answered']) if split else '–'} | "
+            f"{_score(split['all_unknown']) if split else '–'} |"
+        )
+    lines += [
+        "",
+        f"Question types of the {c['questions']} questions asked (a question may have several "
+        "types, so shares may add up to more than 100%):",
+        "",
+        "| question type | questions | share | unknown rate |",
+        "|---|---|---|---|",
+    ]
+    for t in QUESTION_TYPES:
+        lines.append(
+            f"| {t} | {c['question_type_counts'][t]} | {_pct(c['question_type_share'][t])} | "
+            f"{_pct(c['unknown_rate_per_type'][t]['rate'])} |"
+        )
+    for by, title in (("language", "language"), ("removed_constraint", "removed constraint")):
+        groups = summary["breakdowns"][by]
+        if not groups:
+            continue
+        conditions = list(summary["scores"])
+        lines += [
+            "",
+            f"| {title} | n | " + " | ".join(conditions) + " |",
+            "|---|---|" + "---|" * len(conditions),
+        ]
+        for group, entry in groups.items():
+            lines.append(
+                f"| {group} | {entry['n']} | "
+                + " | ".join(f"{entry[cond]:.1f}" for cond in conditions)
+                + " |"
+            )
+    if c["unsupported_answers"]["checked"]:
+        lines += [
+            "",
+            f"Abstractive answers with content words not in the fused query: "
+            f"{_pct(c['unsupported_answers']['rate'])} of "
+            f"{c['unsupported_answers']['checked']} answers.",
+        ]
+    f = summary["failures"]
+    judge = summary["judge"]["counts"]
+    lines += [
+        "",
+        f"Judge labels: full {judge['full']}, partial {judge['partial']}, none {judge['none']}.",
+        "",
+        f"Failures: {f['total']} records; by condition {json.dumps(f['by_condition'])}, "
+        f"by stage {json.dumps(f['by_stage'])}, by kind {json.dumps(f['by_kind'])}.",
+        "",
+    ]
+    return lines
 
 
 def figures(systems: list[tuple[str, dict[str, Any]]], out: Path) -> list[Path]:
@@ -172,13 +335,17 @@ def figures(systems: list[tuple[str, dict[str, Any]]], out: Path) -> list[Path]:
     plt.close(fig)
 
     for key, title, name in (
-        ("question_type_mix", "Question-type mix", "question_types.png"),
+        ("question_type_share", "Question-type mix", "question_types.png"),
         ("unknown_rate_per_type", "UA unknown rate per question type", "unknown_rate_per_type.png"),
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
         width = 0.8 / max(1, len(systems))
         for s, (system, summary) in enumerate(systems):
-            values = [summary["clarification"][key][t] or 0.0 for t in QUESTION_TYPES]
+            shown = summary["clarification"][key]
+            values = [
+                (shown[t]["rate"] if isinstance(shown[t], dict) else shown[t]) or 0.0
+                for t in QUESTION_TYPES
+            ]
             ax.bar([i + s * width for i in range(len(QUESTION_TYPES))], values, width, label=system)
         ax.set_xticks(
             [i + width * (len(systems) - 1) / 2 for i in range(len(QUESTION_TYPES))],
@@ -246,16 +413,64 @@ def to_html(markdown_text: str, images: list[Path]) -> str:
     )
 
 
-def write_report(run_dirs: list[Path], out: Path) -> dict[str, Path]:
-    systems = []
-    for run_dir in run_dirs:
-        name, conditions, records = load_run(run_dir)
-        systems.append((name, summarize(records, conditions)))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(
-        json.dumps({name: summary for name, summary in systems}, indent=2, ensure_ascii=False)
+def write_report(
+    run_dirs: list[Path],
+    out: Path,
+    failures: FailurePolicy | None = None,
+    min_gap: float | None = None,
+) -> dict[str, Path]:
+    """The report of `run_dirs` (one per clarifier system) into `out`. The failure policy and
+    gain recovered's minimum gap default to the first run's `report:` config."""
+    runs = [load_run(d) for d in run_dirs]
+    names = [r.name for r in runs]
+    folders = [d.name for d in run_dirs]
+    for run, run_dir in zip(runs, run_dirs, strict=True):
+        if names.count(run.name) > 1:  # same experiment and clarifier: tell them apart
+            where = run_dir.name if folders.count(run_dir.name) == 1 else str(run_dir)
+            run.name = f"{run.name} [{where}]"
+    settings = runs[0].experiment.report
+    policy: FailurePolicy = failures or settings.failures
+    gap = settings.min_gap if min_gap is None else min_gap
+    scored: list[Scored] = [
+        score_records(r.records, list(r.experiment.conditions), r.experiment.seeds, policy)
+        for r in runs
+    ]
+    ids = paired_instances(
+        [(s, list(r.experiment.conditions)) for s, r in zip(scored, runs, strict=True)]
     )
-    text = markdown(systems)
+    systems = [
+        (
+            run.name,
+            summarize(
+                run.records,
+                list(run.experiment.conditions),
+                run.experiment.seeds,
+                ids,
+                s,
+                policy=policy,
+                min_gap=gap,
+                mode=run.experiment.clarification.mode,
+            ),
+        )
+        for run, s in zip(runs, scored, strict=True)
+    ]
+    conditions = [c for c in MAIN_COLUMNS if any(c in r.experiment.conditions for r in runs)]
+    comparisons = compare_systems(
+        [(run.name, s) for run, s in zip(runs, scored, strict=True)], conditions
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "report": {
+            "runs": [str(d) for d in run_dirs],
+            "failure_policy": policy,
+            "min_gap": gap,
+            "paired_instances": len(ids),
+        },
+        "systems": dict(systems),
+        "comparisons": comparisons,
+    }
+    (out / "summary.json").write_text(json.dumps(document, indent=2, ensure_ascii=False))
+    text = markdown(systems, comparisons, len(ids), policy)
     (out / "report.md").write_text(text)
     images = figures(systems, out / "figures")
     (out / "report.html").write_text(to_html(text, images))

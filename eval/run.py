@@ -23,9 +23,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agents.nugget_builder import max_tokens_for
 from eval.config import ExperimentConfig, ResolvedExperiment
 from eval.dataset import load_instances
+from eval.dialogue import Clarification, DialogueStore
 from eval.engines import open_engines
 from eval.golden import GOLDEN, GoldenReport, golden_dataset
-from eval.pipeline import PipelineContext, Record, run_instance
+from eval.pipeline import PipelineContext, Record, clarify_turns, run_instance
 from eval.report import write_report
 from eval.runner import (
     MergeReport,
@@ -49,7 +50,7 @@ ROLE_MAX_TOKENS = {
     "user_answerer": 64,
     "rewriter": 192,
     "judge": 1024,
-    "question_classifier": 8,
+    "question_classifier": 48,
 }
 
 
@@ -134,12 +135,20 @@ async def _run(
             )
             for role in experiment.roles
         }
+        roles = {str(role): engine for role, engine in engines.roles.items()}
         ctx = PipelineContext(
-            roles={str(role): engine for role, engine in engines.roles.items()},
+            roles=roles,
             agent=build_agent(resolved, engines),
             sampling=sampling,
-            clarification=experiment.clarification,
+            clarification=Clarification(
+                roles,
+                sampling,
+                experiment.clarification,
+                k_max=max((clarify_turns(c) or 0 for c in conditions), default=0),
+                store=DialogueStore(run_dir / "dialogues", shard.name),
+            ),
             golden=experiment.golden,
+            judge=experiment.judge,
             trace_dir=run_dir / "traces",
         )
         total = len(shard.select(instances)) * len(conditions) * len(seeds)
@@ -225,10 +234,6 @@ def run_experiment(
     )
 
 
-def golden_seed(experiment: ExperimentConfig) -> int:
-    return experiment.seeds[0]
-
-
 def build_golden(
     resolved: ResolvedExperiment,
     run_dir: Path,
@@ -238,13 +243,14 @@ def build_golden(
     retry_failed: bool = False,
 ) -> RunResult:
     """Golden construction for (a shard of) the experiment's dataset into `run_dir`: one
-    `golden` record per instance (search on the fused query, nuggets from its trace). Resumes
+    `golden` record per instance (search on the fused query with `golden.seed`, disjoint from
+    the evaluation seeds, nuggets from its trace). Resumes
     and stops like `run_experiment`; `finish_golden` writes the dataset."""
     if "nugget_builder" not in resolved.experiment.roles:
         raise ConfigError(
             f"{resolved.path}: roles.nugget_builder: not set; golden construction needs it"
         )
-    keys = ([GOLDEN], [golden_seed(resolved.experiment)])
+    keys = ([GOLDEN], [resolved.experiment.golden.seed])
     return _run_into(
         resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, False
     )
@@ -258,7 +264,7 @@ def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
     experiment = ExperimentConfig.model_validate(config["experiment"])
     instances = load_instances(experiment.dataset)
     store = RecordStore(run_dir)
-    merged = merge(store, instances, [GOLDEN], [golden_seed(experiment)])
+    merged = merge(store, instances, [GOLDEN], [experiment.golden.seed])
     if not merged.ok:
         return merged, None
     report = golden_dataset(
@@ -266,6 +272,8 @@ def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
     )
     summary = {
         "dataset": str(report.dataset),
+        # Provenance: the golden search runs' seed, disjoint from the evaluation seeds.
+        "seed": experiment.golden.seed,
         "instances": len(instances),
         "built": report.built,
         "nuggets": report.nuggets,

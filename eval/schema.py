@@ -39,6 +39,8 @@ class Golden(_Data):
     nuggets: list[Nugget] = Field(min_length=1)
     #: Golden construction's trace, when the nuggets were extracted from one.
     trace_id: str | None = None
+    #: The seed of that golden search run (`golden.seed`, never an evaluation seed).
+    seed: int | None = None
 
 
 class Instance(_Data):

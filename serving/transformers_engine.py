@@ -27,6 +27,42 @@ from serving.types import (
 )
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+_SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the printable character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    shifted = 0
+    alphabet = {chr(b): b for b in printable}
+    for b in range(256):
+        if b not in printable:
+            alphabet[chr(256 + shifted)] = b
+            shifted += 1
+    return alphabet
+
+
+def token_bytes(vocab: dict[str, int], special: set[str]) -> dict[bytes, list[int]]:
+    """Each ordinary token's bytes → its ids. outlines turns tokens into *strings*, so every
+    token holding part of a UTF-8 character becomes "�" and many CJK characters can then never
+    be generated: a span grammar over a Chinese query with "，" between two characters fails
+    to compile. Byte-level BPE (GPT-2, Qwen, Llama-3, SmolLM) maps through its byte alphabet;
+    SentencePiece through `▁` and its `<0xNN>` byte tokens. Special tokens are left out: no
+    constrained answer needs them."""
+    alphabet = _byte_level_alphabet()
+    ordinary = {t: i for t, i in vocab.items() if t not in special}
+    byte_level = all(ch in alphabet for t in ordinary for ch in t)
+    found: dict[bytes, list[int]] = {}
+    for token, token_id in ordinary.items():
+        if byte_level:
+            data = bytes(alphabet[ch] for ch in token)
+        elif match := _SENTENCEPIECE_BYTE.fullmatch(token):
+            data = bytes([int(match.group(1), 16)])
+        else:
+            data = token.replace("▁", " ").encode()
+        found.setdefault(data, []).append(token_id)
+    return found
 
 
 def output_regex(spec: OutputSpec) -> str:
@@ -83,6 +119,7 @@ class TransformersEngine(BatchingEngine):
             import outlines
             import torch
             from outlines.backends.outlines_core import OutlinesCoreBackend
+            from outlines_core import Vocabulary
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             if self.threads:
@@ -97,6 +134,10 @@ class TransformersEngine(BatchingEngine):
             )
             hf.eval()
             self._backend = OutlinesCoreBackend(outlines.from_transformers(hf, tokenizer))
+            self._backend.vocabulary = Vocabulary(
+                tokenizer.eos_token_id,
+                token_bytes(tokenizer.get_vocab(), set(tokenizer.all_special_tokens)),
+            )
             self._tokenizer = tokenizer
             self._hf = hf
 

@@ -26,6 +26,12 @@ class Sampling(_Frozen):
     stop: tuple[str, ...] = ()
     repetition_penalty: float = Field(1.0, gt=0.0)
 
+    def with_seed(self, seed: int) -> Sampling:
+        """Seeded with a run's seed when it samples. A greedy request (temperature 0) keeps
+        its seed: the seed cannot change its answer, and a shared seed lets every run seed
+        re-use the one cached greedy answer (and batch together)."""
+        return self.model_copy(update={"seed": seed}) if self.temperature > 0 else self
+
 
 class JsonSchemaOutput(_Frozen):
     """Output must be one JSON value valid against `json_schema`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 
 from serving.engine import Engine
@@ -39,6 +40,15 @@ class ScriptedEngine(Engine):
         )
 
 
+def fused_query(request: ChatRequest) -> str:
+    """The fused query in a User Answerer prompt (agents/prompts/user_answerer.yaml)."""
+    found = re.search(
+        r'(?:intent is: "|完整意图是：“)(.*?)(?:"\.\n|”。)', request.messages[0].content
+    )
+    assert found, request.messages[0].content
+    return found.group(1)
+
+
 def scripted_roles() -> dict[str, ScriptedEngine]:
     """Deterministic stand-ins for every role of the pipeline (answers depend only on the
     request), for logic tests of the pipeline and runner."""
@@ -55,12 +65,23 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
         return _json.dumps({"question": questions[turn % 3]})
 
     def user_answerer(request: ChatRequest) -> str:
+        """Real spans of the fused query: a year for "Which year?", its first two words for
+        "Which city?", `unknown` otherwise; never text from its end."""
         if request.output is not None and request.output.kind == "json":  # abstractive
             return _json.dumps({"answer": "probably Sweden"})
+        fused = fused_query(request)
+        question = request.messages[-1].content
+        if "year" in question:
+            year = re.search(r"(?<!\d)(19|20)\d\d(?!\d)", fused)
+            return year.group(0) if year else "unknown"
+        if "city" in question:
+            if re.match(r"[\u4e00-\u9fff]{2}", fused):
+                return fused[:2]
+            return " ".join(w.strip(".,;:!?\"'()") for w in fused.split()[:2])
         return "unknown"
 
     def question_classifier(request: ChatRequest) -> str:
-        return "numeric"
+        return _json.dumps({"types": ["numeric"]})
 
     def rewriter(request: ChatRequest) -> str:
         return _json.dumps({"query": "rewritten " + request.messages[-1].content.split("\n")[0]})
@@ -109,8 +130,11 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
     return {role: ScriptedEngine(script, name=role) for role, script in scripts.items()}
 
 
-def scripted_context(search, trace_dir=None):  # type: ignore[no-untyped-def]
-    """A pipeline context of scripted roles over a real local search; (context, roles)."""
+def scripted_context(search, trace_dir=None, options=None, store=None):  # type: ignore[no-untyped-def]
+    """A pipeline context of scripted roles over a real local search; (context, roles).
+    `options`: a ClarificationConfig; `store`: a DialogueStore (dialogues kept in memory
+    only without one)."""
+    from eval.dialogue import Clarification
     from eval.pipeline import PipelineContext
     from serving.types import Sampling
     from webdancer.agent import AgentBudget, WebDancerAgent
@@ -128,6 +152,10 @@ def scripted_context(search, trace_dir=None):  # type: ignore[no-untyped-def]
     )
     sampling = {role: Sampling(max_tokens=64) for role in roles}
     context = PipelineContext(
-        roles=dict(roles), agent=agent, sampling=sampling, trace_dir=trace_dir
+        roles=dict(roles),
+        agent=agent,
+        sampling=sampling,
+        clarification=Clarification(dict(roles), sampling, options, k_max=3, store=store),
+        trace_dir=trace_dir,
     )
     return context, roles

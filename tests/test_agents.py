@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 
 import pytest
 
 from agents import clarifier, judge, rewriter, user_answerer
-from agents.question_type import QUESTION_TYPES, classify, classify_with_model
+from agents.question_type import QUESTION_TYPES, classify_with_model
 from agents.types import QA
 from eval.dataset import DatasetSource, load_instances
 from eval.metrics import LABEL_SCORE, restore_score
@@ -36,63 +35,6 @@ def test_clarifier_may_stop_early_when_allowed():
     turn = asyncio.run(clarifier.ask(engine, "q", [], "zh", SAMPLING, allow_stop=True))
     assert turn.stop
     assert "搜索查询：q" in engine.requests[0].messages[1].content
-
-
-def test_span_regex_allows_exactly_unknown_or_spans():
-    import re
-
-    pattern = re.compile(user_answerer.span_regex("night train tickets from Esker in 2024"))
-    for ok in [
-        "unknown",
-        "2024",
-        "in 2024",
-        "night train",
-        "Esker",
-        "train tickets from Esker in 2024",
-    ]:
-        assert pattern.fullmatch(ok), ok
-    for bad in ["2023", "Unknown", "train night", "Esker 2024", "tickets to Esker", ""]:
-        assert not pattern.fullmatch(bad), bad
-    zh = re.compile(user_answerer.span_regex("华岳医学会2023年版共识"))
-    assert zh.fullmatch("2023年版") and zh.fullmatch("unknown") and not zh.fullmatch("2024年")
-
-
-def test_user_answerer_rechecks_the_span():
-    engine = ScriptedEngine(lambda r: "Paris")  # as if a server ignored the constraint
-    with pytest.raises(ConstrainedOutputError):
-        asyncio.run(user_answerer.answer(engine, "hotels in Lyon", "Which city?", "en", SAMPLING))
-
-
-@pytest.mark.slow
-def test_user_answerer_is_extractive_on_100_random_cases(tiny_engine):
-    instances = load_instances(DatasetSource(path="sample", split=None))
-    questions = [
-        "Which year do you mean?",
-        "Which city or country?",
-        "Which product exactly?",
-        "What price range?",
-        "Do you mean a specific season?",
-        "For whom is it?",
-        "Which organisation?",
-        "What exactly do you mean by that term?",
-        "哪一年？",
-        "在哪个城市？",
-    ]
-    rng = random.Random(100)
-    cases = [(rng.choice(instances), rng.choice(questions)) for _ in range(100)]
-    sampling = Sampling(max_tokens=64, temperature=0.7, seed=7)
-
-    async def go():
-        return await asyncio.gather(
-            *(
-                user_answerer.answer(tiny_engine, i.fused_query, q, i.language, sampling)
-                for i, q in cases
-            )
-        )
-
-    answers = asyncio.run(go())
-    for (instance, _), text in zip(cases, answers, strict=True):
-        assert text == "unknown" or user_answerer.is_span(text, instance.fused_query), text
 
 
 def test_rewriter_never_gets_the_fused_query_and_keeps_unknowns_open():
@@ -122,7 +64,7 @@ def test_judge_sends_batches_of_ten_keyed_by_exactly_the_ids_sent():
         )
 
     engine = ScriptedEngine(script)
-    labels = asyncio.run(judge.judge(engine, "q", "answer", nuggets(23), "en", SAMPLING))
+    labels = asyncio.run(judge.judge(engine, "answer", nuggets(23), "en", SAMPLING))
     sent = [r.output.json_schema["required"] for r in engine.requests]
     assert sorted(len(s) for s in sent) == [3, 10, 10]
     assert sorted(i for s in sent for i in s) == sorted(f"n{i}" for i in range(23))
@@ -149,53 +91,7 @@ def test_judge_rejects_a_missing_or_invented_id():
         )
     )
     with pytest.raises(ConstrainedOutputError):
-        asyncio.run(judge.judge(engine, "q", "a", nuggets(2), "en", SAMPLING))
-
-
-@pytest.mark.parametrize(
-    ("question", "kind"),
-    [
-        ("Which year are you asking about?", "time"),
-        ("When did it happen?", "time"),
-        ("Which city or country?", "region"),
-        ("What is your budget range?", "numeric"),
-        ("How many people?", "numeric"),
-        ("Which brand do you mean?", "entity"),
-        ("Which year do you mean?", "time"),
-        ("Which model of the phone?", "entity"),
-        ("Are you interested in a specific aspect?", "scope"),
-        ("What do you mean by 'light'?", "definition"),
-        ("Anything else?", "other"),
-        ("你指的是哪一年？", "time"),
-        ("你说的“轻”是什么意思？", "definition"),
-        ("是哪一年？", "time"),
-        ("在哪个城市？", "region"),
-        ("预算是多少？", "numeric"),
-        ("哪个品牌？", "entity"),
-        ("哪方面？", "scope"),
-    ],
-)
-def test_question_types(question, kind):
-    assert classify(question) == kind
-
-
-def test_unsupported_words_flag_what_the_fused_query_does_not_say():
-    fused = "Best electric SUVs of 2023 in Norway"
-    assert user_answerer.unsupported_words("unknown", fused) == []
-    assert user_answerer.unsupported_words("the 2023 ones, in Norway please", fused) == []
-    assert user_answerer.unsupported_words("Sweden, last year", fused) == ["sweden", "last", "year"]
-    assert user_answerer.unsupported_words("2023年的", "2023年北京的电动车") == []
-    assert user_answerer.unsupported_words("上海", "2023年北京的电动车") == ["上", "海"]
-
-
-def test_abstractive_answers_are_free_text_and_unknown_is_normalised():
-    engine = ScriptedEngine(lambda r: json.dumps({"answer": "Unknown"}))
-    text = asyncio.run(
-        user_answerer.answer(engine, "hotels in Lyon", "When?", "en", SAMPLING, mode="abstractive")
-    )
-    assert text == "unknown"
-    assert "your full intent" in engine.requests[0].messages[0].content
-    assert engine.requests[0].output.json_schema["required"] == ["answer"]
+        asyncio.run(judge.judge(engine, "a", nuggets(2), "en", SAMPLING))
 
 
 def test_all_at_once_schema_fixes_the_number_of_questions():
@@ -223,7 +119,7 @@ def test_options_on_the_tiny_model(tiny_engine):
             for q in questions
         ]
         kinds = [
-            await classify_with_model(tiny_engine, q, instance.language, Sampling(max_tokens=8))
+            await classify_with_model(tiny_engine, q, instance.language, Sampling(max_tokens=48))
             for q in questions
         ]
         return questions, answers, kinds
@@ -231,4 +127,4 @@ def test_options_on_the_tiny_model(tiny_engine):
     questions, answers, kinds = asyncio.run(go())
     assert len(questions) == 2 and all(3 <= len(q) <= 200 for q in questions)
     assert all(1 <= len(a) <= 120 for a in answers)
-    assert set(kinds) <= set(QUESTION_TYPES)
+    assert all(k and set(k) <= set(QUESTION_TYPES) for k in kinds)

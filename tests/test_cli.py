@@ -121,7 +121,7 @@ def test_run_end_to_end_on_the_tiny_model_resumes_and_reruns_from_the_cache(tmp_
     for clarified in (r for r in records if r["condition"] == "clarify@2"):
         assert len(clarified["questions"]) == 2 or clarified["error"]
     summary = json.loads((out / "summary.json").read_text())
-    (system,) = summary.values()
+    (system,) = summary["systems"].values()
     assert system["records"] == 9 and set(system["scores"]) == {"blurred", "clarify@2", "oracle"}
     html = (out / "report.html").read_text()
     assert "<table>" in html and "data:image/png;base64," in html
@@ -136,7 +136,7 @@ def test_run_end_to_end_on_the_tiny_model_resumes_and_reruns_from_the_cache(tmp_
     assert cached.exit_code == 0 and "9 records written" in cached.output
     assert "0 model calls" in cached.output, cached.output
     # The report says the searches were re-used, not recomputed.
-    (system,) = json.loads((out / "summary.json").read_text()).values()
+    (system,) = json.loads((out / "summary.json").read_text())["systems"].values()
     for condition in ("blurred", "oracle"):
         reuse = system["reuse"][condition]
         assert reuse["search_llm_calls"] > 0 and reuse["cached"] == reuse["search_llm_calls"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.config import ClarificationConfig
+from eval.config import ClarificationConfig, JudgeConfig
 from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.diagnostics import clarification
 from eval.pipeline import run_instance
@@ -24,8 +24,8 @@ def search(tmp_path_factory) -> LocalSearch:
     return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
 
 
-def context(search: LocalSearch, trace_dir: Path | None = None):
-    return scripted_context(search, trace_dir)
+def context(search: LocalSearch, trace_dir: Path | None = None, options=None, store=None):
+    return scripted_context(search, trace_dir, options, store)
 
 
 def instances(n: int = 4):
@@ -40,52 +40,70 @@ CLARIFICATION_OPTIONS = [
 
 
 @pytest.mark.parametrize("options", CLARIFICATION_OPTIONS, ids=lambda o: f"{o.mode}-{o.answerer}")
-def test_the_fused_query_reaches_only_the_user_answerer_and_judge(search, options):
+def test_the_fused_query_reaches_only_the_user_answerer(search, options):
+    """The User Answerer discloses real spans of the fused query (its start); the sentinel sits
+    where no answer reaches, and must never appear in another role's prompt."""
     planted = [
-        i.model_copy(update={"fused_query": f"{i.fused_query} {SENTINEL}"}) for i in instances(3)
+        i.model_copy(update={"fused_query": f"In 2024 {i.fused_query} {SENTINEL}"})
+        for i in instances(3)
     ]
-    ctx, roles = context(search)
-    ctx.clarification = options
+    ctx, roles = context(search, options=options)
 
     async def go():
         for condition in CONDITIONS:
             for instance in planted:
                 record = await run_instance(instance, condition, 0, ctx)
                 assert record.error is None, record.error
+                if condition.startswith("clarify@"):
+                    # Real answers flowed on to the rewriter, not only `unknown`.
+                    assert any(a != "unknown" for a in record.answers), record.answers
+                    assert SENTINEL not in " ".join(record.answers)
             for role in (
                 "clarifier",
                 "rewriter",
                 "searcher",
                 "summarizer",
                 "question_classifier",
+                "judge",
             ):
                 seen = [m.content for r in roles[role].requests for m in r.messages]
                 # The oracle condition searches on the fused query by definition.
                 if condition == "oracle" and role in ("searcher", "summarizer"):
                     continue
                 assert not [c for c in seen if SENTINEL in c], (condition, role)
+            if condition.startswith("clarify@") and options.answerer == "extractive":
+                rewritten = [m.content for r in roles["rewriter"].requests for m in r.messages]
+                assert any("2024" in c for c in rewritten)  # a disclosed span reached it
             for engine in roles.values():
                 engine.requests.clear()
 
     asyncio.run(go())
 
 
-def test_the_user_answerer_does_see_it(search):
+def test_the_user_answerer_does_see_it_and_the_judge_only_when_asked(search):
     (instance,) = instances(1)
-    instance = instance.model_copy(update={"fused_query": f"{instance.fused_query} {SENTINEL}"})
+    instance = instance.model_copy(
+        update={"fused_query": f"In 2024, {instance.fused_query} {SENTINEL}"}
+    )
     ctx, roles = context(search)
     record = asyncio.run(run_instance(instance, "clarify@2", 0, ctx))
     assert record.questions == ["Which year?", "Which city?"]
-    assert record.answers == ["unknown", "unknown"]
-    assert record.question_types == ["time", "region"]
+    assert record.answers == ["2024", "In 2024"]
+    assert record.question_types == [["time"], ["region"]]
     assert SENTINEL in roles["user_answerer"].requests[0].messages[0].content
-    assert SENTINEL in roles["judge"].requests[0].messages[1].content
+    # The study's judge sees the answer and the nuggets only.
+    judged = roles["judge"].requests[0].messages[1].content
+    assert SENTINEL not in judged and judged.startswith("Answer:")
+    ctx.judge = JudgeConfig(show_query=True)
+    roles["judge"].requests.clear()
+    asyncio.run(run_instance(instance, "blurred", 0, ctx))
+    judged = roles["judge"].requests[0].messages[1].content
+    assert SENTINEL in judged and judged.startswith("Question: In 2024,")
 
 
 def test_all_at_once_asks_k_questions_in_one_call(search):
     (instance,) = instances(1)
-    ctx, roles = context(search)
-    ctx.clarification = ClarificationConfig(mode="all_at_once")
+    ctx, roles = context(search, options=ClarificationConfig(mode="all_at_once"))
     record = asyncio.run(run_instance(instance, "clarify@3", 0, ctx))
     assert record.error is None, record.error
     assert len(roles["clarifier"].requests) == 1
@@ -99,13 +117,14 @@ def test_all_at_once_asks_k_questions_in_one_call(search):
 
 def test_abstractive_answers_are_post_checked_and_counted(search):
     (instance,) = instances(1)
-    ctx, _ = context(search)
-    ctx.clarification = ClarificationConfig(answerer="abstractive", question_types="llm")
+    ctx, _ = context(
+        search, options=ClarificationConfig(answerer="abstractive", question_types="llm")
+    )
     record = asyncio.run(run_instance(instance, "clarify@2", 0, ctx))
     assert record.error is None, record.error
     assert record.answers == ["probably Sweden", "probably Sweden"]
     assert record.unsupported_words == [["probably", "sweden"]] * 2
-    assert record.question_types == ["numeric", "numeric"]
+    assert record.question_types == [["numeric"], ["numeric"]]
     diagnostics = clarification([record])
     assert diagnostics["unsupported_answers"] == {"checked": 2, "rate": 1.0}
     assert diagnostics["question_type_counts"]["numeric"] == 2

@@ -162,3 +162,54 @@ def test_an_uncompilable_constraint_fails_only_its_own_request(tiny_engine):
     bad, good = asyncio.run(go())
     assert isinstance(bad, EngineError) and "cannot compile output constraint" in str(bad)
     assert good.parsed in ("yes", "no")
+
+
+def test_every_cjk_character_can_be_generated_under_a_constraint(tiny_engine):
+    """The constraint's vocabulary is built from token bytes: tokens holding part of a UTF-8
+    character are not collapsed to "�", so a Chinese span with "，" inside compiles, and a
+    mixed span keeps its original spacing."""
+    from agents.user_answerer import span_regex
+
+    fused = (
+        "我想报考北京大学人工智能专业的研究生，请问复试的分数线是多少，在 iPhone 15 Pro 上能用吗"
+    )
+    for forced in ("研究生，请问复试", "在 iPhone 15 Pro 上"):
+        pattern = re.escape(forced)
+        response = asyncio.run(
+            tiny_engine.chat(
+                ChatRequest.of(
+                    [{"role": "user", "content": "Say it."}],
+                    output=RegexOutput(pattern=pattern),
+                    max_tokens=48,
+                )
+            )
+        )
+        assert response.text == forced
+    asyncio.run(
+        tiny_engine.chat(
+            ChatRequest.of(
+                [{"role": "user", "content": fused}],
+                output=RegexOutput(pattern=span_regex(fused)),
+                max_tokens=48,
+            )
+        )
+    )
+
+
+def test_token_bytes_of_byte_level_and_sentencepiece_vocabularies():
+    from serving.transformers_engine import token_bytes
+
+    # Byte-level BPE: "Ġ" is a space; "ä¸" and "Ń" are the bytes of "中" (e4 b8 ad) split.
+    byte_level = {"Ġthe": 0, "ä¸": 1, "Ń": 2, "<|endoftext|>": 3}
+    assert token_bytes(byte_level, {"<|endoftext|>"}) == {
+        b" the": [0],
+        b"\xe4\xb8": [1],
+        b"\xad": [2],
+    }
+    # SentencePiece: "▁" is a space, <0xNN> a raw byte.
+    sentencepiece = {"▁the": 0, "<0xE4>": 1, "中": 2, "</s>": 3}
+    assert token_bytes(sentencepiece, {"</s>"}) == {
+        b" the": [0],
+        b"\xe4": [1],
+        "中".encode(): [2],
+    }

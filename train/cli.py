@@ -85,7 +85,7 @@ def _sample(
             "then cts train pairs"
         )
         return False
-    console.print(eval_cli.main_table(result.report["summary"]))
+    eval_cli.print_summary(console, result.report["summary"])
     return True
 
 

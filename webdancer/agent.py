@@ -117,20 +117,23 @@ class WebDancerAgent:
         self.constrained = constrained
         self.date = date or time.strftime("%Y-%m-%d")
 
-    async def run(self, question: str) -> AgentResult:
+    async def run(self, question: str, seed: int | None = None) -> AgentResult:
+        """One search run. `seed` (the evaluation key's seed) seeds every sampled request of
+        the run, the summarizer's included; None keeps the configured sampling's seed."""
         started = time.perf_counter()
+        sampling = self.sampling if seed is None else self.sampling.with_seed(seed)
         messages = initial_messages(question, self.date)
         result = AgentResult(answer="", termination="max_calls", messages=messages)
         context = 0  # tokens of the conversation so far, as the model last counted them
         while True:
             calls_left = self.budget.max_llm_calls - result.llm_calls
-            over_context = context + self.sampling.max_tokens > self.budget.max_context_tokens
+            over_context = context + sampling.max_tokens > self.budget.max_context_tokens
             final = calls_left <= 1 or over_context
             if final:
                 result.termination = "context_limit" if over_context else "max_calls"
                 if over_context and len(messages) > 2:
                     # Cut the latest observation so that the forced turn fits the window.
-                    excess = context + self.sampling.max_tokens - self.budget.max_context_tokens
+                    excess = context + sampling.max_tokens - self.budget.max_context_tokens
                     messages[-1] = {
                         "role": "user",
                         "content": _shorten(messages[-1]["content"], excess),
@@ -143,7 +146,7 @@ class WebDancerAgent:
                     "content": f"{messages[-1]['content']}\n\n{FORCE_ANSWER}",
                 }
             try:
-                text, usage = await self._llm(messages, final, result)
+                text, usage = await self._llm(messages, sampling, final, result)
             except EngineError as e:
                 result.termination, result.error = "error", f"{e.kind}: {e}"
                 break
@@ -162,7 +165,7 @@ class WebDancerAgent:
             if isinstance(turn, ProtocolError):
                 reply, step = turn.message, {"kind": "protocol_error", "message": turn.message}
             else:
-                reply, step = await self._tool(turn)
+                reply, step = await self._tool(turn, seed)
             result.steps.append(step)
             messages.append({"role": "user", "content": observation(reply)})
             context += _approx_tokens(messages[-1]["content"])
@@ -170,14 +173,14 @@ class WebDancerAgent:
         return result
 
     async def _llm(
-        self, messages: list[dict[str, str]], final: bool, result: AgentResult
+        self, messages: list[dict[str, str]], sampling: Sampling, final: bool, result: AgentResult
     ) -> tuple[str, int]:
         output = None
         if self.constrained:
             output = RegexOutput(pattern=FINAL_REGEX if final else TURN_REGEX)
         request = ChatRequest(
             messages=tuple(Message.model_validate(m) for m in messages),
-            sampling=self.sampling,
+            sampling=sampling,
             output=output,
         )
         response = await self.engine.chat(request)
@@ -198,9 +201,9 @@ class WebDancerAgent:
         )
         return response.text, response.usage.prompt_tokens + response.usage.completion_tokens
 
-    async def _tool(self, call: ToolCall) -> tuple[str, dict[str, Any]]:
+    async def _tool(self, call: ToolCall, seed: int | None) -> tuple[str, dict[str, Any]]:
         started = time.perf_counter()
-        outcome = await self.tools.call(call)
+        outcome = await self.tools.call(call, seed)
         return outcome.text, {
             "kind": "tool",
             "tool": call.name,

@@ -65,7 +65,8 @@ class Tools:
         self.top_k = top_k
         self.max_queries = max_queries
 
-    async def call(self, call: ToolCall) -> ToolResult:
+    async def call(self, call: ToolCall, seed: int | None = None) -> ToolResult:
+        """Run one tool call; `seed` seeds the visit's summarizer (the search run's seed)."""
         if call.name == "search":
             queries = _strings(call.arguments.get("query", call.arguments.get("queries")))
             if queries is None:
@@ -81,9 +82,12 @@ class Tools:
         if urls is None or not isinstance(goal, str) or not goal.strip():
             return ToolResult(BAD_VISIT)
         backend = f"{self.visitor.pages.name}+{self.visitor.summarizer.identity}"
-        return await self._cached(
-            "visit", backend, {"url": urls, "goal": goal.strip()}, self._visit
-        )
+        arguments: dict[str, Any] = {"url": urls, "goal": goal.strip()}
+        summarizer_seed = self.visitor.sampling_for(seed).seed
+        if summarizer_seed != self.visitor.sampling.seed:
+            # A sampling summarizer's notes depend on the seed: one cached visit per seed.
+            arguments["seed"] = summarizer_seed
+        return await self._cached("visit", backend, arguments, self._visit)
 
     async def _search(self, arguments: dict[str, Any]) -> ToolResult:
         found = await batched_search(self.search, arguments["query"], arguments["top_k"])
@@ -97,7 +101,9 @@ class Tools:
         )
 
     async def _visit(self, arguments: dict[str, Any]) -> ToolResult:
-        visited = await self.visitor.visit(arguments["url"], arguments["goal"])
+        visited = await self.visitor.visit(
+            arguments["url"], arguments["goal"], arguments.get("seed")
+        )
         return ToolResult(
             visited.text, visited.doc_ids, visited.urls, visited.failures, visited.evidence
         )

@@ -185,7 +185,13 @@ class Visitor:
         self.sampling = sampling
         self.max_page_tokens = max_page_tokens
 
-    async def _one(self, url: str, goal: str) -> tuple[str, Page | None, str | None]:
+    def sampling_for(self, seed: int | None) -> Sampling:
+        """The summarizer's sampling for a search run seeded with `seed` (None: its own)."""
+        return self.sampling if seed is None else self.sampling.with_seed(seed)
+
+    async def _one(
+        self, url: str, goal: str, sampling: Sampling
+    ) -> tuple[str, Page | None, str | None]:
         try:
             page = await self.pages.fetch(url)
         except (BlockedURL, LookupError, ValueError, RuntimeError, httpx.HTTPError) as e:
@@ -195,7 +201,7 @@ class Visitor:
         )
         request = ChatRequest(
             messages=(Message(role="user", content=prompt),),
-            sampling=self.sampling,
+            sampling=sampling,
             output=JsonSchemaOutput.of(PageNotes),
         )
         try:
@@ -208,8 +214,9 @@ class Visitor:
             )
         return render_visit(url, goal, notes.evidence, notes.summary), page, None
 
-    async def visit(self, urls: list[str], goal: str) -> VisitResult:
-        outcomes = await asyncio.gather(*(self._one(u, goal) for u in urls))
+    async def visit(self, urls: list[str], goal: str, seed: int | None = None) -> VisitResult:
+        sampling = self.sampling_for(seed)
+        outcomes = await asyncio.gather(*(self._one(u, goal, sampling) for u in urls))
         result = VisitResult(text=QUERY_SEPARATOR.join(t for t, _, _ in outcomes).strip())
         for url, (_, page, error) in zip(urls, outcomes, strict=True):
             result.urls.append(url)

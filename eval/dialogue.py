@@ -1,0 +1,249 @@
+"""The clarification dialogue of one (instance, seed): Clarifier question → User Answerer answer
+→ question types, turn after turn.
+
+In `sequential` mode (the study's protocol) one dialogue of k_max turns is run per (instance,
+seed) and clarify@j takes its first j turns, so clarify@k extends clarify@(k−1) by
+construction: "one more question" is never confounded with re-sampling the earlier ones, with
+or without the response cache. The dialogue is appended to RUN_DIR/dialogues/ as soon as it
+ends, so a resumed run (or a retried failure) continues it rather than asking again.
+`all_at_once` asks the k questions of each clarify@k in one call, a dialogue of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from agents import clarifier, user_answerer
+from agents.question_type import classify, classify_with_model
+from agents.types import QA
+from agents.user_answerer import SpanLimits, unsupported_words
+from eval.config import ClarificationConfig
+from eval.schema import Instance
+from serving.engine import ChatModel
+from serving.errors import EngineError
+from serving.types import Sampling
+from webdancer.tool_cache import ToolCacheMiss
+
+
+class Turn(BaseModel):
+    question: str
+    answer: str
+    #: Every type the question asks about (diagnostics).
+    question_types: list[str] = []
+    #: Abstractive User Answerer only: content words of the answer not in the fused query.
+    unsupported_words: list[str] | None = None
+
+    @property
+    def qa(self) -> QA:
+        return QA(question=self.question, answer=self.answer)
+
+
+class Dialogue(BaseModel):
+    instance_id: str
+    seed: int
+    turns: list[Turn] = []
+    #: The Clarifier chose to stop after these turns (only with `allow_stop`).
+    stopped: bool = False
+    #: {kind, stage, message} when the turn after the last one failed.
+    error: dict[str, str] | None = None
+
+    def done(self, k: int) -> bool:
+        """Whether nothing more can be asked for a k-turn condition."""
+        return self.stopped or len(self.turns) >= k
+
+    def first(self, k: int) -> tuple[list[Turn], bool, dict[str, str] | None]:
+        """clarify@k's view: its turns, whether the Clarifier stopped before k questions, and
+        the error that kept it from k turns (None when turns k and below all succeeded)."""
+        turns = self.turns[:k]
+        failed = self.error if not self.done(k) else None
+        return turns, self.stopped and len(self.turns) < k, failed
+
+
+class DialogueFileError(ValueError):
+    """A complete line of a dialogues file is not a dialogue (file:line: why)."""
+
+
+class DialogueStore:
+    """RUN_DIR/dialogues/<shard>.jsonl, appended with fsync as each dialogue ends; on reading,
+    a torn last line (a crash mid-write) is ignored and the later line of a key counts (a
+    continued dialogue extends the earlier one)."""
+
+    def __init__(self, root: Path, shard_name: str) -> None:
+        self.root = root
+        self.path = root / f"{shard_name}.jsonl"
+        self._lock = threading.Lock()
+
+    def load(self) -> dict[tuple[str, int], Dialogue]:
+        found: dict[tuple[str, int], Dialogue] = {}
+        for path in sorted(self.root.glob("*.jsonl")):
+            for n, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
+                if not line.endswith(b"\n"):
+                    break
+                try:
+                    dialogue = Dialogue.model_validate_json(line)
+                except ValidationError as e:
+                    raise DialogueFileError(
+                        f"{path}:{n}: not a dialogue ({e.errors()[0]['msg']}); fix or remove "
+                        "the line, then run again"
+                    ) from None
+                found[(dialogue.instance_id, dialogue.seed)] = dialogue
+        return found
+
+    def append(self, dialogue: Dialogue) -> None:
+        line = dialogue.model_dump_json() + "\n"
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_file():
+                data = self.path.read_bytes()
+                if data and not data.endswith(b"\n"):  # a torn line: start on a fresh one
+                    line = "\n" + line
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+
+
+class Clarification:
+    """Runs (and, in sequential mode, shares and persists) the clarification dialogues of a run.
+
+    `roles` holds the clarifier, user_answerer and (for `question_types: llm`) the
+    question_classifier; `sampling` their sampling; each request is seeded with the key's seed.
+    """
+
+    def __init__(
+        self,
+        roles: dict[str, ChatModel],
+        sampling: dict[str, Sampling],
+        options: ClarificationConfig | None = None,
+        k_max: int = 3,
+        store: DialogueStore | None = None,
+    ) -> None:
+        self.roles = roles
+        self.sampling = sampling
+        self.options = options or ClarificationConfig()
+        self.k_max = k_max
+        self.store = store
+        self._saved: dict[tuple[str, int], Dialogue] | None = None
+        self._running: dict[tuple[str, int], asyncio.Task[Dialogue]] = {}
+
+    async def turns(
+        self, instance: Instance, k: int, seed: int
+    ) -> tuple[list[Turn], bool, dict[str, str] | None]:
+        """clarify@k's turns, whether the Clarifier stopped early, and a failure if any."""
+        if self.options.mode == "all_at_once":
+            return (await self._all_at_once(instance, k, seed)).first(k)
+        key = (instance.id, seed)
+        if key not in self._running:
+            # One task per (instance, seed) that every clarify@j of it awaits; shielded, so
+            # that a cancelled waiter does not cancel the others' dialogue.
+            self._running[key] = asyncio.ensure_future(self._sequential(instance, seed))
+        dialogue = await asyncio.shield(self._running[key])
+        return dialogue.first(k)
+
+    async def _sequential(self, instance: Instance, seed: int) -> Dialogue:
+        if self._saved is None:
+            self._saved = self.store.load() if self.store else {}
+        saved = self._saved.get((instance.id, seed))
+        if saved is not None and saved.done(self.k_max):
+            return saved
+        dialogue = saved or Dialogue(instance_id=instance.id, seed=seed)
+        dialogue = await self._extend(
+            instance, dialogue.model_copy(deep=True, update={"error": None})
+        )
+        if self.store is not None:
+            self.store.append(dialogue)
+        return dialogue
+
+    async def _extend(self, instance: Instance, dialogue: Dialogue) -> Dialogue:
+        """Ask and answer turn after turn up to k_max (or a stop); a failing turn ends the
+        dialogue with its error, keeping the turns before it."""
+        stage = "clarify"
+        try:
+            while len(dialogue.turns) < self.k_max:
+                stage = "clarify"
+                asked = await clarifier.ask(
+                    self.roles["clarifier"],
+                    instance.blurred_query,
+                    [t.qa for t in dialogue.turns],
+                    instance.language,
+                    self._seeded("clarifier", dialogue.seed),
+                    allow_stop=self.options.allow_stop,
+                )
+                if asked.stop:
+                    dialogue.stopped = True
+                    break
+                stage = "answer"
+                turn = await self._answer(instance, asked.question, dialogue.seed)
+                stage = "classify"
+                turn.question_types = await self._types(instance, turn.question)
+                dialogue.turns.append(turn)
+        except (EngineError, ToolCacheMiss) as e:
+            dialogue.error = failure(e, stage)
+        return dialogue
+
+    async def _all_at_once(self, instance: Instance, k: int, seed: int) -> Dialogue:
+        dialogue = Dialogue(instance_id=instance.id, seed=seed)
+        stage = "clarify"
+        try:
+            questions = await clarifier.ask_all(
+                self.roles["clarifier"],
+                instance.blurred_query,
+                k,
+                instance.language,
+                self._seeded("clarifier", seed),
+                allow_stop=self.options.allow_stop,
+            )
+            dialogue.stopped = len(questions) < k
+            for question in questions:
+                stage = "answer"
+                turn = await self._answer(instance, question, seed)
+                stage = "classify"
+                turn.question_types = await self._types(instance, question)
+                dialogue.turns.append(turn)
+        except (EngineError, ToolCacheMiss) as e:
+            dialogue.error = failure(e, stage)
+        return dialogue
+
+    def _seeded(self, role: str, seed: int) -> Sampling:
+        return self.sampling[role].with_seed(seed)
+
+    async def _answer(self, instance: Instance, question: str, seed: int) -> Turn:
+        options = self.options
+        reply = await user_answerer.answer(
+            self.roles["user_answerer"],
+            instance.fused_query,
+            question,
+            instance.language,
+            self._seeded("user_answerer", seed),
+            mode=options.answerer,
+            limits=SpanLimits(options.answer_span.max_words, options.answer_span.max_cjk_chars),
+        )
+        unsupported = (
+            unsupported_words(reply, instance.fused_query)
+            if options.answerer == "abstractive"
+            else None
+        )
+        return Turn(question=question, answer=reply, unsupported_words=unsupported)
+
+    async def _types(self, instance: Instance, question: str) -> list[str]:
+        if self.options.question_types == "llm":
+            return list(
+                await classify_with_model(
+                    self.roles["question_classifier"],
+                    question,
+                    instance.language,
+                    self.sampling["question_classifier"],
+                )
+            )
+        return list(classify(question))
+
+
+def failure(error: EngineError | ToolCacheMiss, stage: str) -> dict[str, str]:
+    """The {kind, stage, message} a record or dialogue keeps of a failed stage."""
+    kind = error.kind if isinstance(error, EngineError) else "tool_cache_miss"
+    return {"kind": kind, "stage": stage, "message": str(error)[:2000]}

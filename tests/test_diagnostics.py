@@ -1,0 +1,278 @@
+"""The report's numbers against hand computations: n and failures in every cell, paired
+comparisons, the failure policy, guarded gain recovered, the study's diagnostics, and systems
+compared pairwise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from statistics import mean
+
+import pytest
+
+from eval.config import load_experiment
+from eval.dataset import DatasetSource, corpus_path, load_instances
+from eval.diagnostics import (
+    clarification,
+    compare_systems,
+    judge_labels,
+    paired_instances,
+    score_by_answered,
+    score_records,
+    summarize,
+)
+from eval.metrics import holm, paired_test
+from eval.pipeline import Record, run_instance
+from eval.report import write_report
+from eval.runner import RecordStore, Shard, run_keys
+from serving.errors import EngineUnavailable
+from tests.scripted import scripted_context
+from webdancer.backends.local import LocalSearch
+
+CONDITIONS = ["blurred", "clarify@1", "oracle"]
+
+
+def rec(instance: str, condition: str, score: float | None, seed: int = 0, **fields) -> Record:
+    scores = (
+        {"restore_score_100": score, "strict": score / 2, "unweighted": score}
+        if score is not None
+        else {}
+    )
+    return Record(instance_id=instance, condition=condition, seed=seed, scores=scores, **fields)
+
+
+FAILED = {"kind": "engine_unavailable", "stage": "rewrite", "message": "down"}
+
+
+def test_a_failure_excludes_its_instance_from_every_comparison():
+    records = [
+        *(rec(i, "blurred", s) for i, s in (("a", 40), ("b", 60), ("c", 20))),
+        rec("a", "clarify@1", 50),
+        rec("b", "clarify@1", None, error=FAILED),
+        rec("c", "clarify@1", 30),
+        *(rec(i, "oracle", s) for i, s in (("a", 80), ("b", 90), ("c", 60))),
+    ]
+    scored = score_records(records, CONDITIONS, [0], "exclude")
+    ids = paired_instances([(scored, CONDITIONS)])
+    assert ids == ["a", "c"]
+    summary = summarize(records, CONDITIONS, [0], ids, scored)
+    blurred = summary["scores"]["blurred"]
+    # The blurred mean stands on a and c only, although b's blurred run was scored.
+    assert blurred["n"] == 2 and blurred["restore_score_100"]["mean"] == 30.0
+    assert summary["scores"]["clarify@1"]["failed"] == 1 and blurred["failed"] == 0
+    assert summary["excluded_instances"] == {
+        "b": ["clarify@1 seed 0: failed at rewrite (engine_unavailable)"]
+    }
+    gain = summary["gains"]["clarify@1"]
+    assert gain["gain_over_blurred"] == 10.0 and gain["n"] == 2
+    # (40 − 30) / (70 − 30), on the same two instances.
+    assert gain["gain_recovered"]["value"] == pytest.approx(0.25)
+    assert summary["failures"] == {
+        "total": 1,
+        "by_condition": {"clarify@1": 1},
+        "by_stage": {"rewrite": 1},
+        "by_kind": {"engine_unavailable": 1},
+    }
+
+
+def test_the_zero_policy_scores_a_failure_0_and_keeps_its_instance():
+    records = [
+        rec("a", "blurred", 40),
+        rec("b", "blurred", 60),
+        rec("a", "clarify@1", 50),
+        rec("b", "clarify@1", None, error=FAILED),
+    ]
+    conditions = ["blurred", "clarify@1"]
+    scored = score_records(records, conditions, [0], "zero")
+    ids = paired_instances([(scored, conditions)])
+    summary = summarize(records, conditions, [0], ids, scored, policy="zero")
+    assert ids == ["a", "b"] and not summary["excluded_instances"]
+    assert summary["scores"]["clarify@1"]["restore_score_100"]["mean"] == 25.0
+    assert summary["gains"]["clarify@1"]["gain_over_blurred"] == -25.0
+
+
+def test_seeds_average_per_instance_and_a_missing_seed_excludes_it():
+    records = [
+        rec("a", "blurred", 40, seed=0),
+        rec("a", "blurred", 60, seed=1),
+        rec("b", "blurred", 10, seed=0),
+    ]
+    scored = score_records(records, ["blurred"], [0, 1], "exclude")
+    assert scored.values["blurred"] == {
+        "a": {"restore_score_100": 50.0, "strict": 25.0, "unweighted": 50.0}
+    }
+    assert scored.problems == {"b": ["blurred seed 1: no record"]}
+
+
+def test_gain_recovered_is_undefined_when_the_oracle_does_not_beat_blurred():
+    # clarify 50, blurred 60, oracle 40: the unguarded ratio would be +0.5.
+    records = [rec("a", "blurred", 60), rec("a", "clarify@1", 50), rec("a", "oracle", 40)]
+    scored = score_records(records, CONDITIONS, [0], "exclude")
+    summary = summarize(records, CONDITIONS, [0], ["a"], scored, min_gap=1.0)
+    assert summary["gains"]["clarify@1"]["gain_recovered"] == {
+        "undefined": True,
+        "gap": -20.0,
+        "min_gap": 1.0,
+    }
+
+
+def test_diagnostics_as_the_study_defines_them():
+    unknown = "unknown"
+    records = [
+        # k = 1: one answered, one unknown.
+        rec("a", "clarify@1", 40, questions=["q1"], answers=["2024"], question_types=[["time"]]),
+        rec(
+            "b",
+            "clarify@1",
+            10,
+            questions=["q1"],
+            answers=[unknown],
+            question_types=[["region"]],
+        ),
+        # k = 2: dialogue a answered then unknown; dialogue b unknown twice, both region.
+        rec(
+            "a",
+            "clarify@2",
+            50,
+            questions=["q1", "q2"],
+            answers=["2024", unknown],
+            question_types=[["time"], ["region", "time"]],
+        ),
+        rec(
+            "b",
+            "clarify@2",
+            20,
+            questions=["q1", "q2"],
+            answers=[unknown, unknown],
+            question_types=[["region"], ["region"]],
+        ),
+    ]
+    c = clarification(records, "sequential")
+    assert c["answerability_per_k"] == {"1": {"rate": 0.5, "n": 2}, "2": {"rate": 0.25, "n": 4}}
+    assert c["answerability_per_turn"]["2"] == {
+        "1": {"rate": 0.5, "n": 2},
+        "2": {"rate": 0.0, "n": 2},
+    }
+    assert c["all_unknown_rate_per_k"]["2"] == {"rate": 0.5, "n": 2}
+    # Sequential: the 4 distinct questions are the turns of the two 2-turn dialogues.
+    assert c["questions"] == 4
+    assert c["question_type_counts"]["region"] == 3 and c["question_type_counts"]["time"] == 2
+    # The study's figure: of the 3 region questions, all 3 were answered unknown.
+    assert c["region_question_unknown_rate"]["rate"] == 1.0
+    assert c["region_question_unknown_rate"]["n"] == 3
+    # Another figure: interactions whose every question is about region (b@1, b@2).
+    assert c["all_region_interaction_rate"] == {"rate": 0.5, "n": 4}
+    split = score_by_answered(records)
+    assert split["2"]["some_answered"] == {"mean": 50.0, "n": 1}
+    assert split["2"]["all_unknown"] == {"mean": 20.0, "n": 1}
+    # All at once: each k's questions are its own.
+    assert clarification(records, "all_at_once")["questions"] == 6
+
+
+def test_breakdowns_per_language_and_removed_constraint():
+    records = [
+        rec(i, c, s, language=lang, removed_constraints=removed)
+        for i, lang, removed, scores in (
+            ("a", "en", ["time"], (10, 30)),
+            ("b", "zh", ["time", "region"], (20, 60)),
+            ("c", "zh", [], (30, 30)),
+        )
+        for c, s in zip(["blurred", "clarify@1"], scores, strict=True)
+    ]
+    conditions = ["blurred", "clarify@1"]
+    scored = score_records(records, conditions, [0], "exclude")
+    summary = summarize(records, conditions, [0], ["a", "b", "c"], scored)
+    by = summary["breakdowns"]
+    assert by["language"]["zh"] == {"n": 2, "blurred": 25.0, "clarify@1": 45.0}
+    assert by["removed_constraint"]["time"] == {"n": 2, "blurred": 15.0, "clarify@1": 45.0}
+    assert by["removed_constraint"]["none"]["n"] == 1
+
+
+def test_a_degenerate_judge_is_flagged():
+    labels = {f"n{i}": {"label": "none", "evidence": ""} for i in range(19)}
+    one = rec("a", "blurred", 0, labels=labels)
+    assert judge_labels([one])["degenerate"]
+    mixed = {**labels, "n19": {"label": "full", "evidence": ""}, "n20": {"label": "full"}}
+    assert not judge_labels([rec("a", "blurred", 0, labels=mixed)])["degenerate"]
+
+
+def test_systems_are_compared_on_common_instances_with_holm_across_k():
+    first = [rec(i, c, 50 + n) for n, i in enumerate("abcd") for c in ("clarify@1", "clarify@2")]
+    second = [rec(i, c, 40) for i in "abc" for c in ("clarify@1", "clarify@2")]
+    conditions = ["clarify@1", "clarify@2"]
+    systems = [
+        ("A", score_records(first, conditions, [0], "exclude")),
+        ("B", score_records(second, conditions, [0], "exclude")),
+    ]
+    rows = compare_systems(systems, conditions)
+    assert [(r["condition"], r["n"]) for r in rows] == [("clarify@1", 3), ("clarify@2", 3)]
+    expected = paired_test([50.0, 51.0, 52.0], [40.0, 40.0, 40.0])
+    assert rows[0]["difference"] == pytest.approx(mean([10, 11, 12]))
+    assert rows[0]["p_value"] == expected.p_value
+    assert (
+        rows[0]["p_holm"]
+        == holm({"clarify@1": expected.p_value, "clarify@2": expected.p_value})["clarify@1"]
+    )
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory) -> LocalSearch:
+    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
+
+
+def test_a_report_of_a_run_with_one_failing_instance_under_one_condition(search, tmp_path):
+    """A scripted engine fails one chosen instance under clarify@2 only: the report shows n and
+    the failure in every cell, warns with counts by stage and kind, lists the excluded
+    instance, and pairs every comparison on the others."""
+    data = load_instances(DatasetSource(path="sample", split="dev", limit=4))
+    victim = data[1]
+    ctx, roles = scripted_context(search)
+    rewrite = roles["rewriter"].script
+
+    def failing(request):  # type: ignore[no-untyped-def]
+        content = request.messages[-1].content
+        if victim.blurred_query in content and "Q2" in content:
+            return EngineUnavailable("http://gpu3:8000/v1: connection refused")
+        return rewrite(request)
+
+    roles["rewriter"].script = failing
+    conditions = ["blurred", "clarify@1", "clarify@2", "oracle"]
+    resolved = load_experiment(None, [f"conditions={json.dumps(conditions)}"])
+    for name in ("one", "two"):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(resolved.to_yaml())
+        asyncio.run(
+            run_keys(
+                data,
+                conditions,
+                [0],
+                lambda i, c, s: run_instance(i, c, s, ctx),
+                RecordStore(run_dir),
+                Shard(),
+            )
+        )
+    paths = write_report([tmp_path / "one"], tmp_path / "one")
+    document = json.loads(paths["summary"].read_text())
+    assert document["report"]["paired_instances"] == 3
+    (system,) = document["systems"].values()
+    assert system["excluded_instances"] == {
+        victim.id: ["clarify@2 seed 0: failed at rewrite (engine_unavailable)"]
+    }
+    assert system["scores"]["clarify@2"]["failed"] == 1
+    assert all(system["scores"][c]["n"] == 3 for c in conditions)
+    text = paths["markdown"].read_text()
+    assert "WARNING quickstart (smollm2-135m-instruct): 1 of 16 records failed" in text
+    assert "by stage: rewrite 1; by kind: engine_unavailable 1" in text
+    assert "(n=3, 1 failed)" in text and "paired" in text.lower()
+
+    zero = write_report([tmp_path / "one"], tmp_path / "zero", failures="zero")
+    (system,) = json.loads(zero["summary"].read_text())["systems"].values()
+    assert system["scores"]["clarify@2"]["n"] == 4
+    assert "(n=4, 1 failed (scored 0))" in zero["markdown"].read_text()
+
+    both = write_report([tmp_path / "one", tmp_path / "two"], tmp_path / "both")
+    document = json.loads(both["summary"].read_text())
+    assert len(document["comparisons"]) == 4
+    assert {r["condition"]: r["n"] for r in document["comparisons"]}["clarify@1"] == 4
+    assert "## Systems compared" in both["markdown"].read_text()
