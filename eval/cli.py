@@ -229,6 +229,9 @@ def report_command(
     if failures not in (None, "exclude", "zero"):
         typer.echo(f"--failures {failures!r}: expected exclude or zero", err=True)
         raise typer.Exit(2)
+    if min_gap is not None and not min_gap > 0:
+        typer.echo(f"--min-gap {min_gap}: must be a positive number of points", err=True)
+        raise typer.Exit(2)
     missing = [d for d in run_dirs if not (d / "config.yaml").is_file()]
     if missing:
         typer.echo(f"not a run directory (no config.yaml): {missing[0]}", err=True)

@@ -1,12 +1,14 @@
 """From records to the numbers a paper needs (DESIGN §2), every one with the n it stands on.
 
 Scores: per condition, each instance's score is its mean over seeds. Failed records are never a
-silent 0 nor silently dropped: under the `exclude` policy (the default) every score, gain, CI
-and test stands on the instances scored under every condition (and, in a report of several
-runs, in every run): paired, the others listed with why; under `zero` a failed record scores 0
-and the report says so. Gain recovered is guarded against a missing or tiny oracle gap.
+silent 0 nor silently dropped: under the `exclude` policy (the default) the score table, gains,
+gain recovered and breakdowns stand on the instances scored under every condition (and, in a
+report of several runs, in every run): paired, the others listed with why; under `zero` a
+failed record scores 0 and the report says so. Systems are compared per condition on the
+instances both scored under it. Gain recovered is guarded against a missing or tiny oracle gap.
 
-Clarification diagnostics are descriptive rates over the clarify@k records that did not fail:
+Clarification diagnostics are descriptive rates over the clarify@k records that did not fail,
+each with its own n:
 User Answerer answerability per turn within each k and per k, all-unknown rate, question-type
 mix (a question may have several types) with the unknown rate per type — the study's region
 figure is the unknown rate of region questions — the score split by whether any answer was
@@ -51,8 +53,8 @@ class Scored:
     per_seed: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     #: instance → why it has no score under some condition.
     problems: dict[str, list[str]] = field(default_factory=dict)
-    #: condition → failed records.
-    failed: Counter[str] = field(default_factory=Counter)
+    #: condition → instances with a failed record (any seed).
+    failed: dict[str, set[str]] = field(default_factory=dict)
 
     def complete(self, conditions: Iterable[str]) -> set[str]:
         """Instances with a score under every one of `conditions`."""
@@ -77,7 +79,7 @@ def score_records(
                 if record is None:
                     why = f"{condition} seed {seed}: no record"
                 elif record.error is not None:
-                    scored.failed[condition] += 1
+                    scored.failed.setdefault(condition, set()).add(instance)
                     if policy == "zero":
                         per_seed[seed] = dict.fromkeys(SCORE_VARIANTS, 0.0)
                         continue
@@ -108,10 +110,14 @@ def _column(scored: Scored, condition: str, ids: list[str], variant: str = SCORE
 
 def score_table(scored: Scored, conditions: list[str], ids: list[str]) -> dict[str, Any]:
     """Per condition and score variant: mean with a 95% CI over the paired instances `ids`;
-    n (those instances) and the condition's failed records; the mean per seed."""
+    n (those instances) and the instances with a failed record under the condition; the mean
+    per seed."""
     table: dict[str, Any] = {}
     for condition in conditions:
-        entry: dict[str, Any] = {"n": len(ids), "failed": scored.failed[condition]}
+        entry: dict[str, Any] = {
+            "n": len(ids),
+            "failed": len(scored.failed.get(condition, ())),
+        }
         if ids:
             for variant in SCORE_VARIANTS:
                 ci = bootstrap_ci(_column(scored, condition, ids, variant))
@@ -173,23 +179,31 @@ def _asked(records: Iterable[Record]) -> list[Record]:
     return [r for r in records if clarify_turns(r.condition) and r.error is None]
 
 
-def _distinct_questions(asked: list[Record], mode: str) -> list[tuple[list[str], str]]:
-    """(types, answer) of each question asked once: in sequential mode clarify@j repeats the
-    first j turns of one dialogue, so each (instance, seed) counts its longest record only."""
+def _dialogues(asked: list[Record], mode: str) -> list[Record]:
+    """One record per dialogue: in sequential mode clarify@j repeats the first j turns of one
+    dialogue, so each (instance, seed) counts its longest record only."""
     if mode != "sequential":
-        chosen = asked
-    else:
-        longest: dict[tuple[str, int], Record] = {}
-        for r in asked:
-            key = (r.instance_id, r.seed)
-            if key not in longest or len(r.questions) > len(longest[key].questions):
-                longest[key] = r
-        chosen = list(longest.values())
-    return [
-        (types, answer)
-        for r in chosen
-        for types, answer in zip(r.question_types, r.answers, strict=True)
-    ]
+        return asked
+    longest: dict[tuple[str, int], Record] = {}
+    for r in asked:
+        key = (r.instance_id, r.seed)
+        if key not in longest or len(r.questions) > len(longest[key].questions):
+            longest[key] = r
+    return list(longest.values())
+
+
+def dialogue_mismatches(records: Iterable[Record]) -> list[tuple[str, int]]:
+    """(instance, seed) whose clarify@j questions are not the first j of its clarify@k ones:
+    sequential runs build them from one dialogue, so any mismatch means records from
+    different dialogues were mixed (e.g. a run resumed with another clarifier)."""
+    by_key: dict[tuple[str, int], list[list[str]]] = defaultdict(list)
+    for r in _asked(records):
+        by_key[(r.instance_id, r.seed)].append(r.questions)
+    return sorted(
+        key
+        for key, asked in by_key.items()
+        if any(q[: len(p)] != p for p in asked for q in asked if len(q) >= len(p))
+    )
 
 
 def clarification(records: list[Record], mode: str = "sequential") -> dict[str, Any]:
@@ -206,11 +220,18 @@ def clarification(records: list[Record], mode: str = "sequential") -> dict[str, 
         for turn, ok in enumerate(answered, 1):
             per_turn[k][turn].append(ok)
         per_k[k].extend(answered)
-        all_unknown[k].append(bool(answered) and not any(answered))
+        if answered:  # a clarifier that stopped before asking has nothing to be unknown
+            all_unknown[k].append(not any(answered))
         stopped[k].append(r.stopped_early)
+    dialogues = _dialogues(asked, mode)
+    for r in dialogues:
         if r.question_types:
             all_region.append(all("region" in types for types in r.question_types))
-    questions = _distinct_questions(asked, mode)
+    questions = [
+        (types, answer)
+        for r in dialogues
+        for types, answer in zip(r.question_types, r.answers, strict=True)
+    ]
     counts: Counter[str] = Counter()
     unknown: Counter[str] = Counter()
     for types, answer in questions:
@@ -248,21 +269,23 @@ def clarification(records: list[Record], mode: str = "sequential") -> dict[str, 
             "n": counts["region"],
             "study": STUDY_REGION_UNKNOWN,
         },
-        # Not the study's figure: clarify@k interactions in which every question asked about
-        # region.
+        # Not the study's figure: dialogues (as counted for the question types) in which every
+        # question asked about region.
         "all_region_interaction_rate": _rate(all_region),
+        "dialogue_mismatches": len(dialogue_mismatches(records)) if mode == "sequential" else 0,
         # Abstractive User Answerer only: answers with content words not in the fused query.
         "unsupported_answers": {"checked": len(checked), "rate": _rate(checked)["rate"]},
     }
 
 
 def _mean_n(values: list[float]) -> dict[str, Any]:
-    return {"mean": mean(values) if values else None, "n": len(values)}
+    return {"mean": mean(values) if values else None, "records": len(values)}
 
 
 def score_by_answered(records: list[Record]) -> dict[str, Any]:
-    """Per k, the restore score of scored clarify@k records in which at least one answer was
-    not `unknown`, against those in which every answer was (the clarification told nothing)."""
+    """Per k, the restore score of scored clarify@k records (an instance counts once per seed)
+    in which at least one answer was not `unknown`, against those in which every answer was
+    (the clarification told nothing)."""
     split: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in _asked(records):
         if r.scored and r.answers:

@@ -5,13 +5,16 @@ In `sequential` mode (the study's protocol) one dialogue of k_max turns is run p
 seed) and clarify@j takes its first j turns, so clarify@k extends clarify@(k−1) by
 construction: "one more question" is never confounded with re-sampling the earlier ones, with
 or without the response cache. The dialogue is appended to RUN_DIR/dialogues/ as soon as it
-ends, so a resumed run (or a retried failure) continues it rather than asking again.
+ends, so a resumed run (or a retried failure) continues it rather than asking again; a dialogue
+asked by other models, sampling or options is never re-used.
 `all_at_once` asks the k questions of each clarify@k in one call, a dialogue of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -46,6 +49,9 @@ class Turn(BaseModel):
 class Dialogue(BaseModel):
     instance_id: str
     seed: int
+    #: What asked and answered (models, sampling, options): a dialogue is continued only by
+    #: the same, never mixed into a run with another clarifier.
+    fingerprint: str = ""
     turns: list[Turn] = []
     #: The Clarifier chose to stop after these turns (only with `allow_stop`).
     stopped: bool = False
@@ -64,6 +70,10 @@ class Dialogue(BaseModel):
         return turns, self.stopped and len(self.turns) < k, failed
 
 
+def _progress(dialogue: Dialogue) -> tuple[int, bool]:
+    return len(dialogue.turns), dialogue.stopped or dialogue.error is None
+
+
 class DialogueFileError(ValueError):
     """A complete line of a dialogues file is not a dialogue (file:line: why)."""
 
@@ -78,7 +88,9 @@ class DialogueStore:
         self.path = root / f"{shard_name}.jsonl"
         self._lock = threading.Lock()
 
-    def load(self) -> dict[tuple[str, int], Dialogue]:
+    def load(self, fingerprint: str) -> dict[tuple[str, int], Dialogue]:
+        """The furthest dialogue of each (instance, seed) asked with `fingerprint`: most turns,
+        then one that ended (stopped, or without an error), then the later line."""
         found: dict[tuple[str, int], Dialogue] = {}
         for path in sorted(self.root.glob("*.jsonl")):
             for n, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
@@ -91,7 +103,11 @@ class DialogueStore:
                         f"{path}:{n}: not a dialogue ({e.errors()[0]['msg']}); fix or remove "
                         "the line, then run again"
                     ) from None
-                found[(dialogue.instance_id, dialogue.seed)] = dialogue
+                if dialogue.fingerprint != fingerprint:
+                    continue
+                key = (dialogue.instance_id, dialogue.seed)
+                if key not in found or _progress(dialogue) >= _progress(found[key]):
+                    found[key] = dialogue
         return found
 
     def append(self, dialogue: Dialogue) -> None:
@@ -128,7 +144,9 @@ class Clarification:
         self.options = options or ClarificationConfig()
         self.k_max = k_max
         self.store = store
-        self._saved: dict[tuple[str, int], Dialogue] | None = None
+        self.fingerprint = _fingerprint(roles, sampling, self.options)
+        # Read now, so that a corrupt file stops the run before any model call.
+        self._saved = store.load(self.fingerprint) if store else {}
         self._running: dict[tuple[str, int], asyncio.Task[Dialogue]] = {}
 
     async def turns(
@@ -145,13 +163,21 @@ class Clarification:
         dialogue = await asyncio.shield(self._running[key])
         return dialogue.first(k)
 
+    async def aclose(self) -> None:
+        """Cancel dialogues still running (the run was interrupted): nothing half-asked is
+        written, and nothing runs on after the engines close."""
+        pending = [t for t in self._running.values() if not t.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
     async def _sequential(self, instance: Instance, seed: int) -> Dialogue:
-        if self._saved is None:
-            self._saved = self.store.load() if self.store else {}
         saved = self._saved.get((instance.id, seed))
         if saved is not None and saved.done(self.k_max):
             return saved
-        dialogue = saved or Dialogue(instance_id=instance.id, seed=seed)
+        dialogue = saved or Dialogue(
+            instance_id=instance.id, seed=seed, fingerprint=self.fingerprint
+        )
         dialogue = await self._extend(
             instance, dialogue.model_copy(deep=True, update={"error": None})
         )
@@ -241,6 +267,21 @@ class Clarification:
                 )
             )
         return list(classify(question))
+
+
+def _fingerprint(
+    roles: dict[str, ChatModel], sampling: dict[str, Sampling], options: ClarificationConfig
+) -> str:
+    """What a dialogue depends on: each dialogue role's model (its served name, not the engine
+    identity, which for a local checkpoint changes when a requeued job copies the weights) and
+    sampling, and the options."""
+    parts = {
+        role: [roles[role].model, sampling[role].model_dump(mode="json")]
+        for role in ("clarifier", "user_answerer", "question_classifier")
+        if role in roles and role in sampling
+    }
+    blob = json.dumps([parts, options.model_dump(mode="json")], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def failure(error: EngineError | ToolCacheMiss, stage: str) -> dict[str, str]:

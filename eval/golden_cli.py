@@ -59,8 +59,9 @@ def build(
 ) -> None:
     """Build golden nuggets for the experiment's dataset.
 
-    For each instance: the searcher (WebDancer) on the fused query with the experiment's first
-    seed, its trace kept under traces/golden/, then the nugget_builder role lists weighted
+    For each instance: the searcher (WebDancer) on the fused query with golden.seed (default
+    1000; never an evaluation seed, so that the oracle condition is an independent run), its
+    trace kept under traces/golden/, then the nugget_builder role lists weighted
     nuggets (3 essential, 2 important, 1 context) whose source_ids can only be evidence ids
     that trace showed (corpus doc ids, or URLs with web search). Resumes like `cts run`; a
     sharded build is finished by `cts golden merge`. The result, OUTPUT_DIR/dataset.jsonl, is

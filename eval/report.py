@@ -78,7 +78,7 @@ def _pct(value: dict[str, Any] | float | None) -> str:
 
 
 def _score(entry: dict[str, Any]) -> str:
-    return "–" if entry["mean"] is None else f"{entry['mean']:.1f} (n={entry['n']})"
+    return "–" if entry["mean"] is None else f"{entry['mean']:.1f} ({entry['records']} records)"
 
 
 def _recovered(entry: dict[str, Any] | None) -> str:
@@ -101,12 +101,19 @@ def warnings(name: str, summary: dict[str, Any]) -> list[str]:
         treated = (
             "scored 0"
             if summary["failure_policy"] == "zero"
-            else f"their instances excluded from every comparison "
-            f"({len(summary['excluded_instances'])} excluded)"
+            else "their instances are left out of the paired tables "
+            f"({len(summary['excluded_instances'])} instances excluded)"
         )
         found.append(
             f"WARNING {name}: {f['total']} of {summary['records']} records failed "
             f"(by stage: {by_stage}; by kind: {by_kind}); {treated}."
+        )
+    mixed = summary["clarification"]["dialogue_mismatches"]
+    if mixed:
+        found.append(
+            f"WARNING {name}: for {mixed} (instance, seed) the clarify@j questions are not the "
+            "first j of clarify@k: records of different dialogues are mixed (a run resumed "
+            "with another clarifier?); clarify@k does not extend clarify@(k−1) there."
         )
     judge = summary["judge"]
     if judge["degenerate"]:
@@ -133,12 +140,14 @@ def markdown(
         "# Clarify-Then-Search report",
         "",
         "restore_score_100 (weighted nugget coverage, 0–100): mean over instances (each the "
-        "mean over seeds) with a 95% bootstrap CI; n = instances, then the condition's failed "
-        "records.",
+        "mean over seeds) with a 95% bootstrap CI; n = instances, then how many instances "
+        "had a failed record under the condition.",
         "",
-        f"Paired: every score, gain and test stands on the {paired} instance(s) scored under "
-        f"every condition of every run below; {treated}. Excluded instances are listed, with "
-        "why, in summary.json (`excluded_instances`).",
+        f"Paired: the main table, the gains and the breakdowns stand on the {paired} "
+        f"instance(s) scored under every condition of every run below; {treated}. Excluded "
+        "instances are listed, with why, in summary.json (`excluded_instances`). Systems are "
+        "compared per condition on the instances both scored; the clarification diagnostics "
+        "are rates over the clarify@k records that did not fail, each with its n.",
         "",
     ]
     for name, summary in systems:
@@ -210,9 +219,9 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
         f"{summary['records']} records.",
         "",
         f"Unknown rate of region questions: {_pct(region)} region questions (the study: "
-        f"{region['study']}). Not to be confused with the share of interactions in which "
+        f"{region['study']}). Not to be confused with the share of dialogues in which "
         f"every question asked about region: {_pct(c['all_region_interaction_rate'])} "
-        "interactions.",
+        "dialogues.",
         "",
         "Gain over blurred: paired mean difference [95% CI], sign-flip p. Gain recovered: "
         "(score − blurred) / (oracle − blurred) [paired bootstrap 95% CI], undefined when the "

@@ -170,20 +170,23 @@ async def _run(
                 failed += record.error is not None
                 progress.update(bar, advance=1, failed=failed)
 
-            outcome = await until_signalled(
-                run_keys(
-                    instances,
-                    conditions,
-                    seeds,
-                    lambda i, c, s: run_instance(i, c, s, ctx),
-                    store,
-                    shard,
-                    concurrency=experiment.concurrency,
-                    on_done=done,
-                    retry_failed=retry_failed,
-                ),
-                watch,
-            )
+            try:
+                outcome = await until_signalled(
+                    run_keys(
+                        instances,
+                        conditions,
+                        seeds,
+                        lambda i, c, s: run_instance(i, c, s, ctx),
+                        store,
+                        shard,
+                        concurrency=experiment.concurrency,
+                        on_done=done,
+                        retry_failed=retry_failed,
+                    ),
+                    watch,
+                )
+            finally:
+                await ctx.clarification.aclose()
         stats = {name: e.stats for name, e in engines.by_model.items()}
         return outcome, stats, engines.cache.stats() if engines.cache else None
 
@@ -201,6 +204,8 @@ def _run_into(
     """Record `keys` (conditions, seeds) for the shard's instances into `run_dir`; with
     `report`, a whole finished run also gets its summary and report."""
     instances = load_instances(resolved.experiment.dataset)
+    if "oracle" in keys[0]:
+        _check_golden_seeds(resolved, instances)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Shards of one run write the same file at once: replace it whole, never half-written.
     partial = run_dir / f"config.yaml.{os.getpid()}.partial"
@@ -234,6 +239,22 @@ def run_experiment(
     )
 
 
+def _check_golden_seeds(resolved: ResolvedExperiment, instances: list[Instance]) -> None:
+    """Refuse to evaluate with a seed the dataset's golden runs used: the oracle condition
+    would replay the very search its nuggets were extracted from."""
+    seeds = set(resolved.experiment.seeds)
+    clashes = [
+        (i.id, i.golden.seed) for i in instances if i.golden is not None and i.golden.seed in seeds
+    ]
+    if clashes:
+        instance, seed = clashes[0]
+        raise ConfigError(
+            f"{resolved.path}: seeds: {seed} is the seed of the golden run of {len(clashes)} "
+            f"instance(s) (e.g. {instance}) in {resolved.experiment.dataset.path}: the oracle "
+            "condition would replay the run its nuggets came from; evaluate with other seeds"
+        )
+
+
 def build_golden(
     resolved: ResolvedExperiment,
     run_dir: Path,
@@ -244,16 +265,30 @@ def build_golden(
 ) -> RunResult:
     """Golden construction for (a shard of) the experiment's dataset into `run_dir`: one
     `golden` record per instance (search on the fused query with `golden.seed`, disjoint from
-    the evaluation seeds, nuggets from its trace). Resumes
-    and stops like `run_experiment`; `finish_golden` writes the dataset."""
+    the evaluation seeds, nuggets from its trace). Resumes and stops like `run_experiment`;
+    `finish_golden` writes the dataset."""
     if "nugget_builder" not in resolved.experiment.roles:
         raise ConfigError(
             f"{resolved.path}: roles.nugget_builder: not set; golden construction needs it"
         )
-    keys = ([GOLDEN], [resolved.experiment.golden.seed])
+    seed = resolved.experiment.golden.seed
+    _refuse_other_golden_seeds(RecordStore(run_dir), seed)
+    keys = ([GOLDEN], [seed])
     return _run_into(
         resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, False
     )
+
+
+def _refuse_other_golden_seeds(store: RecordStore, seed: int) -> None:
+    """Golden records of another seed (before `golden.seed` existed the first evaluation seed
+    was used) would be silently ignored and every instance searched again."""
+    other = sorted({r.seed for r in store.completed().values() if r.condition == GOLDEN} - {seed})
+    if other:
+        raise ConfigError(
+            f"{store.root}: golden records built with seed(s) {other}, but golden.seed is {seed}; "
+            "build into a new directory (a seed that is also an evaluation seed would make the "
+            "oracle condition replay the golden run)"
+        )
 
 
 def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
@@ -264,6 +299,7 @@ def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
     experiment = ExperimentConfig.model_validate(config["experiment"])
     instances = load_instances(experiment.dataset)
     store = RecordStore(run_dir)
+    _refuse_other_golden_seeds(store, experiment.golden.seed)
     merged = merge(store, instances, [GOLDEN], [experiment.golden.seed])
     if not merged.ok:
         return merged, None

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from eval.config import ResolvedExperiment, load_experiment
 from eval.dataset import DatasetError
+from eval.dialogue import DialogueFileError
 from eval.runner import RecordFileError, Shard
 from serving.model_config import ModelConfig
 from serving.serve import (
@@ -136,6 +137,9 @@ def run_exits() -> Iterator[None]:
         yield
     except RecordFileError as e:
         typer.echo(f"records error: {e}", err=True)
+        raise typer.Exit(1) from None
+    except DialogueFileError as e:
+        typer.echo(f"dialogues error: {e}", err=True)
         raise typer.Exit(1) from None
     except DatasetError as e:
         typer.echo(f"dataset error\n{e}", err=True)

@@ -10,6 +10,7 @@ seed ask for fresh randomness and bypass the cache.
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 import threading
 import time
@@ -35,7 +36,17 @@ def open_shared_sqlite(path: Path, schema: str) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA busy_timeout = 60000")
-    db.execute("PRAGMA journal_mode = WAL")
+    # Switching a new file to WAL needs an exclusive lock, and SQLite does not wait on the busy
+    # handler for it: two Slurm tasks opening a fresh cache at once got "database is locked".
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            break
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05 + random.random() * 0.2)
     db.execute("PRAGMA synchronous = NORMAL")
     db.execute(schema)
     return db

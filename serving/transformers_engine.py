@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Collection
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -43,19 +44,23 @@ def _byte_level_alphabet() -> dict[str, int]:
     return alphabet
 
 
-def token_bytes(vocab: dict[str, int], special: set[str]) -> dict[bytes, list[int]]:
+def token_bytes(
+    vocab: dict[str, int], special: Collection[str], added: Collection[str] = ()
+) -> dict[bytes, list[int]]:
     """Each ordinary token's bytes → its ids. outlines turns tokens into *strings*, so every
     token holding part of a UTF-8 character becomes "�" and many CJK characters can then never
     be generated: a span grammar over a Chinese query with "，" between two characters fails
     to compile. Byte-level BPE (GPT-2, Qwen, Llama-3, SmolLM) maps through its byte alphabet;
-    SentencePiece through `▁` and its `<0xNN>` byte tokens. Special tokens are left out: no
-    constrained answer needs them."""
+    SentencePiece through `▁` and its `<0xNN>` byte tokens. Tokens added to the tokenizer are
+    plain text; special tokens are left out: no constrained answer needs them."""
     alphabet = _byte_level_alphabet()
     ordinary = {t: i for t, i in vocab.items() if t not in special}
-    byte_level = all(ch in alphabet for t in ordinary for ch in t)
+    byte_level = all(ch in alphabet for t in ordinary if t not in added for ch in t)
     found: dict[bytes, list[int]] = {}
     for token, token_id in ordinary.items():
-        if byte_level:
+        if token in added:
+            data = token.encode()
+        elif byte_level:
             data = bytes(alphabet[ch] for ch in token)
         elif match := _SENTENCEPIECE_BYTE.fullmatch(token):
             data = bytes([int(match.group(1), 16)])
@@ -136,7 +141,11 @@ class TransformersEngine(BatchingEngine):
             self._backend = OutlinesCoreBackend(outlines.from_transformers(hf, tokenizer))
             self._backend.vocabulary = Vocabulary(
                 tokenizer.eos_token_id,
-                token_bytes(tokenizer.get_vocab(), set(tokenizer.all_special_tokens)),
+                token_bytes(
+                    tokenizer.get_vocab(),
+                    set(tokenizer.all_special_tokens),
+                    set(tokenizer.get_added_vocab()),
+                ),
             )
             self._tokenizer = tokenizer
             self._hf = hf

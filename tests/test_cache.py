@@ -95,3 +95,27 @@ def test_processes_sharing_one_cache_file_leave_it_consistent(tmp_path):
         key = ChatRequest.of([{"role": "user", "content": f"shared{i}"}]).key("scripted:scripted")
         hit = cache.get(key)
         assert hit is not None and hit.text.startswith(f"shared{i} by ")
+
+
+def _open_at_once(path: str, barrier) -> None:  # type: ignore[no-untyped-def]
+    from serving.cache import ResponseCache
+
+    barrier.wait()
+    ResponseCache(path).close()
+
+
+def test_processes_opening_a_new_cache_at_once_all_succeed(tmp_path):
+    """Slurm array tasks start together and open the same fresh cache file: switching it to
+    WAL must wait for the others, not fail with "database is locked"."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        path = str(tmp_path / f"fresh-{attempt}.sqlite")
+        barrier = context.Barrier(8)
+        workers = [context.Process(target=_open_at_once, args=(path, barrier)) for _ in range(8)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        assert [w.exitcode for w in workers] == [0] * 8

@@ -160,11 +160,11 @@ def test_diagnostics_as_the_study_defines_them():
     # The study's figure: of the 3 region questions, all 3 were answered unknown.
     assert c["region_question_unknown_rate"]["rate"] == 1.0
     assert c["region_question_unknown_rate"]["n"] == 3
-    # Another figure: interactions whose every question is about region (b@1, b@2).
-    assert c["all_region_interaction_rate"] == {"rate": 0.5, "n": 4}
+    # Another figure: dialogues whose every question is about region (b's, not a's).
+    assert c["all_region_interaction_rate"] == {"rate": 0.5, "n": 2}
     split = score_by_answered(records)
-    assert split["2"]["some_answered"] == {"mean": 50.0, "n": 1}
-    assert split["2"]["all_unknown"] == {"mean": 20.0, "n": 1}
+    assert split["2"]["some_answered"] == {"mean": 50.0, "records": 1}
+    assert split["2"]["all_unknown"] == {"mean": 20.0, "records": 1}
     # All at once: each k's questions are its own.
     assert clarification(records, "all_at_once")["questions"] == 6
 
@@ -276,3 +276,116 @@ def test_a_report_of_a_run_with_one_failing_instance_under_one_condition(search,
     assert len(document["comparisons"]) == 4
     assert {r["condition"]: r["n"] for r in document["comparisons"]}["clarify@1"] == 4
     assert "## Systems compared" in both["markdown"].read_text()
+
+
+def write_run(run_dir, records: list[Record], overrides: list[str]) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(load_experiment(None, overrides).to_yaml())
+    store = RecordStore(run_dir)
+    for r in records:
+        store.append(r, Shard())
+
+
+def test_cts_report_compares_two_runs_and_checks_its_options(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from cts.cli import app
+
+    monkeypatch.setenv("COLUMNS", "250")
+    conditions = ["blurred", "clarify@1", "oracle"]
+    first = [
+        rec(i, c, s)
+        for i, b in (("a", 10), ("b", 20), ("c", 30))
+        for c, s in zip(conditions, (b, b + 10, b + 40), strict=True)
+    ]
+    second = [
+        r.model_copy(update={"scores": {k: v - 5 for k, v in r.scores.items()}})
+        if r.condition == "clarify@1"
+        else r
+        for r in first
+    ]
+    write_run(tmp_path / "a", first, [f"conditions={json.dumps(conditions)}"])
+    write_run(
+        tmp_path / "b",
+        second,
+        [f"conditions={json.dumps(conditions)}", "clarification.mode=all_at_once"],
+    )
+    runner = CliRunner()
+    out = tmp_path / "report"
+    done = runner.invoke(
+        app, ["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]
+    )
+    assert done.exit_code == 0, done.output
+    assert "paired on 3 instances" in done.output and "(n=3)" in done.output
+    document = json.loads((out / "summary.json").read_text())
+    row = next(r for r in document["comparisons"] if r["condition"] == "clarify@1")
+    assert row["difference"] == 5.0 and row["n"] == 3
+    text = (out / "report.md").read_text()
+    assert "clarification `sequential`" in text and "clarification `all_at_once`" in text
+    # (20 − 20) … gain recovered: (30 − 20) / (60 − 20) on the three instances.
+    (a, _) = document["systems"].values()
+    assert a["gains"]["clarify@1"]["gain_recovered"]["value"] == pytest.approx(0.25)
+    for bad, message in (
+        (["--failures", "drop"], "expected exclude or zero"),
+        (["--min-gap", "0"], "must be a positive number"),
+    ):
+        refused = runner.invoke(app, ["report", str(tmp_path / "a"), *bad])
+        assert refused.exit_code == 2 and message in refused.output
+    missing = runner.invoke(app, ["report", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "not a run directory" in missing.output
+
+
+def test_runs_written_before_multi_label_types_and_new_config_keys_still_report(tmp_path):
+    """A record with one type per question and a config.yaml without judge/report/golden.seed
+    (the previous version's files) are read, not refused."""
+    old = Record.model_validate(
+        {
+            "instance_id": "a",
+            "condition": "clarify@1",
+            "seed": 0,
+            "questions": ["Which year?"],
+            "answers": ["2024"],
+            "question_types": ["time"],
+            "scores": {"restore_score_100": 50.0, "strict": 50.0, "unweighted": 50.0},
+        }
+    )
+    assert old.question_types == [["time"]]
+    write_run(tmp_path / "run", [old], ['conditions=["clarify@1"]'])
+    config = tmp_path / "run" / "config.yaml"
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    for key in ("judge", "report"):
+        del data["experiment"][key]
+    del data["experiment"]["golden"]["seed"]
+    config.write_text(yaml.safe_dump(data))
+    paths = write_report([tmp_path / "run"], tmp_path / "run")
+    (system,) = json.loads(paths["summary"].read_text())["systems"].values()
+    assert system["clarification"]["question_type_counts"]["time"] == 1
+
+
+def test_records_of_different_dialogues_mixed_are_warned_about():
+    records = [
+        rec(
+            "a",
+            "clarify@1",
+            10,
+            questions=["Which year?"],
+            answers=["unknown"],
+            question_types=[["time"]],
+        ),
+        rec(
+            "a",
+            "clarify@2",
+            10,
+            questions=["Which city?", "Which year?"],
+            answers=["x", "y"],
+            question_types=[["region"], ["time"]],
+        ),
+    ]
+    scored = score_records(records, ["clarify@1", "clarify@2"], [0], "exclude")
+    summary = summarize(records, ["clarify@1", "clarify@2"], [0], ["a"], scored)
+    assert summary["clarification"]["dialogue_mismatches"] == 1
+    from eval.report import warnings
+
+    assert any("records of different dialogues are mixed" in w for w in warnings("s", summary))

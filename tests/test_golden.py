@@ -173,7 +173,7 @@ def test_cts_golden_build_on_the_tiny_model(tmp_path, tiny_path, monkeypatch):
         args += ["--set", item]
     first = CliRunner().invoke(app, args, catch_exceptions=False)
     summary = json.loads((out / "golden_summary.json").read_text())
-    assert summary["instances"] == 2
+    assert summary["instances"] == 2 and summary["seed"] == 1000  # provenance
     assert summary["built"] + len(summary["failed"]) == 2
     assert first.exit_code == (1 if summary["failed"] else 0), first.output
     assert "instances searched" in first.output
@@ -185,6 +185,7 @@ def test_cts_golden_build_on_the_tiny_model(tmp_path, tiny_path, monkeypatch):
         trace = json.loads((out / "traces" / row["golden"]["trace_id"]).read_text())
         shown = {e["id"] for s in trace["steps"] if s["kind"] == "tool" for e in s["evidence"]}
         nuggets = row["golden"]["nuggets"]
+        assert row["golden"]["seed"] == 1000
         assert 1 <= len(nuggets) <= 3
         assert all(set(n["source_ids"]) <= shown and n["source_ids"] for n in nuggets)
         assert [n["id"] for n in nuggets] == [f"n{i}" for i in range(1, len(nuggets) + 1)]

@@ -14,7 +14,7 @@ import pytest
 
 from eval.config import load_experiment
 from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.dialogue import DialogueStore
+from eval.dialogue import Clarification, DialogueStore
 from eval.golden import GOLDEN
 from eval.pipeline import run_instance
 from eval.runner import RecordStore, run_keys
@@ -236,3 +236,66 @@ def test_a_failing_turn_fails_only_the_conditions_that_need_it_and_a_retry_conti
     assert again["clarify@3"].questions[:2] == first["clarify@2"].questions
     # Only the failed turn was asked again.
     assert len(roles["clarifier"].requests) == 1
+
+
+def test_a_dialogue_asked_by_another_clarifier_is_not_reused(search, tmp_path):
+    (instance,) = instances(1)
+    dialogues = tmp_path / "dialogues"
+    ctx, roles = scripted_context(search, store=DialogueStore(dialogues, "s"))
+    roles["clarifier"].script = counting_clarifier()
+    first = asyncio.run(run_instance(instance, "clarify@1", 0, ctx))
+    # Same run directory, the clarifier now sampling at another temperature.
+    ctx, roles = scripted_context(search)
+    sampling = {**ctx.sampling, "clarifier": Sampling(temperature=0.7, max_tokens=64)}
+    ctx.clarification = Clarification(
+        dict(roles), sampling, k_max=3, store=DialogueStore(dialogues, "s")
+    )
+    roles["clarifier"].script = lambda r: json.dumps({"question": "Which edition?"})
+    again = asyncio.run(run_instance(instance, "clarify@1", 0, ctx))
+    assert again.questions == ["Which edition?"] != first.questions
+
+
+def test_every_sampling_role_of_a_key_is_seeded_with_its_seed(search):
+    (instance,) = instances(1)
+    ctx, roles = sampling_context(search)
+    sampled = Sampling(temperature=0.7, max_tokens=64)
+    for role in ("clarifier", "user_answerer", "rewriter"):
+        ctx.sampling[role] = sampled
+    ctx.clarification = Clarification(dict(roles), ctx.sampling, k_max=2)
+    record = asyncio.run(run_instance(instance, "clarify@2", 7, ctx))
+    assert record.error is None, record.error
+    for role in ("clarifier", "user_answerer", "rewriter", "searcher", "summarizer"):
+        assert {r.sampling.seed for r in roles[role].requests} == {7}, role
+    assert {r.sampling.seed for r in roles["judge"].requests} == {0}
+
+
+def test_a_golden_dataset_built_with_an_evaluation_seed_is_refused(tmp_path):
+    from eval.run import run_experiment
+
+    (instance,) = instances(1)
+    golden = instance.golden.model_copy(update={"seed": 0, "trace_id": "golden/x.json"})
+    dataset = tmp_path / "gold.jsonl"
+    dataset.write_text(instance.model_copy(update={"golden": golden}).model_dump_json() + "\n")
+    resolved = load_experiment(None, [f"dataset.path={dataset}", "dataset.split=null"])
+    with pytest.raises(ConfigError, match=r"seeds: 0 is the seed of the golden run of 1"):
+        run_experiment(resolved, tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_golden_records_of_another_seed_are_not_silently_rebuilt(tmp_path):
+    from eval.pipeline import Record
+    from eval.run import build_golden
+    from eval.runner import Shard
+
+    (instance,) = instances(1)
+    RecordStore(tmp_path).append(Record(instance_id=instance.id, condition=GOLDEN, seed=0), Shard())
+    with pytest.raises(ConfigError, match=r"golden records built with seed\(s\) \[0\]"):
+        build_golden(load_experiment(None), tmp_path, show_progress=False)
+
+
+def test_a_corrupt_dialogue_line_is_an_error_naming_file_and_line(tmp_path):
+    from eval.dialogue import DialogueFileError
+
+    (tmp_path / "s.jsonl").write_text('{"instance_id": "a", "seed": 0}\n{"oops": 1}\n')
+    with pytest.raises(DialogueFileError, match=r"s.jsonl:2: not a dialogue"):
+        DialogueStore(tmp_path, "s").load("")

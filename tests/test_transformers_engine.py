@@ -199,12 +199,14 @@ def test_every_cjk_character_can_be_generated_under_a_constraint(tiny_engine):
 def test_token_bytes_of_byte_level_and_sentencepiece_vocabularies():
     from serving.transformers_engine import token_bytes
 
-    # Byte-level BPE: "Ġ" is a space; "ä¸" and "Ń" are the bytes of "中" (e4 b8 ad) split.
-    byte_level = {"Ġthe": 0, "ä¸": 1, "Ń": 2, "<|endoftext|>": 3}
-    assert token_bytes(byte_level, {"<|endoftext|>"}) == {
+    # Byte-level BPE: "Ġ" is a space; "ä¸" and "Ń" are the bytes of "中" (e4 b8 ad) split; a
+    # token added to the tokenizer is plain text and does not make the rest SentencePiece.
+    byte_level = {"Ġthe": 0, "ä¸": 1, "Ń": 2, "<|endoftext|>": 3, "你好": 4}
+    assert token_bytes(byte_level, {"<|endoftext|>"}, {"你好"}) == {
         b" the": [0],
         b"\xe4\xb8": [1],
         b"\xad": [2],
+        "你好".encode(): [4],
     }
     # SentencePiece: "▁" is a space, <0xNN> a raw byte.
     sentencepiece = {"▁the": 0, "<0xE4>": 1, "中": 2, "</s>": 3}
