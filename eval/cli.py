@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from eval.config import ResolvedExperiment, load_experiment
 from eval.data_stats import dataset_stats
@@ -181,7 +182,10 @@ def main_table(summary_path: Path) -> Table:
         + ("scored 0" if policy == "zero" else "excluded"),
     )
     for name, system in summary["systems"].items():
-        table.add_row(name, *(report_cell(system["scores"].get(c), policy) for c in MAIN_COLUMNS))
+        # Text, not markup: a name like "quickstart (x) [runs-a]" must print as it is.
+        table.add_row(
+            Text(name), *(Text(report_cell(system["scores"].get(c), policy)) for c in MAIN_COLUMNS)
+        )
     return table
 
 
@@ -246,7 +250,7 @@ def print_summary(console: Console, summary_path: Path) -> None:
     console.print(main_table(summary_path))
     for name, system in json.loads(summary_path.read_text())["systems"].items():
         for line in warnings(name, system):
-            console.print(line, style="yellow", highlight=False)
+            console.print(line, style="yellow", highlight=False, markup=False)
 
 
 data_app = typer.Typer(help="Validate and describe datasets and corpora.", no_args_is_help=True)

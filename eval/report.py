@@ -218,9 +218,10 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
         f"{len(summary['excluded_instances'])} excluded), seeds {summary['seeds']}, "
         f"{summary['records']} records.",
         "",
-        f"Unknown rate of region questions: {_pct(region)} region questions (the study: "
-        f"{region['study']}). Not to be confused with the share of dialogues in which "
-        f"every question asked about region: {_pct(c['all_region_interaction_rate'])} "
+        "Unknown rate of region questions: "
+        + (f"{_pct(region)} region questions" if region["n"] else "no region question asked")
+        + f" (the study: {region['study']}). Not to be confused with the share of dialogues "
+        f"in which every question asked about region: {_pct(c['all_region_interaction_rate'])} "
         "dialogues.",
         "",
         "Gain over blurred: paired mean difference [95% CI], sign-flip p. Gain recovered: "
@@ -307,8 +308,12 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
         "",
         f"Judge labels: full {judge['full']}, partial {judge['partial']}, none {judge['none']}.",
         "",
-        f"Failures: {f['total']} records; by condition {json.dumps(f['by_condition'])}, "
-        f"by stage {json.dumps(f['by_stage'])}, by kind {json.dumps(f['by_kind'])}.",
+        (
+            f"Failures: {f['total']} records; by condition {json.dumps(f['by_condition'])}, "
+            f"by stage {json.dumps(f['by_stage'])}, by kind {json.dumps(f['by_kind'])}."
+            if f["total"]
+            else "Failures: none."
+        ),
         "",
     ]
     return lines
