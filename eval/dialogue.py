@@ -79,14 +79,14 @@ class DialogueFileError(ValueError):
 
 
 class DialogueStore:
-    """RUN_DIR/dialogues/<shard>.jsonl, appended with fsync as each dialogue ends; on reading,
-    a torn last line (a crash mid-write) is ignored and the later line of a key counts (a
-    continued dialogue extends the earlier one)."""
+    """RUN_DIR/dialogues/<shard>.jsonl, appended with fsync as each dialogue ends. A torn last
+    line (a crash mid-write) is ignored on reading and cut off before the next append."""
 
     def __init__(self, root: Path, shard_name: str) -> None:
         self.root = root
         self.path = root / f"{shard_name}.jsonl"
         self._lock = threading.Lock()
+        self._appended = False
 
     def load(self, fingerprint: str) -> dict[tuple[str, int], Dialogue]:
         """The furthest dialogue of each (instance, seed) asked with `fingerprint`: most turns,
@@ -114,10 +114,14 @@ class DialogueStore:
         line = dialogue.model_dump_json() + "\n"
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self.path.is_file():
+            if not self._appended and self.path.is_file():
+                # Only a crash before this process can have left a torn last line: cut it off,
+                # so that the next line does not complete it into a corrupt one.
                 data = self.path.read_bytes()
-                if data and not data.endswith(b"\n"):  # a torn line: start on a fresh one
-                    line = "\n" + line
+                if data and not data.endswith(b"\n"):
+                    with self.path.open("r+b") as f:
+                        f.truncate(data.rfind(b"\n") + 1)
+            self._appended = True
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(line)
                 f.flush()

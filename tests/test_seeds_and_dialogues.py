@@ -299,3 +299,18 @@ def test_a_corrupt_dialogue_line_is_an_error_naming_file_and_line(tmp_path):
     (tmp_path / "s.jsonl").write_text('{"instance_id": "a", "seed": 0}\n{"oops": 1}\n')
     with pytest.raises(DialogueFileError, match=r"s.jsonl:2: not a dialogue"):
         DialogueStore(tmp_path, "s").load("")
+
+
+def test_a_torn_dialogue_line_is_ignored_then_cut_off(tmp_path):
+    from eval.dialogue import Dialogue
+
+    store = DialogueStore(tmp_path, "s")
+    store.append(Dialogue(instance_id="a", seed=0, fingerprint="f"))
+    with store.path.open("a") as f:
+        f.write('{"instance_id": "b", "se')  # killed mid-write
+    again = DialogueStore(tmp_path, "s")
+    assert set(again.load("f")) == {("a", 0)}
+    again.append(Dialogue(instance_id="c", seed=0, fingerprint="f"))
+    again.append(Dialogue(instance_id="d", seed=0, fingerprint="f"))
+    assert set(DialogueStore(tmp_path, "s").load("f")) == {("a", 0), ("c", 0), ("d", 0)}
+    assert len(store.path.read_text().splitlines()) == 3
