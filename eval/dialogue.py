@@ -148,6 +148,7 @@ class Clarification:
         self.options = options or ClarificationConfig()
         self.k_max = k_max
         self.store = store
+        self.limits = SpanLimits(**self.options.answer_span.model_dump())
         self.fingerprint = _fingerprint(roles, sampling, self.options)
         # Read now, so that a corrupt file stops the run before any model call.
         self._saved = store.load(self.fingerprint) if store else {}
@@ -251,7 +252,7 @@ class Clarification:
             instance.language,
             self._seeded("user_answerer", seed),
             mode=options.answerer,
-            limits=SpanLimits(options.answer_span.max_words, options.answer_span.max_cjk_chars),
+            limits=self.limits,
         )
         unsupported = (
             unsupported_words(reply, instance.fused_query)

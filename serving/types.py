@@ -26,11 +26,13 @@ class Sampling(_Frozen):
     stop: tuple[str, ...] = ()
     repetition_penalty: float = Field(1.0, gt=0.0)
 
-    def with_seed(self, seed: int) -> Sampling:
-        """Seeded with a run's seed when it samples. A greedy request (temperature 0) keeps
-        its seed: the seed cannot change its answer, and a shared seed lets every run seed
-        re-use the one cached greedy answer (and batch together)."""
-        return self.model_copy(update={"seed": seed}) if self.temperature > 0 else self
+    def with_seed(self, seed: int | None) -> Sampling:
+        """Seeded with a run's seed when it samples (None: unchanged). A greedy request
+        (temperature 0) keeps its seed: the seed cannot change its answer, and a shared seed
+        lets every run seed re-use the one cached greedy answer (and batch together)."""
+        if seed is None or self.temperature == 0:
+            return self
+        return self.model_copy(update={"seed": seed})
 
 
 class JsonSchemaOutput(_Frozen):

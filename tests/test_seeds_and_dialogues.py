@@ -164,10 +164,17 @@ def counting_clarifier():
     return lambda request: json.dumps({"question": f"Which year, option {next(counter)}?"})
 
 
+def counting_context(search: LocalSearch, dialogues: Path):
+    """Scripted roles with the counting clarifier, keeping dialogues in `dialogues` (a new
+    context is a new process: it knows only what is on disk)."""
+    ctx, roles = scripted_context(search, store=DialogueStore(dialogues, "s"))
+    roles["clarifier"].script = counting_clarifier()
+    return ctx, roles
+
+
 def test_clarify_at_k_extends_clarify_at_k_minus_1_without_the_cache(search, tmp_path):
     data = instances(2)
-    ctx, roles = scripted_context(search, store=DialogueStore(tmp_path / "dialogues", "s"))
-    roles["clarifier"].script = counting_clarifier()
+    ctx, roles = counting_context(search, tmp_path / "dialogues")
     store = RecordStore(tmp_path)
     asyncio.run(
         run_keys(data, K_CONDITIONS, [0, 1], lambda i, c, s: run_instance(i, c, s, ctx), store)
@@ -190,12 +197,10 @@ def test_clarify_at_k_extends_clarify_at_k_minus_1_without_the_cache(search, tmp
 def test_a_resumed_run_continues_the_recorded_dialogue(search, tmp_path):
     (instance,) = instances(1)
     dialogues = tmp_path / "dialogues"
-    ctx, roles = scripted_context(search, store=DialogueStore(dialogues, "s"))
-    roles["clarifier"].script = counting_clarifier()
+    ctx, roles = counting_context(search, dialogues)
     one = asyncio.run(run_instance(instance, "clarify@1", 0, ctx))
     # A new process (a resumed or requeued job): clarify@3 takes the dialogue from disk.
-    ctx, roles = scripted_context(search, store=DialogueStore(dialogues, "s"))
-    roles["clarifier"].script = counting_clarifier()
+    ctx, roles = counting_context(search, dialogues)
     three = asyncio.run(run_instance(instance, "clarify@3", 0, ctx))
     assert three.questions[:1] == one.questions and not roles["clarifier"].requests
 
@@ -241,8 +246,7 @@ def test_a_failing_turn_fails_only_the_conditions_that_need_it_and_a_retry_conti
 def test_a_dialogue_asked_by_another_clarifier_is_not_reused(search, tmp_path):
     (instance,) = instances(1)
     dialogues = tmp_path / "dialogues"
-    ctx, roles = scripted_context(search, store=DialogueStore(dialogues, "s"))
-    roles["clarifier"].script = counting_clarifier()
+    ctx, roles = counting_context(search, dialogues)
     first = asyncio.run(run_instance(instance, "clarify@1", 0, ctx))
     # Same run directory, the clarifier now sampling at another temperature.
     ctx, roles = scripted_context(search)

@@ -121,7 +121,7 @@ class WebDancerAgent:
         """One search run. `seed` (the evaluation key's seed) seeds every sampled request of
         the run, the summarizer's included; None keeps the configured sampling's seed."""
         started = time.perf_counter()
-        sampling = self.sampling if seed is None else self.sampling.with_seed(seed)
+        sampling = self.sampling.with_seed(seed)
         messages = initial_messages(question, self.date)
         result = AgentResult(answer="", termination="max_calls", messages=messages)
         context = 0  # tokens of the conversation so far, as the model last counted them

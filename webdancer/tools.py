@@ -83,7 +83,7 @@ class Tools:
             return ToolResult(BAD_VISIT)
         backend = f"{self.visitor.pages.name}+{self.visitor.summarizer.identity}"
         arguments: dict[str, Any] = {"url": urls, "goal": goal.strip()}
-        summarizer_seed = self.visitor.sampling_for(seed).seed
+        summarizer_seed = self.visitor.sampling.with_seed(seed).seed
         if summarizer_seed != self.visitor.sampling.seed:
             # A sampling summarizer's notes depend on the seed: one cached visit per seed.
             arguments["seed"] = summarizer_seed

@@ -185,10 +185,6 @@ class Visitor:
         self.sampling = sampling
         self.max_page_tokens = max_page_tokens
 
-    def sampling_for(self, seed: int | None) -> Sampling:
-        """The summarizer's sampling for a search run seeded with `seed` (None: its own)."""
-        return self.sampling if seed is None else self.sampling.with_seed(seed)
-
     async def _one(
         self, url: str, goal: str, sampling: Sampling
     ) -> tuple[str, Page | None, str | None]:
@@ -215,7 +211,7 @@ class Visitor:
         return render_visit(url, goal, notes.evidence, notes.summary), page, None
 
     async def visit(self, urls: list[str], goal: str, seed: int | None = None) -> VisitResult:
-        sampling = self.sampling_for(seed)
+        sampling = self.sampling.with_seed(seed)
         outcomes = await asyncio.gather(*(self._one(u, goal, sampling) for u in urls))
         result = VisitResult(text=QUERY_SEPARATOR.join(t for t, _, _ in outcomes).strip())
         for url, (_, page, error) in zip(urls, outcomes, strict=True):
