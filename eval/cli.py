@@ -177,7 +177,7 @@ def main_table(summary_path: Path) -> Table:
     table = Table(
         "system",
         *MAIN_COLUMNS,
-        title="restore_score_100 [95% CI] (n instances, failed records)",
+        title="restore_score_100 [95% CI] (n instances; f instances with a failed record)",
         caption=f"paired on {report['paired_instances']} instances; failures: "
         + ("scored 0" if policy == "zero" else "excluded"),
     )
