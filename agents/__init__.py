@@ -1,3 +1,3 @@
 """The LLM roles of the protocol: clarifier, user answerer, rewriter, coverage judge, nugget
 builder, question-type classifier. Each is a prompt template, an output schema and one call
-through a `serving` engine (built with the pipeline issue)."""
+through a `serving` engine."""

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from agents.prompts import render
 from agents.types import QA, history_text
 from serving.engine import ChatModel
-from serving.types import ChatRequest, JsonSchemaOutput, Message, Sampling
+from serving.types import ChatRequest, JsonSchemaOutput, Message, RoleSampling, Sampling
 
 QUESTION_MAX_CHARS = 200
 
@@ -24,6 +24,10 @@ class ClarifyingQuestionOrStop(ClarifyingQuestion):
     """With early stopping allowed: `stop: true` means the query needs no (further) question."""
 
     stop: bool
+
+
+#: Room for one question as JSON; `ask_all` scales it by k.
+SAMPLING = RoleSampling(max_tokens=96)
 
 
 def messages(blurred_query: str, history: list[QA], language: str) -> tuple[Message, Message]:
@@ -79,12 +83,13 @@ async def ask_all(
     sampling: Sampling,
     allow_stop: bool = False,
 ) -> list[str]:
-    """k questions at once; `sampling.max_tokens` is the room for one question, so it is
-    scaled by k."""
+    """k questions at once."""
     system, user = render("clarifier_all_at_once", language, blurred_query=blurred_query, k=k)
     response = await engine.chat(
         ChatRequest(
             messages=(system, user),
+            # `sampling.max_tokens` is the room for one question (SAMPLING), and k is this
+            # call's: the role's declaration cannot scale it.
             sampling=sampling.model_copy(update={"max_tokens": sampling.max_tokens * k}),
             output=JsonSchemaOutput(
                 name="clarifying_questions", json_schema=questions_schema(k, allow_stop)

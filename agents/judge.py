@@ -2,9 +2,9 @@
 
 At most 10 nuggets per call; the output schema is keyed by exactly the nugget ids sent (so a
 missing or invented id is a validation error, not a score) and asks for a short evidence
-quote before each label. Temperature 0 and a fixed seed make labels reproducible. As in the
-study, the judge sees the answer and the nuggets only; `query` (the fused query) is shown only
-when one is given."""
+quote before each label. Temperature 0 and a fixed seed (`SAMPLING`, over whatever the model's
+defaults and the config say) make labels reproducible. As in the study, the judge sees the
+answer and the nuggets only; `query` (the fused query) is shown only when one is given."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from agents.prompts import render
 from serving.engine import ChatModel
-from serving.types import ChatRequest, JsonSchemaOutput, Sampling
+from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
 
 BATCH = 10
 
@@ -54,8 +54,8 @@ def judge_schema(nugget_ids: list[str]) -> dict[str, Any]:
     }
 
 
-def judge_sampling(sampling: Sampling) -> Sampling:
-    return sampling.model_copy(update={"temperature": 0.0, "seed": 0})
+#: Room for a batch of BATCH labels with their evidence quotes.
+SAMPLING = RoleSampling(max_tokens=1024, temperature=0.0, seed=0)
 
 
 async def _batch(
@@ -79,7 +79,7 @@ async def _batch(
     response = await engine.chat(
         ChatRequest(
             messages=(system, user),
-            sampling=judge_sampling(sampling),
+            sampling=sampling,
             output=JsonSchemaOutput(name="nugget_labels", json_schema=judge_schema(ids)),
         )
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from agents.prompts import render
 from serving.engine import ChatModel
-from serving.types import ChatRequest, JsonSchemaOutput, Sampling
+from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
 
 NUGGET_MAX_CHARS = 200
 WEIGHTS = (3, 2, 1)
@@ -69,6 +69,12 @@ def nuggets_schema(evidence_ids: Sequence[str], max_nuggets: int) -> dict[str, A
     }
 
 
+def role_sampling(max_nuggets: int) -> RoleSampling:
+    """Room for the longest valid answer of `max_nuggets` nuggets (a small model may spend a
+    token per character)."""
+    return RoleSampling(max_tokens=64 + max_nuggets * (NUGGET_MAX_CHARS + 40 * MAX_SOURCES) // 2)
+
+
 def evidence_text(evidence: Sequence[Evidence], max_chars: int) -> str:
     """Every observation, in trace order, each cut to an equal share of `max_chars` so that a
     long early page cannot crowd out later ones."""
@@ -84,11 +90,6 @@ def evidence_text(evidence: Sequence[Evidence], max_chars: int) -> str:
         body = e.text if len(e.text) <= share else e.text[:share] + " […]"
         blocks.append(f"{header}\n{body}")
     return "\n\n".join(blocks)
-
-
-def max_tokens_for(max_nuggets: int) -> int:
-    """Room for the longest valid answer (a small model may spend a token per character)."""
-    return 64 + max_nuggets * (NUGGET_MAX_CHARS + 40 * MAX_SOURCES) // 2
 
 
 async def build_nuggets(

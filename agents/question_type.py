@@ -41,7 +41,7 @@ from typing import Literal, get_args
 
 from agents.prompts import render
 from serving.engine import ChatModel
-from serving.types import ChatRequest, JsonSchemaOutput, Sampling
+from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
 
 QuestionType = Literal["time", "region", "scope", "entity", "numeric", "definition", "other"]
 QUESTION_TYPES: tuple[QuestionType, ...] = get_args(QuestionType)
@@ -86,7 +86,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "time",
         "recency: latest / recent / current / historical",
-        # "latest" and "最新" are the same concept (the old rules had only the English one).
+        # "latest" and "最新" are the same concept: each language's pattern must have it.
         # "currently live/based" asks where, not when.
         r"\b(latest|newest|newer|recent|recently|nowadays|up[- ]to[- ]date|upcoming|future|histor"
         r"(y|ical)|ago|older|past|this year|last year|next year)\b"
@@ -330,6 +330,10 @@ def types_schema() -> dict[str, object]:
         "required": ["types"],
         "additionalProperties": False,
     }
+
+
+#: Room for the longest answer: MAX_TYPES types as JSON.
+SAMPLING = RoleSampling(max_tokens=48)
 
 
 async def classify_with_model(

@@ -8,11 +8,15 @@ from pydantic import BaseModel, Field
 from agents.prompts import render
 from agents.types import QA, history_text
 from serving.engine import ChatModel
-from serving.types import ChatRequest, JsonSchemaOutput, Sampling
+from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
 
 
 class RewrittenQuery(BaseModel):
     query: str = Field(min_length=3, max_length=200)
+
+
+#: Room for the longest rewritten query as JSON.
+SAMPLING = RoleSampling(max_tokens=192)
 
 
 async def rewrite(

@@ -25,7 +25,7 @@ from agents.prompts import render
 from agents.types import UNKNOWN
 from serving.engine import ChatModel
 from serving.errors import ConstrainedOutputError
-from serving.types import ChatRequest, JsonSchemaOutput, RegexOutput, Sampling
+from serving.types import ChatRequest, JsonSchemaOutput, RegexOutput, RoleSampling, Sampling
 
 # CJK ideographs: Extension A, the unified block, compatibility ideographs, Extensions B-H.
 _CJK_RANGES = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
@@ -144,6 +144,10 @@ _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 class FreeAnswer(BaseModel):
     answer: str = Field(min_length=1, max_length=120)
+
+
+#: Room for the longest answer either mode allows: a span within `SpanLimits`, or FreeAnswer.
+SAMPLING = RoleSampling(max_tokens=64)
 
 
 def _content_units(text: str) -> list[str]:

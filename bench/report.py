@@ -12,7 +12,7 @@ import random
 import time
 
 from eval.diagnostics import compare_systems, paired_instances, score_records, summarize
-from eval.pipeline import Record
+from eval.schema import Record
 
 CONDITIONS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
 

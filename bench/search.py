@@ -79,7 +79,7 @@ def bench_agent(runs: int) -> None:
     from eval.config import load_experiment
     from eval.dataset import DatasetSource, load_instances
     from eval.engines import open_engines
-    from eval.search_agent import build_agent
+    from eval.search_agent import open_agent
 
     with tempfile.TemporaryDirectory() as tmp:
         resolved = load_experiment(
@@ -88,8 +88,10 @@ def bench_agent(runs: int) -> None:
         questions = load_instances(DatasetSource(path="sample", split="dev", limit=runs))
 
         async def go() -> list:
-            async with open_engines(resolved, ["searcher", "summarizer"]) as engines:
-                agent = build_agent(resolved, engines)
+            async with (
+                open_engines(resolved, ["searcher", "summarizer"]) as engines,
+                open_agent(resolved, engines) as agent,
+            ):
                 await agent.run("warm-up: compile the turn grammars")
                 started = time.perf_counter()
                 results = await asyncio.gather(*(agent.run(q.blurred_query) for q in questions))

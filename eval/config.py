@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -15,25 +16,26 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from agents import clarifier, judge, nugget_builder, question_type, rewriter, user_answerer
 from configs import CONFIG_DIR, DEFAULT_EXPERIMENT
 from eval.dataset import DatasetSource
+from serving.files import cts_home
 from serving.model_config import ModelConfig, model_label
-from serving.tiny_model import cts_home
-from serving.types import Sampling
+from serving.types import RoleSampling, Sampling
 from serving.yaml_config import (
     ConfigError,
-    apply_overrides,
-    deep_merge,
-    format_validation_error,
-    key_paths,
-    read_yaml,
+    Origins,
+    Override,
+    load_config,
+    mapping_overrides,
 )
+from webdancer.agent import searcher_sampling
+from webdancer.visit import SUMMARIZER_SAMPLING
 
 Role = Literal[
     "clarifier",
@@ -222,20 +224,54 @@ class ExperimentConfig(_Strict):
 class ResolvedExperiment(BaseModel):
     """An experiment with every role's model config loaded: what a run actually uses."""
 
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
     path: Path
     experiment: ExperimentConfig
     model_configs: dict[str, ModelConfig]
     model_files: dict[str, Path | None]
+    #: Where each experiment key came from, for errors found after validation.
+    origins: Origins = Field(default_factory=lambda: Origins(None), exclude=True)
 
     def model_for(self, role: Role) -> ModelConfig:
         return self.model_configs[self.experiment.roles[role].model]
 
-    def sampling_for(self, role: Role, **fixed: Any) -> Sampling:
-        """Model defaults, then the role's overrides, then what the role's code fixes."""
+    def configured_sampling(self, role: Role, **fixed: Any) -> Sampling:
+        """Model defaults, then the role's overrides, then `fixed`: what the configs say, for a
+        request that is not the role's own (a model check). The role's requests take
+        `sampling_for`."""
         merged = self.model_for(role).sampling.model_dump()
         merged.update(self.experiment.roles[role].sampling.model_dump(exclude_none=True))
         merged.update(fixed)
         return Sampling(**merged)
+
+    def sampling_for(self, role: Role) -> Sampling:
+        """What every request of `role` starts from: the configured sampling with the role's
+        own needs, which its module declares beside its output schema, put over it (no config
+        can change them: they keep a constrained answer whole, or the judge reproducible).
+        What depends on one call stays with the call: the key's seed (`Sampling.with_seed`),
+        all-at-once clarification's k questions."""
+        return self._role_needs(role).apply(self.configured_sampling(role))
+
+    def _role_needs(self, role: Role) -> RoleSampling:
+        if role == "nugget_builder":
+            return nugget_builder.role_sampling(self.experiment.golden.max_nuggets)
+        if role == "searcher":
+            return searcher_sampling(self.constrained_search())
+        return {
+            "clarifier": clarifier.SAMPLING,
+            "user_answerer": user_answerer.SAMPLING,
+            "rewriter": rewriter.SAMPLING,
+            "judge": judge.SAMPLING,
+            "question_classifier": question_type.SAMPLING,
+            "summarizer": SUMMARIZER_SAMPLING,
+        }[role]
+
+    def constrained_search(self) -> bool:
+        """Grammar-constrained searcher turns: as `search.constrained` says, else exactly for
+        the tiny model, which was never trained on the WebDancer protocol."""
+        constrained = self.experiment.search.constrained
+        return constrained if constrained is not None else self.model_for("searcher").is_tiny
 
     def with_endpoints(self, endpoints: dict[str, str]) -> ResolvedExperiment:
         """The models served by `cts serve` pointed at their servers (model key → base URL)."""
@@ -248,13 +284,27 @@ class ResolvedExperiment(BaseModel):
         }
         return self.model_copy(update={"model_configs": configs})
 
+    def clarifier_label(self) -> str:
+        """The clarifier's model as runs and reports name it ("none" without a clarifier)."""
+        role = self.experiment.roles.get("clarifier")
+        return model_label(role.model, self.model_for("clarifier").name) if role else "none"
+
+    def system_name(self) -> str:
+        """The clarifier system a run directory holds, as the report's rows name it."""
+        return f"{self.experiment.name} ({self.clarifier_label()})"
+
     def output_dir(self) -> Path:
         """`output_dir` with `{name}` and `{clarifier}` (the clarifier's model label) filled in."""
-        role = self.experiment.roles.get("clarifier")
-        clarifier = model_label(role.model, self.model_for("clarifier").name) if role else "none"
         return Path(
-            self.experiment.output_dir.format(name=self.experiment.name, clarifier=clarifier)
+            self.experiment.output_dir.format(
+                name=self.experiment.name, clarifier=self.clarifier_label()
+            )
         )
+
+    def golden_dir(self) -> Path:
+        """Where golden construction goes by default: beside the experiment's run
+        directories, runs/<name>-golden."""
+        return self.output_dir().parent / f"{self.experiment.name}-golden"
 
     def to_yaml(self) -> str:
         """The resolved config, with versions and git sha, as a run directory records it."""
@@ -331,16 +381,14 @@ def model_folders(experiment_path: Path) -> list[Path]:
 
 
 def load_experiment(
-    config: str | Path | None = None, overrides: list[str] | None = None
+    config: str | Path | None = None, overrides: Sequence[str | Override] = ()
 ) -> ResolvedExperiment:
+    """The experiment file (a path, a name, or None for the quickstart) with `overrides`, and
+    every model config its roles name: a file with the experiment's inline `models.<name>`
+    laid over it, or the inline mapping alone."""
     path = find_experiment(config)
-    data, lines = read_yaml(path)
-    overridden = apply_overrides(data, overrides or [])
-    try:
-        experiment = ExperimentConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, path, lines, overridden)) from None
-
+    loaded = load_config(ExperimentConfig, path, overrides)
+    experiment = loaded.config
     model_configs: dict[str, ModelConfig] = {}
     model_files: dict[str, Path | None] = {}
     for role, role_config in experiment.roles.items():
@@ -351,23 +399,18 @@ def load_experiment(
         inline = experiment.models.get(ref, {})
         if file is None and not inline:
             raise ConfigError(
-                f"{path}:{lines.get(('roles', role, 'model'), '?')}: roles.{role}.model: "
+                f"{loaded.origins.where('roles', role, 'model')}: "
                 f"no model config {ref!r} (looked in "
                 f"{', '.join(str(f) for f in model_folders(path))} and under `models:`)"
             )
-        file_data, file_lines = read_yaml(file) if file else ({}, {})
-        try:
-            model_configs[ref] = ModelConfig.model_validate(deep_merge(file_data, inline))
-        except ValidationError as e:
-            message = format_validation_error(
-                e,
-                file or path,
-                file_lines,
-                key_paths(inline),
-                override_label=f"{path}: models.{ref}:",
-            )
-            raise ConfigError(message) from None
+        label = f"{path}: models.{ref}:"
+        model = load_config(ModelConfig, file, mapping_overrides(inline, label))
+        model_configs[ref] = model.config
         model_files[ref] = file
     return ResolvedExperiment(
-        path=path, experiment=experiment, model_configs=model_configs, model_files=model_files
+        path=path,
+        experiment=experiment,
+        model_configs=model_configs,
+        model_files=model_files,
+        origins=loaded.origins,
     )

@@ -32,7 +32,8 @@ from eval.metrics import (
     paired_difference,
     paired_test,
 )
-from eval.pipeline import Record, clarify_turns
+from eval.pipeline import clarify_turns
+from eval.schema import Record
 
 SCORE = "restore_score_100"
 SCORE_VARIANTS = (SCORE, "strict", "unweighted")

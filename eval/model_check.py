@@ -1,14 +1,14 @@
 """Send one real request through the engine of each model an experiment's roles use, and time it.
 
-What `cts models check --role` prints, and what `cts run` does until the pipeline lands: proof
-that each configured model loads, answers, and honours a constrained output.
+What `cts models check --role` prints: proof that the configured model loads, answers, and
+honours a constrained output.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -47,19 +47,15 @@ class ModelCheck:
     def tokens_per_s(self) -> float:
         return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 2)}
-
 
 async def check_models(
     resolved: ResolvedExperiment,
-    roles: list[Role] | None = None,
+    roles: list[Role],
     prompt: str = DEFAULT_PROMPT,
     structured: bool = True,
     use_cache: bool = True,
-) -> tuple[list[ModelCheck], dict[str, object]]:
-    """One request per distinct model of `roles` (all roles by default)."""
-    roles = roles or list(resolved.experiment.roles)
+) -> list[ModelCheck]:
+    """One request per distinct model of `roles`."""
     roles_of: dict[str, list[Role]] = {}
     for role in roles:
         roles_of.setdefault(resolved.experiment.roles[role].model, []).append(role)
@@ -71,7 +67,8 @@ async def check_models(
             config = resolved.model_configs[ref]
             request = ChatRequest(
                 messages=(Message(role="user", content=prompt),),
-                sampling=resolved.sampling_for(its_roles[0], max_tokens=64),
+                # The check's own request, not one of the role's: the role's needs do not apply.
+                sampling=resolved.configured_sampling(its_roles[0], max_tokens=64),
                 output=output,
             )
             check = ModelCheck(
@@ -90,4 +87,4 @@ async def check_models(
             return check
 
         checks = await asyncio.gather(*(one(ref, rs) for ref, rs in roles_of.items()))
-        return list(checks), engines.stats()
+        return list(checks)

@@ -7,22 +7,22 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, field_validator
+from typing import Any, cast
 
 from agents import judge, rewriter
 from eval.config import GoldenConfig, JudgeConfig
-from eval.dialogue import Clarification, failure
+from eval.dialogue import Clarification, Turn, failure
 from eval.golden import GOLDEN, NoEvidence, golden_nuggets
-from eval.metrics import restore_score
-from eval.schema import Instance, Nugget
+from eval.metrics import Label, restore_score
+from eval.schema import Instance, Nugget, Record
 from serving.engine import ChatModel
 from serving.errors import EngineError
 from serving.types import Sampling
-from webdancer.agent import WebDancerAgent
+from webdancer.agent import AgentResult, WebDancerAgent
 from webdancer.tool_cache import ToolCacheMiss
 
 
@@ -31,54 +31,6 @@ def clarify_turns(condition: str) -> int | None:
     if condition.startswith("clarify@"):
         return int(condition.split("@", 1)[1])
     return None
-
-
-class Record(BaseModel):
-    """One line of records/<condition>/shard-<i>-of-<n>.jsonl."""
-
-    instance_id: str
-    condition: str
-    seed: int
-    #: The instance's language and removed constraint types, for the report's breakdowns.
-    language: str = ""
-    removed_constraints: list[str] = []
-    questions: list[str] = []
-    answers: list[str] = []
-    #: Per question, every type it asks about.
-    question_types: list[list[str]] = []
-    #: Abstractive User Answerer only: per answer, content words not in the fused query.
-    unsupported_words: list[list[str]] = []
-    stopped_early: bool = False
-    rewrite: str | None = None
-    search_query: str = ""
-    answer: str = ""
-    termination: str = ""
-    doc_ids: list[str] = []
-    trace_id: str | None = None
-    #: Golden construction only: the nuggets extracted from this (fused-query) search run.
-    nuggets: list[Nugget] = []
-    labels: dict[str, dict[str, str]] = {}
-    scores: dict[str, float] = {}
-    usage: dict[str, int] = {}
-    seconds: float = 0.0
-    #: {kind, stage, message} when the instance failed; the run goes on.
-    error: dict[str, str] | None = None
-
-    @field_validator("question_types", mode="before")
-    @classmethod
-    def _one_type_each_before(cls, value: Any) -> Any:
-        # Records written before questions could have several types hold one per question.
-        if isinstance(value, list):
-            return [[v] if isinstance(v, str) else v for v in value]
-        return value
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.instance_id, self.condition, self.seed)
-
-    @property
-    def scored(self) -> bool:
-        return self.error is None and bool(self.scores)
 
 
 @dataclass
@@ -93,11 +45,39 @@ class PipelineContext:
     trace_dir: Path | None = None
 
 
+class StageFailed(Exception):
+    """Ends a key: `error` is what its record keeps, {kind, stage, message}."""
+
+    def __init__(self, error: dict[str, str]) -> None:
+        super().__init__(error["message"])
+        self.error = error
+
+
+class SearchFailed(Exception):
+    """A search run that ended with termination `error`. The agent returns such a run rather
+    than raising, so that its answer, usage and trace are kept; this ends the key after them."""
+
+
+@contextmanager
+def _stage(name: str) -> Iterator[None]:
+    """The one place where a failure in a stage becomes the record's error. Anything else (a
+    bug, a cancelled run) propagates: a key must never be recorded as a silent failure."""
+    try:
+        yield
+    except (EngineError, ToolCacheMiss) as e:
+        raise StageFailed(failure(e, name)) from e
+    except SearchFailed as e:
+        raise StageFailed({"kind": "search_error", "stage": name, "message": str(e)}) from e
+    except NoEvidence as e:
+        raise StageFailed({"kind": "no_evidence", "stage": name, "message": str(e)}) from e
+
+
 async def run_instance(
     instance: Instance, condition: str, seed: int, ctx: PipelineContext
 ) -> Record:
     """Every sampled request of the key is seeded with `seed`: clarifier, User Answerer,
-    rewriter, searcher and summarizer; the judge keeps temperature 0 and its fixed seed."""
+    rewriter, searcher and summarizer; the judge keeps temperature 0 and its fixed seed. A
+    failed stage ends the key with its error, keeping what the stages before it produced."""
     record = Record(
         instance_id=instance.id,
         condition=condition,
@@ -106,92 +86,122 @@ async def run_instance(
         removed_constraints=list(instance.removed_constraints),
     )
     started = time.perf_counter()
-    stage = ""
     try:
-        k = clarify_turns(condition)
-        if condition in ("oracle", GOLDEN):
-            query = instance.fused_query
-        elif k is None:
-            query = instance.blurred_query
-        else:
-            stage = "clarify"
-            turns, record.stopped_early, failed = await ctx.clarification.turns(instance, k, seed)
-            record.questions = [t.question for t in turns]
-            record.answers = [t.answer for t in turns]
-            record.question_types = [t.question_types for t in turns]
-            record.unsupported_words = [
-                t.unsupported_words for t in turns if t.unsupported_words is not None
-            ]
-            if failed is not None:
-                record.error = failed
-                return record
-            stage = "rewrite"
-            query = await rewriter.rewrite(
-                ctx.roles["rewriter"],
-                instance.blurred_query,
-                [t.qa for t in turns],
-                instance.language,
-                ctx.sampling["rewriter"].with_seed(seed),
-            )
-            record.rewrite = query
-        record.search_query = query
-        stage = "search"
-        result = await ctx.agent.run(query, seed)
-        record.answer, record.termination, record.doc_ids = (
-            result.answer,
-            result.termination,
-            result.doc_ids,
-        )
-        record.usage = {
-            "search_llm_calls": result.llm_calls,
-            "search_cached_calls": result.cached_llm_calls,
-            "search_prompt_tokens": result.prompt_tokens,
-            "search_completion_tokens": result.completion_tokens,
-        }
-        if ctx.trace_dir is not None:
-            record.trace_id = _write_trace(ctx.trace_dir, record, result.as_dict())
-        if result.termination == "error":
-            record.error = {"kind": "search_error", "stage": stage, "message": result.error or ""}
-            return record
-        if condition == GOLDEN:
-            stage = "nuggets"
-            try:
-                record.nuggets = await golden_nuggets(
-                    ctx.roles["nugget_builder"],
-                    instance,
-                    result.answer,
-                    result.steps,
-                    ctx.sampling["nugget_builder"].with_seed(seed),
-                    ctx.golden.max_nuggets,
-                    ctx.golden.max_evidence_chars,
-                )
-            except NoEvidence as e:
-                record.error = {"kind": "no_evidence", "stage": stage, "message": str(e)}
-        elif instance.golden is not None:
-            stage = "judge"
-            labels = await judge.judge(
-                ctx.roles["judge"],
-                result.answer,
-                instance.golden.nuggets,
-                instance.language,
-                ctx.sampling["judge"],
-                query=instance.fused_query if ctx.judge.show_query else None,
-            )
-            record.labels = {
-                i: {"label": v.label, "evidence": v.evidence} for i, v in labels.items()
-            }
-            weights = {n.id: n.weight for n in instance.golden.nuggets}
-            chosen = {i: v.label for i, v in labels.items()}
-            record.scores = {
-                "restore_score_100": restore_score(chosen, weights),  # type: ignore[arg-type]
-                "strict": restore_score(chosen, weights, strict=True),  # type: ignore[arg-type]
-                "unweighted": restore_score(chosen, weights, weighted=False),  # type: ignore[arg-type]
-            }
-    except (EngineError, ToolCacheMiss) as e:
-        record.error = failure(e, stage)
+        await _stages(instance, condition, seed, ctx, record)
+    except StageFailed as e:
+        record.error = e.error
     finally:
         record.seconds = round(time.perf_counter() - started, 3)
     return record
+
+
+async def _stages(
+    instance: Instance, condition: str, seed: int, ctx: PipelineContext, record: Record
+) -> None:
+    """The key's stages in order; each result goes into `record` as soon as it is there, so
+    that a later failure keeps it (the questions of a failed rewrite, the answer of a failed
+    judge)."""
+    k = clarify_turns(condition)
+    if k is None:
+        fused = condition in ("oracle", GOLDEN)
+        query = instance.fused_query if fused else instance.blurred_query
+    else:
+        with _stage("clarify"):
+            turns, record.stopped_early, failed = await ctx.clarification.turns(instance, k, seed)
+        _keep_turns(record, turns)
+        if failed is not None:
+            # Already the record's error: the dialogue names the turn's own stage (clarify,
+            # answer or classify), and a saved dialogue carries it across runs.
+            raise StageFailed(failed)
+        with _stage("rewrite"):
+            query = await _rewrite(instance, turns, seed, ctx)
+        record.rewrite = query
+    record.search_query = query
+    with _stage("search"):
+        result = await ctx.agent.run(query, seed)
+        _keep_search(record, result, ctx.trace_dir)
+        if result.termination == "error":
+            raise SearchFailed(result.error or "")
+    if condition == GOLDEN:
+        with _stage("nuggets"):
+            record.nuggets = await _nuggets(instance, result, seed, ctx)
+    elif instance.golden is not None:
+        with _stage("judge"):
+            record.labels, record.scores = await _judge(
+                instance, instance.golden.nuggets, result.answer, ctx
+            )
+
+
+def _keep_turns(record: Record, turns: list[Turn]) -> None:
+    record.questions = [t.question for t in turns]
+    record.answers = [t.answer for t in turns]
+    record.question_types = [t.question_types for t in turns]
+    record.unsupported_words = [
+        t.unsupported_words for t in turns if t.unsupported_words is not None
+    ]
+
+
+def _keep_search(record: Record, result: AgentResult, trace_dir: Path | None) -> None:
+    record.answer, record.termination, record.doc_ids = (
+        result.answer,
+        result.termination,
+        result.doc_ids,
+    )
+    record.usage = {
+        "search_llm_calls": result.llm_calls,
+        "search_cached_calls": result.cached_llm_calls,
+        "search_prompt_tokens": result.prompt_tokens,
+        "search_completion_tokens": result.completion_tokens,
+    }
+    if trace_dir is not None:
+        record.trace_id = _write_trace(trace_dir, record, result.as_dict())
+
+
+async def _rewrite(instance: Instance, turns: list[Turn], seed: int, ctx: PipelineContext) -> str:
+    return await rewriter.rewrite(
+        ctx.roles["rewriter"],
+        instance.blurred_query,
+        [t.qa for t in turns],
+        instance.language,
+        ctx.sampling["rewriter"].with_seed(seed),
+    )
+
+
+async def _nuggets(
+    instance: Instance, result: AgentResult, seed: int, ctx: PipelineContext
+) -> list[Nugget]:
+    return await golden_nuggets(
+        ctx.roles["nugget_builder"],
+        instance,
+        result.answer,
+        result.steps,
+        ctx.sampling["nugget_builder"].with_seed(seed),
+        ctx.golden.max_nuggets,
+        ctx.golden.max_evidence_chars,
+    )
+
+
+async def _judge(
+    instance: Instance, nuggets: list[Nugget], answer: str, ctx: PipelineContext
+) -> tuple[dict[str, dict[str, str]], dict[str, float]]:
+    """The judge's label and evidence per nugget, and the scores the labels give."""
+    labels = await judge.judge(
+        ctx.roles["judge"],
+        answer,
+        nuggets,
+        instance.language,
+        ctx.sampling["judge"],
+        query=instance.fused_query if ctx.judge.show_query else None,
+    )
+    # The judge's output schema admits only the three labels.
+    chosen = cast(dict[str, Label], {i: v.label for i, v in labels.items()})
+    weights = {n.id: n.weight for n in nuggets}
+    scores = {
+        "restore_score_100": restore_score(chosen, weights),
+        "strict": restore_score(chosen, weights, strict=True),
+        "unweighted": restore_score(chosen, weights, weighted=False),
+    }
+    return {i: {"label": v.label, "evidence": v.evidence} for i, v in labels.items()}, scores
 
 
 def _write_trace(trace_dir: Path, record: Record, trace: dict[str, Any]) -> str:

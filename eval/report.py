@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from eval.config import ExperimentConfig
 from eval.diagnostics import (
     DEGENERATE_SHARE,
@@ -32,9 +30,9 @@ from eval.diagnostics import (
     score_records,
     summarize,
 )
-from eval.pipeline import Record
+from eval.run_dir import RunDir
 from eval.runner import RecordStore
-from serving.model_config import model_label
+from eval.schema import Record
 
 MAIN_COLUMNS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
 
@@ -49,13 +47,9 @@ class RunView:
 
 
 def load_run(run_dir: Path) -> RunView:
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    experiment = ExperimentConfig.model_validate(config["experiment"])
-    role = experiment.roles.get("clarifier")
-    ref = role.model if role else "?"
-    clarifier = model_label(ref, config.get("models", {}).get(ref, {}).get("name", ref))
+    resolved = RunDir(run_dir).read_config()
     records = list(RecordStore(run_dir).completed().values())
-    return RunView(f"{experiment.name} ({clarifier})", experiment, records)
+    return RunView(resolved.system_name(), resolved.experiment, records)
 
 
 def report_cell(entry: dict[str, Any] | None, policy: str) -> str:
@@ -472,6 +466,7 @@ def write_report(
     comparisons = compare_systems(
         [(run.name, s) for run, s in zip(runs, scored, strict=True)], conditions
     )
+    files = RunDir(out)  # a combined report is laid out like a run's own
     out.mkdir(parents=True, exist_ok=True)
     document = {
         "report": {
@@ -483,14 +478,14 @@ def write_report(
         "systems": dict(systems),
         "comparisons": comparisons,
     }
-    (out / "summary.json").write_text(json.dumps(document, indent=2, ensure_ascii=False))
+    files.summary.write_text(json.dumps(document, indent=2, ensure_ascii=False))
     text = markdown(systems, comparisons, len(ids), policy)
-    (out / "report.md").write_text(text)
-    images = figures(systems, out / "figures")
-    (out / "report.html").write_text(to_html(text, images))
+    files.report_md.write_text(text)
+    images = figures(systems, files.figures)
+    files.report_html.write_text(to_html(text, images))
     return {
-        "summary": out / "summary.json",
-        "markdown": out / "report.md",
-        "html": out / "report.html",
-        "figures": out / "figures",
+        "summary": files.summary,
+        "markdown": files.report_md,
+        "html": files.report_html,
+        "figures": files.figures,
     }

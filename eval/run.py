@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from agents.nugget_builder import max_tokens_for
-from eval.config import ExperimentConfig, ResolvedExperiment
+from eval.config import ResolvedExperiment
 from eval.dataset import load_instances
 from eval.dialogue import Clarification, DialogueStore
 from eval.engines import open_engines
 from eval.golden import GOLDEN, GoldenReport, golden_dataset
-from eval.pipeline import PipelineContext, Record, clarify_turns, run_instance
+from eval.pipeline import PipelineContext, clarify_turns, run_instance
 from eval.report import write_report
+from eval.run_dir import RunDir
 from eval.runner import (
     MergeReport,
     RecordStore,
@@ -37,28 +35,17 @@ from eval.runner import (
     run_keys,
     write_jsonl,
 )
-from eval.schema import Instance
-from eval.search_agent import build_agent
+from eval.schema import Instance, Record
+from eval.search_agent import open_agent
 from serving.engine import EngineStats
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
-
-#: Room for each role's longest valid answer (its schema bounds the length), so that a
-#: constrained answer is never cut off by max_tokens.
-ROLE_MAX_TOKENS = {
-    "clarifier": 96,
-    "user_answerer": 64,
-    "rewriter": 192,
-    "judge": 1024,
-    "question_classifier": 48,
-}
 
 
 @dataclass
 class RunResult:
     run_dir: Path
     outcome: RunOutcome
-    instances: list[Instance]
     seconds: float
     cache: dict[str, int] | None
     #: Model name → calls, constrained calls, tokens and errors by kind.
@@ -107,16 +94,9 @@ async def until_signalled(
             loop.remove_signal_handler(sig)
 
 
-def _max_tokens(experiment: ExperimentConfig) -> dict[str, int]:
-    return {
-        **ROLE_MAX_TOKENS,
-        "nugget_builder": max_tokens_for(experiment.golden.max_nuggets),
-    }
-
-
 async def _run(
     resolved: ResolvedExperiment,
-    run_dir: Path,
+    run: RunDir,
     instances: list[Instance],
     keys: tuple[list[str], list[int]],
     shard: Shard,
@@ -126,30 +106,26 @@ async def _run(
 ) -> tuple[RunOutcome, dict[str, EngineStats], dict[str, int] | None]:
     experiment = resolved.experiment
     conditions, seeds = keys
-    store = RecordStore(run_dir)
-    max_tokens = _max_tokens(experiment)
-    async with open_engines(resolved) as engines:
+    store = RecordStore(run.root)
+    async with open_engines(resolved) as engines, open_agent(resolved, engines) as agent:
         sampling: dict[str, Sampling] = {
-            role: resolved.sampling_for(
-                role, **({"max_tokens": max_tokens[role]} if role in max_tokens else {})
-            )
-            for role in experiment.roles
+            role: resolved.sampling_for(role) for role in experiment.roles
         }
         roles = {str(role): engine for role, engine in engines.roles.items()}
         ctx = PipelineContext(
             roles=roles,
-            agent=build_agent(resolved, engines),
+            agent=agent,
             sampling=sampling,
             clarification=Clarification(
                 roles,
                 sampling,
                 experiment.clarification,
                 k_max=max((clarify_turns(c) or 0 for c in conditions), default=0),
-                store=DialogueStore(run_dir / "dialogues", shard.name),
+                store=DialogueStore(run.dialogues, shard.name),
             ),
             golden=experiment.golden,
             judge=experiment.judge,
-            trace_dir=run_dir / "traces",
+            trace_dir=run.traces,
         )
         total = len(shard.select(instances)) * len(conditions) * len(seeds)
         with Progress(
@@ -206,20 +182,17 @@ def _run_into(
     instances = load_instances(resolved.experiment.dataset)
     if "oracle" in keys[0]:
         _check_golden_seeds(resolved, instances)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # Shards of one run write the same file at once: replace it whole, never half-written.
-    partial = run_dir / f"config.yaml.{os.getpid()}.partial"
-    partial.write_text(resolved.to_yaml())
-    partial.replace(run_dir / "config.yaml")
+    run = RunDir(run_dir)
+    run.write_config(resolved)
     started = time.perf_counter()
     outcome, stats, cache = asyncio.run(
-        _run(resolved, run_dir, instances, keys, shard, show_progress, watch, retry_failed)
+        _run(resolved, run, instances, keys, shard, show_progress, watch, retry_failed)
     )
     written = None
     if report and shard.count == 1 and not outcome.interrupted:
         written = write_report([run_dir], run_dir)
     seconds = time.perf_counter() - started
-    return RunResult(run_dir, outcome, instances, seconds, cache, stats, written)
+    return RunResult(run_dir, outcome, seconds, cache, stats, written)
 
 
 def run_experiment(
@@ -249,9 +222,10 @@ def _check_golden_seeds(resolved: ResolvedExperiment, instances: list[Instance])
     if clashes:
         instance, seed = clashes[0]
         raise ConfigError(
-            f"{resolved.path}: seeds: {seed} is the seed of the golden run of {len(clashes)} "
-            f"instance(s) (e.g. {instance}) in {resolved.experiment.dataset.path}: the oracle "
-            "condition would replay the run its nuggets came from; evaluate with other seeds"
+            f"{resolved.origins.where('seeds')}: {seed} is the seed of the golden run of "
+            f"{len(clashes)} instance(s) (e.g. {instance}) in {resolved.experiment.dataset.path}: "
+            "the oracle condition would replay the run its nuggets came from; evaluate with other "
+            "seeds"
         )
 
 
@@ -295,8 +269,8 @@ def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
     """Check every instance has exactly one golden record across shards; when so, write
     RUN_DIR/dataset.jsonl (instances with golden nuggets; failed ones are listed, not written)
     and RUN_DIR/golden_summary.json."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    experiment = ExperimentConfig.model_validate(config["experiment"])
+    run = RunDir(run_dir)
+    experiment = run.read_config().experiment
     instances = load_instances(experiment.dataset)
     store = RecordStore(run_dir)
     _refuse_other_golden_seeds(store, experiment.golden.seed)
@@ -304,7 +278,7 @@ def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
     if not merged.ok:
         return merged, None
     report = golden_dataset(
-        instances, {key[0]: r for key, r in merged.records.items()}, run_dir / "dataset.jsonl"
+        instances, {key[0]: r for key, r in merged.records.items()}, run.golden_dataset
     )
     summary = {
         "dataset": str(report.dataset),
@@ -317,15 +291,14 @@ def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
         "weights": {str(w): n for w, n in sorted(report.weights.items())},
         "failed": report.failed,
     }
-    (run_dir / "golden_summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    run.golden_summary.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     return merged, report
 
 
 def merge_run(run_dir: Path) -> MergeReport:
     """Check that every key of the run's config is recorded exactly once across shards; when
     it is, write the merged records/<condition>/merged.jsonl, summary and report."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    experiment = ExperimentConfig.model_validate(config["experiment"])
+    experiment = RunDir(run_dir).read_config().experiment
     instances = load_instances(experiment.dataset)
     store = RecordStore(run_dir)
     report = merge(store, instances, experiment.conditions, experiment.seeds)

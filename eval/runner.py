@@ -20,8 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from eval.pipeline import Record
-from eval.schema import Instance
+from eval.schema import Instance, Record
 
 Key = tuple[str, str, int]
 
@@ -36,9 +35,9 @@ class Shard:
         try:
             index, count = (int(x) for x in text.split("/"))
         except ValueError:
-            raise ValueError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
+            raise ShardError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
         if not 0 <= index < count:
-            raise ValueError(f"--shard {text!r}: need 0 <= I < N")
+            raise ShardError(f"--shard {text!r}: need 0 <= I < N")
         return cls(index, count)
 
     @property
@@ -47,6 +46,10 @@ class Shard:
 
     def select(self, instances: list[Instance]) -> list[Instance]:
         return [inst for i, inst in enumerate(instances) if i % self.count == self.index]
+
+
+class ShardError(ValueError):
+    """A shard that is not `I/N` with 0 <= I < N."""
 
 
 class RecordFileError(ValueError):

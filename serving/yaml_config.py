@@ -1,28 +1,35 @@
-"""Loading YAML configs into pydantic models with errors that name the file, line and key.
+"""The one config loader: a YAML file (plus overrides) into a pydantic model, with where each
+key came from, and errors that name the file, line and key.
 
-Shared by model configs (here) and experiment configs (eval/). `--set a.b.c=value` overrides are
-applied to the raw mapping before validation, so they are checked exactly like file content.
+Model configs, experiment configs (eval/) and train configs (train/) all load through
+`load_config`. Overrides (`--set a.b.c=value`, or typed ones a program derives) are applied to
+the raw mapping before validation, so they are checked exactly like file content, and an error
+about an overridden key names the override instead of a line.
 """
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+#: A dotted key as a path: `roles.clarifier.model` → ("roles", "clarifier", "model").
+Key = tuple[str, ...]
 
 
 class ConfigError(ValueError):
     """A config problem; the message names the file (and line) and the dotted key."""
 
 
-def _key_lines(node: yaml.Node, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
+def _key_lines(node: yaml.Node, prefix: Key = ()) -> dict[Key, int]:
     """Map each dotted key path to its 1-based line in the YAML source."""
-    lines: dict[tuple[str, ...], int] = {}
+    lines: dict[Key, int] = {}
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             path = (*prefix, str(key_node.value))
@@ -36,7 +43,7 @@ def _key_lines(node: yaml.Node, prefix: tuple[str, ...] = ()) -> dict[tuple[str,
     return lines
 
 
-def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+def read_yaml(path: Path) -> tuple[dict[str, Any], dict[Key, int]]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     text = path.read_text()
@@ -52,8 +59,18 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     return data, _key_lines(node) if node is not None else {}
 
 
-def parse_override(override: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` → (["a", "b", "c"], value parsed as a YAML scalar or flow collection)."""
+@dataclass(frozen=True)
+class Override:
+    """A key set over a config file's content."""
+
+    keys: Key
+    value: Any
+    #: How an error about this key names where it came from.
+    label: str = "--set"
+
+
+def parse_override(override: str) -> Override:
+    """`a.b.c=value` → the keys and the value parsed as a YAML scalar or flow collection."""
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. roles.clarifier.model=x")
@@ -63,83 +80,89 @@ def parse_override(override: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {override!r}: value is not valid YAML: {e}") from e
     if isinstance(value, datetime.date):
         value = raw.strip()  # configs keep dates as text (`search.date=2026-11-30`)
-    return key.strip().split("."), value
+    return Override(tuple(key.strip().split(".")), value)
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> set[tuple[str, ...]]:
-    """Apply `--set` overrides in place; return the key paths they touched."""
-    touched: set[tuple[str, ...]] = set()
-    for override in overrides:
-        keys, value = parse_override(override)
-        node = data
-        for i, key in enumerate(keys[:-1]):
-            child = node.get(key)
-            if child is None:
-                child = node[key] = {}
-            if not isinstance(child, dict):
-                where = ".".join(keys[: i + 1])
-                raise ConfigError(f"--set {override!r}: {where} is not a mapping")
-            node = child
-        node[keys[-1]] = value
-        touched.add(tuple(keys))
-    return touched
-
-
-def format_validation_error(
-    error: ValidationError,
-    path: Path,
-    lines: dict[tuple[str, ...], int],
-    overridden: set[tuple[str, ...]] | None = None,
-    override_label: str = "--set",
-    prefix: tuple[str, ...] = (),
-) -> str:
-    """One line per problem: `file:line: key: message`, or `--set key: message` for keys that
-    came from an override. `prefix` is prepended to keys (a model validated inside another
-    file's section)."""
-    problems = []
-    for err in error.errors():
-        # pydantic appends "[key]" when a mapping key (not its value) is invalid.
-        loc = tuple(str(p) for p in err["loc"] if p != "[key]")
-        key = ".".join(prefix + loc) or "<root>"
-        message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        if any(loc[: len(o)] == o for o in overridden or ()):
-            problems.append(f"{override_label} {key}: {message}")
-            continue
-        # The innermost key that exists in the file gives the line.
-        line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
-        where = f"{path}:{line}" if line else str(path)
-        problems.append(f"{where}: {key}: {message}")
-    return "\n".join(problems)
-
-
-def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """`top` over `base`, recursing into mappings present in both."""
-    merged = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def key_paths(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    """Every leaf key path of a nested mapping."""
-    paths: set[tuple[str, ...]] = set()
+def mapping_overrides(data: dict[str, Any], label: str, prefix: Key = ()) -> list[Override]:
+    """A nested mapping laid over a file key by key (an experiment's inline `models.<name>`
+    over the model file), like a deep merge. An empty mapping changes nothing."""
+    overrides = []
     for key, value in data.items():
-        path = (*prefix, str(key))
-        if isinstance(value, dict) and value:
-            paths |= key_paths(value, path)
+        keys = (*prefix, str(key))
+        if isinstance(value, dict):
+            overrides += mapping_overrides(value, label, keys)
         else:
-            paths.add(path)
-    return paths
+            overrides.append(Override(keys, value, label))
+    return overrides
 
 
-def load_config(cls: type[M], path: Path, overrides: list[str] | None = None, **context: Any) -> M:
-    """Read, override and validate one YAML file as `cls`; raise ConfigError on any problem."""
-    data, lines = read_yaml(path)
-    overridden = apply_overrides(data, overrides or [])
+def _apply(data: dict[str, Any], override: Override, text: str) -> None:
+    node = data
+    for i, key in enumerate(override.keys[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{text}: {'.'.join(override.keys[: i + 1])} is not a mapping")
+        node = child
+    node[override.keys[-1]] = override.value
+
+
+@dataclass(frozen=True)
+class Origins:
+    """Where each key of a loaded config came from: a line of its file, or an override."""
+
+    #: The YAML file; None for a config that is only overrides (an inline model).
+    path: Path | None
+    lines: dict[Key, int] = field(default_factory=dict)
+    #: Overridden key → the override's label (`--set`, or where a derived override came from).
+    overridden: dict[Key, str] = field(default_factory=dict)
+
+    def where(self, *key: str) -> str:
+        """`file:line: key`, or `--set key` when an override set it (or a key above it)."""
+        dotted = ".".join(key) or "<root>"
+        label = next(
+            (label for keys, label in self.overridden.items() if key[: len(keys)] == keys), None
+        )
+        if label is not None:
+            return f"{label} {dotted}"
+        # The innermost key that exists in the file gives the line.
+        line = next(
+            (self.lines[key[:n]] for n in range(len(key), 0, -1) if key[:n] in self.lines), None
+        )
+        place = str(self.path or "<config>")
+        return f"{place}:{line}: {dotted}" if line else f"{place}: {dotted}"
+
+    def error(self, error: ValidationError) -> ConfigError:
+        """One line per problem: `file:line: key: message` or `--set key: message`."""
+        problems = []
+        for err in error.errors():
+            # pydantic appends "[key]" when a mapping key (not its value) is invalid.
+            loc = tuple(str(p) for p in err["loc"] if p != "[key]")
+            message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"{self.where(*loc)}: {message}")
+        return ConfigError("\n".join(problems))
+
+
+@dataclass(frozen=True)
+class Loaded(Generic[M]):
+    config: M
+    origins: Origins
+
+
+def load_config(
+    cls: type[M], path: Path | None, overrides: Sequence[str | Override] = ()
+) -> Loaded[M]:
+    """Read `path`, apply the overrides in order (text ones are `--set KEY=VALUE`), validate as
+    `cls`; ConfigError names the file, line or override of every problem."""
+    data, lines = read_yaml(path) if path is not None else ({}, {})
+    overridden: dict[Key, str] = {}
+    for item in overrides:
+        override = parse_override(item) if isinstance(item, str) else item
+        _apply(data, override, f"--set {item!r}" if isinstance(item, str) else override.label)
+        overridden[override.keys] = override.label
+    origins = Origins(path, lines, overridden)
     try:
-        return cls.model_validate(data, context={"config_path": path, **context})
+        return Loaded(cls.model_validate(data), origins)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, path, lines, overridden)) from None
+        raise origins.error(e) from None

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from eval.config import ExperimentConfig
+from eval.config import load_experiment
 from eval.dataset import load_instances
 from eval.runner import RecordFileError, RecordStore, Shard
 from slurm.submit import submissions
@@ -77,8 +75,9 @@ class ShardProgress:
 
 def shard_progress(submission: dict[str, Any]) -> list[ShardProgress]:
     """Records done, expected and failed for each shard (job states are filled in later)."""
-    config = yaml.safe_load(Path(str(submission["experiment"])).read_text())
-    instances = load_instances(ExperimentConfig.model_validate(config).dataset)
+    # The frozen experiment of the submission (RunDir.freeze): the dataset the shards cover.
+    frozen = load_experiment(Path(str(submission["experiment"])))
+    instances = load_instances(frozen.experiment.dataset)
     per_instance = int(submission["keys_per_instance"])
     store = RecordStore(Path(str(submission["records_dir"])))
     rows = []

@@ -27,9 +27,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from eval.config import ResolvedExperiment, load_experiment
+from eval.run_dir import RunDir, RunDirError
 from train.config import load_train_config
 from train.sample import sampling_experiment
 
@@ -40,6 +39,10 @@ SIGTERM_GRACE_S = 120
 
 class SubmitError(RuntimeError):
     """sbatch refused a job; the message has its stderr."""
+
+
+class SlurmOptionError(ValueError):
+    """A submit option that sbatch must not be given (checked before anything is written)."""
 
 
 @dataclass
@@ -61,13 +64,13 @@ class SlurmOptions:
 
     def __post_init__(self) -> None:
         if self.shards < 1:
-            raise ValueError(f"--shards must be at least 1, got {self.shards}")
+            raise SlurmOptionError(f"--shards must be at least 1, got {self.shards}")
         for name in ("partition", "time", "account", "mem"):
             value = getattr(self, name)
             # Each is one sbatch argument: no shell sees it, but a newline would still make a
             # confusing job; refuse control characters outright.
             if value is not None and (not value or re.search(r"[\x00-\x1f]", value)):
-                raise ValueError(f"--{name.replace('_', '-')} {value!r}: not a valid value")
+                raise SlurmOptionError(f"--{name.replace('_', '-')} {value!r}: not a valid value")
 
     def common_args(self) -> list[str]:
         args = ["--parsable", "--requeue"]
@@ -124,22 +127,6 @@ def cts_command() -> list[str]:
     return [sys.executable, "-m", "cts"]
 
 
-def freeze_experiment(resolved: ResolvedExperiment, run_dir: Path) -> dict[str, object]:
-    """The experiment with every model config inlined and the run directory fixed: what every
-    shard runs, whatever is edited after submission."""
-    # None is kept: `split: null` must not fall back to the default split.
-    experiment = resolved.experiment.model_dump(mode="json")
-    experiment["models"] = {k: m.model_dump(mode="json") for k, m in resolved.model_configs.items()}
-    experiment["output_dir"] = str(run_dir)
-    return experiment
-
-
-def write_frozen(path: Path, document: dict[str, object]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
-    return path
-
-
 @dataclass(frozen=True)
 class Job:
     """One submission: a sharded `cts` command as an array job (each task adds `--shard
@@ -182,9 +169,7 @@ def _experiment_job(
     titles: tuple[str, str],
     keys_per_instance: int,
 ) -> Job:
-    frozen = write_frozen(
-        run_dir / "slurm" / "experiment.yaml", freeze_experiment(resolved, run_dir)
-    )
+    frozen = RunDir(run_dir).freeze(resolved, run_dir)
     where = ["--config", str(frozen), "--output-dir", str(run_dir)]
     return Job(
         kind=kind,
@@ -225,20 +210,16 @@ def train_job(
     config is frozen with its experiment (models inlined) beside it."""
     train = load_train_config(config, overrides)
     run_dir = (output_dir or train.resolved_output_dir()).resolve()
-    slurm_dir = run_dir / "slurm"
+    run = RunDir(run_dir)
     base = load_experiment(train.experiment)
-    experiment_file = write_frozen(
-        slurm_dir / "experiment.yaml", freeze_experiment(base, base.output_dir())
-    )
+    experiment_file = run.freeze(base, base.output_dir())
     frozen = train.model_copy(
         update={"experiment": str(experiment_file), "output_dir": str(run_dir)}
     )
-    train_file = write_frozen(slurm_dir / "train.yaml", frozen.model_dump(mode="json"))
+    train_file = run.write_slurm_file("train.yaml", frozen.model_dump(mode="json"))
     # What the samples cover (the derived clarify@1 experiment), for `cts slurm status`.
-    sampling = sampling_experiment(load_train_config(train_file))
-    samples_file = write_frozen(
-        slurm_dir / "samples_experiment.yaml", freeze_experiment(sampling, frozen.samples_dir())
-    )
+    sampling = sampling_experiment(frozen)
+    samples_file = run.freeze(sampling, frozen.samples_dir(), "samples_experiment.yaml")
     config_args = ["--config", str(train_file)]
     job = Job(
         kind="train",
@@ -259,6 +240,26 @@ def train_job(
     return job, train.name
 
 
+def plan_job(
+    kind: str,
+    config: str | None,
+    overrides: list[str],
+    output_dir: Path | None,
+    options: SlurmOptions,
+) -> tuple[Job, str]:
+    """The job to submit and its name; SlurmOptionError/ConfigError for a bad kind or config."""
+    if kind not in ("eval", "golden", "train"):
+        raise SlurmOptionError(f"--job {kind!r}: expected eval, golden or train")
+    if kind == "train":
+        return train_job(config, overrides, output_dir, options)
+    resolved = load_experiment(config, overrides)
+    if kind == "golden":
+        run_dir = (output_dir or resolved.golden_dir()).resolve()
+        return golden_job(resolved, run_dir, options), resolved.experiment.name
+    run_dir = (output_dir or resolved.output_dir()).resolve()
+    return eval_job(resolved, run_dir, options), resolved.experiment.name
+
+
 def render_array(job: Job, workdir: Path) -> str:
     return render(
         "array.sbatch",
@@ -277,9 +278,12 @@ def render_final(job: Job, workdir: Path) -> str:
 
 def sbatch(args: list[str], script: Path) -> str:
     """Submit; the job id (`--parsable` prints `id[;cluster]`)."""
-    result = subprocess.run(
-        ["sbatch", *args, str(script)], capture_output=True, text=True, timeout=120
-    )
+    try:
+        result = subprocess.run(
+            ["sbatch", *args, str(script)], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SubmitError(f"sbatch could not run: {e}") from None
     if result.returncode != 0:
         raise SubmitError(f"sbatch {shlex.join(args)} {script} failed: {result.stderr.strip()}")
     return result.stdout.strip().split(";")[0]
@@ -305,8 +309,8 @@ def submit(
     """Render the job's scripts into RUN_DIR/slurm/, submit them (unless `dry_run`) and record
     the job ids in RUN_DIR/slurm/jobs.json."""
     workdir = (workdir or Path.cwd()).resolve()
-    slurm_dir = job.run_dir / "slurm"
-    logs = slurm_dir / "logs"
+    run = RunDir(job.run_dir)
+    slurm_dir, logs = run.slurm, run.slurm_logs
     logs.mkdir(parents=True, exist_ok=True)
     array_script = slurm_dir / f"{job.kind}_array.sbatch"
     final_script = slurm_dir / f"{job.kind}_final.sbatch"
@@ -345,7 +349,7 @@ def submit(
     final_args.append(f"--dependency=afterok:{submission.array_job}")
     submission.commands["final"] = ["sbatch", *final_args, str(final_script)]
     submission.final_job = sbatch(final_args, final_script)
-    record_submission(slurm_dir / "jobs.json", submission)
+    record_submission(run.jobs, submission)
     return submission
 
 
@@ -359,7 +363,7 @@ def record_submission(path: Path, submission: Submission) -> None:
 
 
 def submissions(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "slurm" / "jobs.json"
+    path = RunDir(run_dir).jobs
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no Slurm submission recorded for this run directory")
+        raise RunDirError(f"{path}: no Slurm submission recorded for this run directory")
     return list(json.loads(path.read_text()))

@@ -83,7 +83,9 @@ def test_role_sampling_overrides_model_defaults():
     resolved = load_experiment(None, ["roles.clarifier.sampling.temperature=0.7"])
     assert resolved.sampling_for("clarifier").temperature == 0.7
     assert resolved.sampling_for("judge").temperature == 0.0
-    assert resolved.sampling_for("judge", max_tokens=9).max_tokens == 9
+    assert resolved.configured_sampling("judge", max_tokens=9).max_tokens == 9
+    # The role's own needs win over the config: the judge's room for a batch of labels.
+    assert resolved.sampling_for("judge").max_tokens == 1024
 
 
 def test_unknown_key_names_file_line_and_key(project):

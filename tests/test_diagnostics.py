@@ -22,9 +22,10 @@ from eval.diagnostics import (
     summarize,
 )
 from eval.metrics import holm, paired_test
-from eval.pipeline import Record, run_instance
+from eval.pipeline import run_instance
 from eval.report import write_report
 from eval.runner import RecordStore, Shard, run_keys
+from eval.schema import Record
 from serving.errors import EngineUnavailable
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch

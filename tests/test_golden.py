@@ -12,8 +12,8 @@ import pytest
 from agents.nugget_builder import Evidence, evidence_text, nuggets_schema
 from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.golden import GOLDEN, golden_dataset, trace_evidence
-from eval.pipeline import Record, run_instance
-from eval.schema import Nugget
+from eval.pipeline import run_instance
+from eval.schema import Nugget, Record
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 from webdancer.protocol import ToolCall

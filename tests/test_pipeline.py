@@ -165,6 +165,52 @@ def test_a_failing_instance_is_recorded_with_its_error_and_the_run_goes_on(searc
     assert failed[0].questions == ["Which year?"]  # the work done before the failure is kept
 
 
+def _fails_after(calls: int, script):
+    """`script`, until `calls` requests have been answered; then an unavailable server."""
+    from serving.errors import EngineUnavailable
+
+    answered = []
+
+    def failing(request):
+        answered.append(request)
+        return EngineUnavailable("down") if len(answered) > calls else script(request)
+
+    return failing
+
+
+@pytest.mark.parametrize(
+    ("role", "calls", "condition", "kind", "stage"),
+    [
+        ("clarifier", 1, "clarify@2", "engine_unavailable", "clarify"),
+        ("searcher", 1, "clarify@1", "search_error", "search"),
+        ("judge", 0, "clarify@1", "engine_unavailable", "judge"),
+    ],
+)
+def test_a_failed_stage_is_the_error_and_what_came_before_it_stays(
+    search, tmp_path, role, calls, condition, kind, stage
+):
+    """Each stage's output is in the record even when a later stage fails: the first
+    question when the second cannot be asked; the search run's answer, usage and trace when
+    its model fails mid-run or the judge fails after it."""
+    ctx, roles = context(search, tmp_path / "traces")
+    roles[role].script = _fails_after(calls, roles[role].script)
+    (instance,) = instances(1)
+    record = asyncio.run(run_instance(instance, condition, 0, ctx))
+    assert record.error is not None
+    assert (record.error["kind"], record.error["stage"]) == (kind, stage)
+    assert record.error["message"].endswith("down")
+    assert record.questions[:1] == ["Which year?"] and not record.scores and record.seconds > 0
+    if stage == "clarify":
+        assert record.questions == ["Which year?"] and record.rewrite is None
+        assert not record.search_query and not record.trace_id
+    else:
+        assert record.rewrite and record.search_query == record.rewrite
+        assert record.termination and record.usage["search_llm_calls"] >= 1
+        assert (tmp_path / "traces" / str(record.trace_id)).is_file()
+    if stage == "judge":
+        assert record.answer == "an answer" and not record.labels
+
+
 def run_all(search, run_dir: Path, shard: Shard | None = None):
     ctx, _ = context(search)
     store = RecordStore(run_dir)

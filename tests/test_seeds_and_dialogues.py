@@ -287,9 +287,9 @@ def test_a_golden_dataset_built_with_an_evaluation_seed_is_refused(tmp_path):
 
 
 def test_golden_records_of_another_seed_are_not_silently_rebuilt(tmp_path):
-    from eval.pipeline import Record
     from eval.run import build_golden
     from eval.runner import Shard
+    from eval.schema import Record
 
     (instance,) = instances(1)
     RecordStore(tmp_path).append(Record(instance_id=instance.id, condition=GOLDEN, seed=0), Shard())

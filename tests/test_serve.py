@@ -18,7 +18,14 @@ from typer.testing import CliRunner
 from cts.cli import app
 from eval.config import load_experiment
 from serving.model_config import ModelConfig, build_engine
-from serving.serve import PlanError, plan_gpus, plan_servers, read_endpoints, served_models
+from serving.serve import (
+    EndpointsError,
+    PlanError,
+    plan_gpus,
+    plan_servers,
+    read_endpoints,
+    served_models,
+)
 from serving.types import ChatRequest, Message, Sampling
 from serving.vllm_server import ServerError
 from tests.conftest import vllm_python
@@ -150,11 +157,11 @@ def test_a_plan_that_does_not_fit_exits_2(tmp_path):
 
 
 def test_endpoints_file_errors_are_clear(tmp_path):
-    with pytest.raises(ServerError, match="endpoints file not found"):
+    with pytest.raises(EndpointsError, match="endpoints file not found"):
         read_endpoints(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    with pytest.raises(ServerError, match="not an endpoints file"):
+    with pytest.raises(EndpointsError, match="not an endpoints file"):
         read_endpoints(bad)
 
 

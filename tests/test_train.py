@@ -20,9 +20,8 @@ from agents.clarifier import ClarifyingQuestion
 from cts.cli import app
 from eval.config import load_experiment
 from eval.dataset import SAMPLE_DIR
-from eval.pipeline import Record
 from eval.runner import RecordStore, Shard
-from eval.schema import Instance
+from eval.schema import Instance, Record
 from serving.model_config import ModelConfig, load_model_config
 from serving.types import Sampling
 from serving.yaml_config import ConfigError

@@ -59,7 +59,7 @@ CASES = [
     (
         LONG_EN,
         [
-            # 14 words: more than the old cap of 8.
+            # 14 words: a long span, still within the default cap of 16.
             "official 2025 fee schedule for the Cambridge University Press English placement "
             "exam taken online",
             "United Kingdom",

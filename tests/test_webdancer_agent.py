@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import pytest
 
@@ -11,7 +12,7 @@ from eval.dataset import DatasetSource, corpus_path, load_corpus, load_instances
 from serving.errors import EngineError
 from serving.types import ChatRequest, Sampling
 from tests.scripted import ScriptedEngine
-from webdancer.agent import FINAL_REGEX, AgentBudget, WebDancerAgent
+from webdancer.agent import FINAL_REGEX, AgentBudget, WebDancerAgent, searcher_sampling
 from webdancer.backends.local import LocalSearch
 from webdancer.protocol import FORCE_ANSWER, INVALID_TOOL_CALL
 from webdancer.tool_cache import ToolCache
@@ -46,9 +47,8 @@ def tools_for(search, corpus, summarizer=None, cache=None) -> Tools:
 
 def agent(script, tools, **budget) -> tuple[WebDancerAgent, ScriptedEngine]:
     engine = ScriptedEngine(script)
-    return WebDancerAgent(
-        engine, tools, Sampling(max_tokens=256), AgentBudget(**budget), date="2026-11-30"
-    ), engine
+    sampling = searcher_sampling(constrained=False).apply(Sampling(max_tokens=256))
+    return WebDancerAgent(engine, tools, sampling, AgentBudget(**budget), date="2026-11-30"), engine
 
 
 def turns(*texts):
@@ -188,6 +188,39 @@ def test_tool_cache_replays_identically_and_offline_miss_is_clear(local_search, 
         asyncio.run(c.run("q"))
 
 
+def test_the_agent_of_an_experiment_closes_the_tool_cache_it_opened(tmp_path):
+    """`open_agent` opens the tool cache, so it closes it when the block ends, also when the
+    block fails (an interrupted run); what was written stays for the next run."""
+    from eval.config import load_experiment
+    from eval.engines import Engines
+    from eval.search_agent import open_agent
+
+    path = tmp_path / "tools.sqlite"
+    resolved = load_experiment(None, [f"search.tool_cache={path}"])
+    caches: list[ToolCache] = []
+
+    async def search_once(fail: bool):
+        engine = ScriptedEngine(turns(search_call("Korvex Aura"), ANSWER))
+        engines = Engines({"m": engine}, {"searcher": engine, "summarizer": engine}, None)
+        async with open_agent(resolved, engines) as searching:
+            caches.append(searching.tools.cache)
+            result = await searching.run("q")
+            if fail:
+                raise RuntimeError("interrupted")
+        return result
+
+    first = asyncio.run(search_once(fail=False))
+    assert not first.steps[1]["cached"]
+    with pytest.raises(RuntimeError, match="interrupted"):
+        asyncio.run(search_once(fail=True))
+    for cache in caches:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            cache.get("search", "local", {})
+    replayed = ToolCache(path, offline=True)
+    assert replayed.get("search", "local", {"query": ["Korvex Aura"], "top_k": 3})
+    replayed.close()
+
+
 @pytest.mark.slow
 def test_tiny_model_in_constrained_mode_searches_and_answers(tiny_engine, local_search, corpus):
     questions = load_instances(DatasetSource(path="sample", split="dev", limit=3))
@@ -195,7 +228,7 @@ def test_tiny_model_in_constrained_mode_searches_and_answers(tiny_engine, local_
     agent_ = WebDancerAgent(
         tiny_engine,
         tools,
-        Sampling(max_tokens=448),
+        searcher_sampling(constrained=True).apply(Sampling()),
         AgentBudget(max_llm_calls=3, max_context_tokens=8192),
         constrained=True,
         date="2026-11-30",

@@ -1,4 +1,4 @@
-"""Search backends, the SSRF guard and HTTP visits (loopback only)."""
+"""Search backends, the SSRF guard, HTTP visits (loopback only) and the summarizer prompt."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from eval.dataset import corpus_path
+from serving.types import Sampling
+from tests.scripted import ScriptedEngine
 from webdancer.backends.local import LocalSearch, tokenize
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
+from webdancer.corpus import CorpusDocument
 from webdancer.search import QUERY_SEPARATOR, SearchHit, batched_search, render_hits
 from webdancer.ssrf import BlockedURL, check_url
-from webdancer.visit import HttpPages
+from webdancer.visit import HttpPages, LocalPages, Visitor
 
 # -- rendering -----------------------------------------------------------------------------------
 
@@ -293,3 +296,35 @@ def test_http_visit_extracts_text_and_refuses_a_redirect_to_a_private_address(ht
     with pytest.raises(BlockedURL, match="loopback"):
         asyncio.run(HttpPages().fetch(f"{url}/page"))  # not allow-listed: loopback refused
     assert [s["path"] for s in seen] == ["/hop", "/page", "/evil", "/pdf"]
+
+
+# -- the summarizer prompt -----------------------------------------------------------------------
+
+
+def test_the_summarizer_prompt_is_pinned_byte_for_byte():
+    """The response cache keys each summary on this text: a drift in prompts/summarizer.yaml
+    (whitespace included) would silently turn every cached visit into a miss. Braces in the
+    page and goal stay literal; the page is cut to `max_page_tokens` (CJK characters count one
+    each)."""
+    page = CorpusDocument(
+        doc_id="P-1",
+        url="https://pin.example/page",
+        title="Aura Pro {specs}",
+        text="Battery: 7.5 hours {ANC on}.  Charging 充电 两小时 via USB-C; "
+        "the case adds 22 hours more.",
+    )
+    summarizer = ScriptedEngine(lambda r: json.dumps({"evidence": "e", "summary": "s"}))
+    visitor = Visitor(LocalPages([page]), summarizer, Sampling(), max_page_tokens=12)
+    asyncio.run(visitor.visit(["https://pin.example/page"], "battery life {in hours}"))
+    (request,) = summarizer.requests
+    assert [m.role for m in request.messages] == ["user"]
+    assert request.messages[0].content == (
+        "Read the web page below and extract what serves the user's goal.\n\n"
+        "## Web page\nAura Pro {specs}\nBattery: 7.5 hours {ANC on}.  Charging 充电 两小时\n\n"
+        "## User goal\nbattery life {in hours}\n\n"
+        "Return JSON with two fields:\n"
+        '- "evidence": the passages of the page that bear on the goal, quoted as closely as '
+        "possible;\n"
+        '- "summary": a short paragraph saying what the page contributes to the goal (or that '
+        "it does\n  not help)."
+    )

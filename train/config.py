@@ -8,18 +8,14 @@ unknown keys and bad values are errors naming `file:line: key`, `--set` override
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from configs import CONFIG_DIR
-from serving.yaml_config import (
-    ConfigError,
-    apply_overrides,
-    format_validation_error,
-    read_yaml,
-)
+from serving.yaml_config import ConfigError, Origins, Override, load_config
 
 DEFAULT_TRAIN = "quickstart"
 
@@ -97,23 +93,18 @@ class TrainConfig(_Strict):
     merge: bool = True
     output_dir: str = "runs/train-{name}"
 
-    _path: Path | None = PrivateAttr(None)
-    _lines: dict[tuple[str, ...], int] = PrivateAttr(default_factory=dict)
-    _overridden: set[tuple[str, ...]] = PrivateAttr(default_factory=set)
+    #: Kept for errors found after validation (a split that is the evaluation data) to name
+    #: the line too.
+    _origins: Origins = PrivateAttr(default_factory=lambda: Origins(None))
 
     @property
     def path(self) -> Path | None:
         """The YAML file it was loaded from (None when built in code)."""
-        return self._path
+        return self._origins.path
 
     def where(self, *key: str) -> str:
         """`file:line: key` (or `--set key`) for errors found after validation."""
-        dotted = ".".join(key)
-        if any(key[: len(o)] == o for o in self._overridden):
-            return f"--set {dotted}"
-        line = self._lines.get(key)
-        place = f"{self._path}:{line}" if line else str(self._path or "<train config>")
-        return f"{place}: {dotted}"
+        return self._origins.where(*key)
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir.format(name=self.name))
@@ -142,16 +133,9 @@ def find_train_config(config: str | Path | None) -> Path:
 
 
 def load_train_config(
-    config: str | Path | None = None, overrides: list[str] | None = None
+    config: str | Path | None = None, overrides: Sequence[str | Override] = ()
 ) -> TrainConfig:
     """Read, override and validate a train config; ConfigError names file:line: key."""
-    path = find_train_config(config)
-    data, lines = read_yaml(path)
-    overridden = apply_overrides(data, overrides or [])
-    try:
-        loaded = TrainConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, path, lines, overridden)) from None
-    # Kept for errors found later (a split that is the evaluation data) to name the line too.
-    loaded._path, loaded._lines, loaded._overridden = path, lines, overridden
-    return loaded
+    loaded = load_config(TrainConfig, find_train_config(config), overrides)
+    loaded.config._origins = loaded.origins
+    return loaded.config

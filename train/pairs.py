@@ -19,14 +19,11 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-import yaml
-
 from agents import clarifier
-from eval.config import ExperimentConfig
 from eval.dataset import load_instances
-from eval.pipeline import Record
+from eval.run_dir import RunDir
 from eval.runner import RecordFileError, counts_over, parse_records
-from eval.schema import Instance
+from eval.schema import Instance, Record
 from train.config import TrainConfig
 
 SCORE = "restore_score_100"
@@ -278,13 +275,10 @@ def read_records(samples_dir: Path) -> tuple[list[Record], Counter[str]]:
 
 def sampled_instances(samples_dir: Path) -> dict[str, Instance]:
     """The instances the sampling run read (its recorded config names the dataset)."""
-    config_path = samples_dir / "config.yaml"
-    if not config_path.is_file():
-        raise PairsError(f"{config_path}: not found; run `cts train sample` first")
-    experiment = ExperimentConfig.model_validate(
-        yaml.safe_load(config_path.read_text())["experiment"]
-    )
-    return {i.id: i for i in load_instances(experiment.dataset)}
+    run = RunDir(samples_dir)
+    if not run.config.is_file():
+        raise PairsError(f"{run.config}: not found; run `cts train sample` first")
+    return {i.id: i for i in load_instances(run.read_config().experiment.dataset)}
 
 
 @dataclass

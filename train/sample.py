@@ -8,12 +8,12 @@ and merges with `cts merge`, all through eval/run.py; this module only derives t
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from eval.config import ResolvedExperiment, load_experiment
 from eval.dataset import DatasetSource
-from serving.yaml_config import ConfigError
+from serving.yaml_config import ConfigError, Override
 from train.config import TrainConfig
 
 #: Splits the shipped sample reads when `split` is null (eval/dataset.py `_source_rows`).
@@ -21,27 +21,26 @@ _SAMPLE_DEFAULT_SPLITS = {"dev", "test"}
 _NATIVE_SUFFIXES = {".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet"}
 
 
-def sampling_overrides(config: TrainConfig) -> list[str]:
-    """The experiment's keys that sampling changes, as `--set` overrides (JSON values, which
-    YAML reads back exactly whatever the text)."""
-    dataset = [f"dataset.path={json.dumps(config.dataset)}"] if config.dataset else []
-    return [
-        *config.experiment_overrides,
-        *dataset,
-        f"dataset.split={json.dumps(config.split)}",
-        f"dataset.limit={json.dumps(config.limit)}",
+def sampling_overrides(config: TrainConfig) -> list[str | Override]:
+    """The experiment's keys that sampling changes: the train config's own
+    `experiment_overrides` (text, like `--set`), then typed values derived from it."""
+    derived: dict[tuple[str, ...], object] = {
+        **({("dataset", "path"): config.dataset} if config.dataset else {}),
+        ("dataset", "split"): config.split,
+        ("dataset", "limit"): config.limit,
         # First-turn questions only: the trained prompt is the clarifier's first-turn prompt
         # (history empty), so only clarify@1 scores exactly the question that prompt produced.
         # Later turns' scores mix in earlier questions and answers.
-        'conditions=["clarify@1"]',
+        ("conditions",): ["clarify@1"],
         # One candidate per seed: each seed samples its own question (and its own search).
-        f"seeds={json.dumps(list(range(config.candidates)))}",
-        f"roles.clarifier.sampling.temperature={json.dumps(config.temperature)}",
+        ("seeds",): list(range(config.candidates)),
+        ("roles", "clarifier", "sampling", "temperature"): config.temperature,
         # `ask` with one question per turn and no early stop: the prompt and JSON completion
         # that train/pairs.py rebuilds. all_at_once uses another prompt; a stop has no question.
-        'clarification.mode="sequential"',
-        "clarification.allow_stop=false",
-    ]
+        ("clarification", "mode"): "sequential",
+        ("clarification", "allow_stop"): False,
+    }
+    return [*config.experiment_overrides, *(Override(k, v) for k, v in derived.items())]
 
 
 def sampling_experiment(config: TrainConfig) -> ResolvedExperiment:
@@ -68,7 +67,7 @@ def sampling_experiment(config: TrainConfig) -> ResolvedExperiment:
     return resolved
 
 
-def experiment_with(config: TrainConfig, overrides: list[str]) -> ResolvedExperiment:
+def experiment_with(config: TrainConfig, overrides: Sequence[str | Override]) -> ResolvedExperiment:
     """The train config's experiment with overrides; an error says it came through this
     train config (an `experiment_overrides` entry reads like a `--set`)."""
     try:

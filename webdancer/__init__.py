@@ -1,2 +1,2 @@
 """The WebDancer deep-search agent: protocol rendering and parsing, the loop, search and visit
-tools with their backends, the tool cache and traces (built with the WebDancer issue)."""
+tools with their backends, the tool cache and traces."""

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from serving.engine import ChatModel
 from serving.errors import EngineError
-from serving.types import ChatRequest, Message, RegexOutput, Sampling
+from serving.types import ChatRequest, Message, RegexOutput, RoleSampling, Sampling
 from webdancer.protocol import (
     FORCE_ANSWER,
     STOP,
@@ -32,8 +32,8 @@ Termination = Literal["answer", "max_calls", "context_limit", "error"]
 
 # Constrained mode: a grammar per turn for models never trained on the protocol (the tiny
 # model), so that they really call the tools. Bounded lengths keep every turn finite: the
-# longest turn is about 450 characters, so give such models max_tokens >= 448 (a small model
-# can spend a token per character).
+# longest turn is about 450 characters, so such models get max_tokens >= 448 (a small model
+# can spend a token per character; `searcher_sampling`).
 _THINK = r"<think>\n[^<>]{1,150}\n</think>\n"
 _QUERY = r'"[^"\\<>\n]{2,60}"'
 _SEARCH = (
@@ -50,6 +50,12 @@ _VISIT = (
 _ANSWER = r"<answer>\n[^<>]{1,200}\n</answer>"
 TURN_REGEX = _THINK + "(" + "|".join((_SEARCH, _VISIT, _ANSWER)) + ")"
 FINAL_REGEX = _THINK + _ANSWER
+
+
+def searcher_sampling(constrained: bool) -> RoleSampling:
+    """The protocol's stop strings (a turn ends at its tool call: the observation is the
+    tool's to write), and in constrained mode room for the longest turn the grammar allows."""
+    return RoleSampling(stop=STOP, min_max_tokens=448 if constrained else None)
 
 
 @dataclass
@@ -112,7 +118,8 @@ class WebDancerAgent:
     ) -> None:
         self.engine = engine
         self.tools = tools
-        self.sampling = sampling.model_copy(update={"stop": STOP})
+        #: The searcher's composed sampling (`searcher_sampling` holds what the protocol needs).
+        self.sampling = sampling
         self.budget = budget or AgentBudget()
         self.constrained = constrained
         self.date = date or time.strftime("%Y-%m-%d")

@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from typing import Protocol
 from urllib.parse import urljoin
 
 import httpx
+import yaml
 from pydantic import BaseModel, Field
 
 from serving.engine import ChatModel
 from serving.errors import EngineError
-from serving.types import ChatRequest, JsonSchemaOutput, Message, Sampling
+from serving.types import ChatRequest, JsonSchemaOutput, Message, RoleSampling, Sampling
 from webdancer.corpus import CorpusDocument
 from webdancer.search import QUERY_SEPARATOR
 from webdancer.ssrf import BlockedURL, Resolver, check_url, system_resolver
@@ -133,19 +136,21 @@ class PageNotes(BaseModel):
     summary: str = Field(max_length=1500)
 
 
-SUMMARIZER_PROMPT = """Read the web page below and extract what serves the user's goal.
+#: Room for the notes on one page as JSON: the passages that bear on the goal and a short
+#: summary, as the prompt asks (PageNotes' bounds only cap a runaway answer).
+SUMMARIZER_SAMPLING = RoleSampling(max_tokens=512)
 
-## Web page
-{title}
-{content}
 
-## User goal
-{goal}
+@cache
+def _summarizer_template() -> str:
+    text = resources.files("webdancer").joinpath("prompts", "summarizer.yaml").read_text("utf-8")
+    template: str = yaml.safe_load(text)["user"]
+    return template
 
-Return JSON with two fields:
-- "evidence": the passages of the page that bear on the goal, quoted as closely as possible;
-- "summary": a short paragraph saying what the page contributes to the goal (or that it does
-  not help)."""
+
+def summarizer_prompt(title: str, content: str, goal: str) -> str:
+    """The summarizer's one user message (prompts/summarizer.yaml) for a page and a goal."""
+    return _summarizer_template().format(title=title, content=content, goal=goal)
 
 
 def truncate_tokens(text: str, max_tokens: int) -> str:
@@ -192,8 +197,8 @@ class Visitor:
             page = await self.pages.fetch(url)
         except (BlockedURL, LookupError, ValueError, RuntimeError, httpx.HTTPError) as e:
             return render_visit(url, goal, FALLBACK_EVIDENCE, FALLBACK_SUMMARY), None, str(e)
-        prompt = SUMMARIZER_PROMPT.format(
-            title=page.title, content=truncate_tokens(page.text, self.max_page_tokens), goal=goal
+        prompt = summarizer_prompt(
+            page.title, truncate_tokens(page.text, self.max_page_tokens), goal
         )
         request = ChatRequest(
             messages=(Message(role="user", content=prompt),),

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from serving.tiny_model import cts_home, sha256_file
+from serving.files import cts_home, sha256_file
 from webdancer.corpus import CorpusDocument, load_corpus
 from webdancer.search import SearchHit
 

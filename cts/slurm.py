@@ -1,4 +1,4 @@
-"""`cts slurm submit|status`: the benchmark as Slurm jobs. Thin: parse options, call, print."""
+"""`cts slurm submit|status`: the benchmark, golden construction or fine-tuning as Slurm jobs."""
 
 from __future__ import annotations
 
@@ -11,19 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from eval.config import load_experiment
-from eval.golden_cli import golden_dir
-from serving.yaml_config import ConfigError
+from cts.common import SET_OPTION, command
 from slurm.status import status
-from slurm.submit import (
-    Job,
-    SlurmOptions,
-    SubmitError,
-    eval_job,
-    golden_job,
-    submit,
-    train_job,
-)
+from slurm.submit import SlurmOptions, plan_job, submit
 
 app = typer.Typer(
     help="Run the benchmark, golden construction or clarifier fine-tuning as Slurm jobs.",
@@ -38,7 +28,7 @@ JOB_HELP = (
 )
 
 
-@app.command("submit")
+@command(app, "submit")
 def submit_command(
     config: str | None = typer.Option(
         None,
@@ -46,7 +36,7 @@ def submit_command(
         "-c",
         help="Experiment YAML (path or name; a train config for --job train). Default: quickstart.",
     ),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key (repeatable)."),
+    set_: list[str] = SET_OPTION,
     job: str = typer.Option("eval", "--job", help=JOB_HELP),
     shards: int = typer.Option(..., help="Array tasks: shard i of N each."),
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
@@ -77,32 +67,24 @@ def submit_command(
     requeued on preemption and resume. Scripts, the frozen config, logs and job ids go to
     RUN_DIR/slurm/. Submitting again on the same run directory runs only what is missing."""
     console = Console()
-    try:
-        options = SlurmOptions(
-            shards=shards,
-            partition=partition,
-            gpus_per_task=gpus_per_task,
-            cpus_per_task=cpus_per_task,
-            mem=mem,
-            time=time,
-            account=account,
-            array_parallelism=array_parallelism,
-            cpu=cpu,
-            vllm_python=vllm_python,
-            extra_sbatch=sbatch_arg,
-            fit_gpus=fit_gpus,
-        )
-        planned, name = plan_job(job, config, set_, output_dir, options)
-    except (ConfigError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    try:
-        done = submit(planned, name, options, dry_run=dry_run)
-    except (SubmitError, OSError) as e:
-        typer.echo(f"submit failed: {e}", err=True)
-        raise typer.Exit(1) from None
-    for which, command in done.commands.items():
-        print(f"{which}: {shlex.join(command)}")  # unwrapped, to copy and paste
+    options = SlurmOptions(
+        shards=shards,
+        partition=partition,
+        gpus_per_task=gpus_per_task,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time=time,
+        account=account,
+        array_parallelism=array_parallelism,
+        cpu=cpu,
+        vllm_python=vllm_python,
+        extra_sbatch=sbatch_arg,
+        fit_gpus=fit_gpus,
+    )
+    planned, name = plan_job(job, config, set_, output_dir, options)
+    done = submit(planned, name, options, dry_run=dry_run)
+    for which, line in done.commands.items():
+        print(f"{which}: {shlex.join(line)}")  # unwrapped, to copy and paste
     run_dir = planned.run_dir
     if dry_run:
         console.print(f"scripts rendered in {run_dir / 'slurm'}; nothing submitted")
@@ -115,37 +97,13 @@ def submit_command(
     )
 
 
-def plan_job(
-    kind: str,
-    config: str | None,
-    overrides: list[str],
-    output_dir: Path | None,
-    options: SlurmOptions,
-) -> tuple[Job, str]:
-    """The job to submit and its name; ValueError/ConfigError for a bad kind or config."""
-    if kind not in ("eval", "golden", "train"):
-        raise ValueError(f"--job {kind!r}: expected eval, golden or train")
-    if kind == "train":
-        return train_job(config, overrides, output_dir, options)
-    resolved = load_experiment(config, overrides)
-    if kind == "golden":
-        run_dir = (output_dir or golden_dir(resolved)).resolve()
-        return golden_job(resolved, run_dir, options), resolved.experiment.name
-    run_dir = (output_dir or resolved.output_dir()).resolve()
-    return eval_job(resolved, run_dir, options), resolved.experiment.name
-
-
-@app.command("status")
+@command(app, "status")
 def status_command(
     run_dir: Path = typer.Argument(..., help="The run directory."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Per-shard progress (records done / expected, failed records) and Slurm job states."""
-    try:
-        latest, progress, final = status(run_dir)
-    except FileNotFoundError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+    latest, progress, final = status(run_dir)
     if as_json:
         print(
             json.dumps(

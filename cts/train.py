@@ -1,5 +1,4 @@
-"""`cts train sample | pairs | fit | all`: fine-tune a clarifier against restore scores.
-Thin: parse options, call train/, print."""
+"""`cts train sample | pairs | fit | all`: fine-tune a clarifier against restore scores."""
 
 from __future__ import annotations
 
@@ -10,24 +9,24 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from eval import cli as eval_cli
-from eval.dataset import DatasetError
-from eval.run import run_experiment
-from eval.serve_cli import (
+from cts.common import (
     CPU_OPTION,
     ENDPOINTS_OPTION,
     GPUS_OPTION,
     SERVE_OPTION,
+    SHARD_OPTION,
     VLLM_PYTHON_OPTION,
-    ServeOptions,
-    parse_shard,
-    run_exits,
-    served,
+    command,
+    print_summary,
+    run_keyed,
+    shard_of,
 )
-from serving.yaml_config import ConfigError
+from eval.run import run_experiment
+from eval.run_dir import RunDir
+from serving.serve import ServeOptions
 from train.config import TrainConfig, load_train_config
-from train.fit import FitError, FitResult, fit
-from train.pairs import PairsError, PairsResult, build_pairs, no_data_message
+from train.fit import FitResult, fit
+from train.pairs import PairsResult, build_pairs, no_data_message
 from train.sample import sampling_experiment
 
 app = typer.Typer(
@@ -37,67 +36,53 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-CONFIG_HELP = "Train YAML (a path, or a name under configs/train/). Default: quickstart."
-SET_HELP = "Override a train config key, e.g. --set method=sft --set limit=10 (repeatable)."
-
-
-def _load(config: str | None, overrides: list[str]) -> TrainConfig:
-    try:
-        return load_train_config(config, overrides)
-    except ConfigError as e:
-        typer.echo(f"config error\n{e}", err=True)
-        raise typer.Exit(2) from None
+CONFIG_OPTION = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help="Train YAML (a path, or a name under configs/train/). Default: quickstart.",
+)
+SET_OPTION = typer.Option(
+    [],
+    "--set",
+    help="Override a train config key, e.g. --set method=sft --set limit=10 (repeatable).",
+)
 
 
 def _sample(
-    train: TrainConfig,
-    shard: str | None = None,
-    endpoints: Path | None = None,
-    serve: bool = False,
-    gpus: str | None = None,
-    cpu: bool = False,
-    vllm_python: str | None = None,
-) -> bool:
-    """Run the sampling; True when every shard's records are there (no merge needed)."""
-    try:
-        resolved = sampling_experiment(train)
-    except ConfigError as e:
-        typer.echo(f"config error\n{e}", err=True)
-        raise typer.Exit(2) from None
-    part = parse_shard(shard)
-    out = train.samples_dir()
+    train: TrainConfig, shard: str | None = None, options: ServeOptions | None = None
+) -> None:
+    """Run the sampling: an evaluation run of the derived clarify@1 experiment."""
+    resolved = sampling_experiment(train)
+    part = shard_of(shard)
+    run = RunDir(train.samples_dir())
     console = Console()
     dataset = resolved.experiment.dataset
     console.print(
         f"sampling {train.candidates} clarify@1 questions per instance at temperature "
         f"{train.temperature:g}: experiment [bold]{resolved.experiment.name}[/bold], "
-        f"{dataset.path} split {dataset.split} → {out}",
+        f"{dataset.path} split {dataset.split} → {run.root}",
         highlight=False,
     )
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
-    logs = out / "logs" / "serve" / part.name
-    with run_exits(), served(resolved, options, logs, console) as (ready, watch):
-        result = run_experiment(ready, out, part, watch=watch)
-    eval_cli.print_outcome(console, result)
+    result = run_keyed(
+        resolved,
+        run,
+        part,
+        options or ServeOptions(),
+        lambda ready, part, watch: run_experiment(ready, run.root, part, watch=watch),
+        console,
+    )
     if result.report is None:
         console.print(
-            f"shard {part.index}/{part.count} done; when every shard is done: cts merge {out}, "
-            "then cts train pairs"
+            f"shard {part.index}/{part.count} done; when every shard is done: "
+            f"cts merge {run.root}, then cts train pairs"
         )
-        return False
-    eval_cli.print_summary(console, result.report["summary"])
-    return True
+        return
+    print_summary(console, result.report["summary"])
 
 
 def _pairs(train: TrainConfig) -> PairsResult:
-    try:
-        result = build_pairs(train)
-    except PairsError as e:
-        typer.echo(f"pairs error: {e}", err=True)
-        raise typer.Exit(1) from None
-    except DatasetError as e:
-        typer.echo(f"dataset error\n{e}", err=True)
-        raise typer.Exit(2) from None
+    result = build_pairs(train)
     table = Table("statistic", "value", title=f"{train.method} data")
     for key, value in result.stats.items():
         table.add_row(key, str(value))
@@ -111,14 +96,7 @@ def _pairs(train: TrainConfig) -> PairsResult:
 
 
 def _fit(train: TrainConfig) -> FitResult:
-    try:
-        result = fit(train)
-    except (FitError, PairsError) as e:
-        typer.echo(f"fit error: {e}", err=True)
-        raise typer.Exit(1) from None
-    except ConfigError as e:
-        typer.echo(f"config error\n{e}", err=True)
-        raise typer.Exit(2) from None
+    result = fit(train)
     m: dict[str, Any] = result.metrics
     table = Table("method", "examples", "steps", "final loss", "mean loss", "seconds", "device")
     table.add_row(
@@ -150,11 +128,11 @@ def _fit(train: TrainConfig) -> FitResult:
     return result
 
 
-@app.command("sample")
+@command(app, "sample")
 def sample_command(
-    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-    shard: str | None = typer.Option(None, help="Run shard I/N of the instances (e.g. 0/4)."),
+    config: str | None = CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
+    shard: str | None = SHARD_OPTION,
     endpoints: Path | None = ENDPOINTS_OPTION,
     serve: bool = SERVE_OPTION,
     gpus: str | None = GPUS_OPTION,
@@ -167,14 +145,12 @@ def sample_command(
     candidate and the clarifier at the config's temperature: each record is one question with
     the restore score its search reached. Like `cts run` it resumes, survives SIGTERM, shards
     with --shard (then `cts merge OUTPUT_DIR/samples`) and serves models with --serve."""
-    _sample(_load(config, set_), shard, endpoints, serve, gpus, cpu, vllm_python)
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    _sample(load_train_config(config, set_), shard, options)
 
 
-@app.command("pairs")
-def pairs_command(
-    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-) -> None:
+@command(app, "pairs")
+def pairs_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION) -> None:
     """Turn the scored samples into training data: OUTPUT_DIR/pairs.jsonl (DPO) or sft.jsonl.
 
     Failed or unscored records are skipped and counted; the same question under several seeds
@@ -183,32 +159,26 @@ def pairs_command(
     best question when it scored above `sft_min_score`. Prompts are exactly the clarifier's
     first-turn messages. pairs_stats.json counts instances, candidates, pairs and skips; no
     data at all exits 1 with the reason."""
-    _pairs(_load(config, set_))
+    _pairs(load_train_config(config, set_))
 
 
-@app.command("fit")
-def fit_command(
-    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-) -> None:
+@command(app, "fit")
+def fit_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION) -> None:
     """Train a LoRA adapter on the clarifier's base checkpoint with TRL (DPO or SFT).
 
     Writes OUTPUT_DIR/adapter/, with `merge: true` OUTPUT_DIR/checkpoint/ (the merged model),
     OUTPUT_DIR/clarifier.yaml (a model config: swap it in with
     `cts run --set roles.clarifier.model=OUTPUT_DIR/clarifier.yaml`, an absolute path) and
     train_metrics.json. Runs on a GPU when there is one, on the CPU otherwise."""
-    _fit(_load(config, set_))
+    _fit(load_train_config(config, set_))
 
 
-@app.command("all")
-def all_command(
-    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-) -> None:
+@command(app, "all")
+def all_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION) -> None:
     """sample → pairs → fit in one process, unsharded (a laptop, or one GPU node).
 
     Each step is the command of the same name; rerunning resumes the sampling."""
-    train = _load(config, set_)
+    train = load_train_config(config, set_)
     _sample(train)
     _pairs(train)
     _fit(train)

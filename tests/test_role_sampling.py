@@ -1,0 +1,289 @@
+"""Every role's final sampling, pinned end to end.
+
+Response-cache keys hash the exact Sampling a role sends, and a dialogue's fingerprint hashes
+the dialogue roles' sampling: a changed value would silently orphan every cached answer and
+every saved dialogue. The expected values were taken from the code before each role declared
+its own sampling and must not move when that code is refactored."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+import eval.run
+from eval.config import ResolvedExperiment, Role, load_experiment
+from eval.engines import Engines
+from eval.run import build_golden, run_experiment
+from serving.types import ChatRequest, Sampling
+from tests.scripted import ScriptedEngine, scripted_roles
+
+
+def _search_then_visit(request: ChatRequest) -> str:
+    """Search, visit the first hit (so that the summarizer is asked too), then answer; every
+    turn fits the constrained mode's grammar."""
+    turn = sum(m.role == "assistant" for m in request.messages)
+    if turn == 0:
+        call = {"name": "search", "arguments": {"query": ["battery life"]}}
+    elif turn == 1 and (
+        url := re.search(r"\]\((https?://[^)\s]+)\)", request.messages[-1].content)
+    ):
+        call = {"name": "visit", "arguments": {"url": [url.group(1)], "goal": "the facts"}}
+    else:
+        return "<think>\ndone\n</think>\n<answer>\nan answer\n</answer>"
+    return f"<think>\nnext\n</think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
+def _capture(monkeypatch: pytest.MonkeyPatch) -> dict[str, ScriptedEngine]:
+    """Scripted engines in place of the real ones, one per role, carrying the role's real
+    served model name (the dialogue fingerprint hashes it)."""
+    scripted = scripted_roles()
+    scripted["searcher"].script = _search_then_visit
+
+    @asynccontextmanager
+    async def engines(
+        resolved: ResolvedExperiment, roles: list[Role] | None = None, use_cache: bool = True
+    ) -> AsyncIterator[Engines]:
+        by_role = {}
+        for role in roles or list(resolved.experiment.roles):
+            scripted[role].model = resolved.model_for(role).name
+            by_role[role] = scripted[role]
+        yield Engines(dict(by_role), by_role, None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(eval.run, "open_engines", engines)
+    return scripted
+
+
+def _sent(scripted: dict[str, ScriptedEngine]) -> dict[str, list[str]]:
+    """Per role, every distinct Sampling it sent, as the JSON the cache key hashes."""
+    return {
+        role: sorted({r.sampling.model_dump_json() for r in engine.requests})
+        for role, engine in scripted.items()
+        if engine.requests
+    }
+
+
+def _errors(run_dir: Path) -> list[object]:
+    return [
+        json.loads(line)["error"]
+        for path in (run_dir / "records").rglob("*.jsonl")
+        for line in path.read_text().splitlines()
+        if json.loads(line)["error"]
+    ]
+
+
+def _fingerprints(run_dir: Path) -> set[str]:
+    lines = [
+        json.loads(line)
+        for path in (run_dir / "dialogues").glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    return {d["fingerprint"] for d in lines}
+
+
+def S(**values: object) -> str:
+    """A Sampling as the JSON the cache key hashes (reads like the Sampling it stands for)."""
+    return Sampling(**values).model_dump_json()  # type: ignore[arg-type]
+
+
+LOCAL = ["dataset.path=sample", "dataset.split=dev", "dataset.limit=1"]
+HARD518_LOCAL = [*LOCAL, "search.backend=local", "search.visit=local", "seeds=[3]"]
+
+CASES = {
+    "quickstart": (None, []),
+    "quickstart-llm-types": (
+        None,
+        [
+            'roles.question_classifier={"model": "smollm2-135m-instruct"}',
+            "clarification.question_types=llm",
+        ],
+    ),
+    # What the user may and may not change: a role's own needs win over its overrides.
+    "quickstart-overrides": (
+        None,
+        [
+            "roles.clarifier.sampling.max_tokens=50",
+            "roles.judge.sampling.temperature=0.5",
+            "roles.searcher.sampling.max_tokens=1000",
+            "roles.summarizer.sampling.max_tokens=2000",
+            "roles.rewriter.sampling.top_p=0.5",
+        ],
+    ),
+    "hard518": ("hard518", HARD518_LOCAL),
+    "hard518-constrained": (
+        "hard518",
+        [*HARD518_LOCAL, "search.constrained=true", "roles.searcher.sampling.max_tokens=100"],
+    ),
+    "hard518-all-at-once": ("hard518", [*HARD518_LOCAL, "clarification.mode=all_at_once"]),
+}
+
+#: The searcher's stop strings (the WebDancer protocol's, added by the agent).
+STOP = ("\n<tool_response>", "<tool_response>")
+
+EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
+    "quickstart": (
+        {
+            "clarifier": [S(max_tokens=96)],
+            "user_answerer": [S(max_tokens=64)],
+            "rewriter": [S(max_tokens=192)],
+            "searcher": [S(max_tokens=448, stop=STOP)],
+            "judge": [S(max_tokens=1024)],
+            "summarizer": [S(max_tokens=512)],
+            "nugget_builder": [S(max_tokens=864)],
+        },
+        {"f298169ebc7ea884"},
+    ),
+    "quickstart-llm-types": (
+        {
+            "clarifier": [S(max_tokens=96)],
+            "user_answerer": [S(max_tokens=64)],
+            "rewriter": [S(max_tokens=192)],
+            "searcher": [S(max_tokens=448, stop=STOP)],
+            "judge": [S(max_tokens=1024)],
+            "summarizer": [S(max_tokens=512)],
+            "question_classifier": [S(max_tokens=48)],
+            "nugget_builder": [S(max_tokens=864)],
+        },
+        {"4b7dda21405ef630"},
+    ),
+    "quickstart-overrides": (
+        {
+            "clarifier": [S(max_tokens=96)],
+            "user_answerer": [S(max_tokens=64)],
+            "rewriter": [S(top_p=0.5, max_tokens=192)],
+            "searcher": [S(max_tokens=1000, stop=STOP)],
+            "judge": [S(max_tokens=1024)],
+            "summarizer": [S(max_tokens=512)],
+            "nugget_builder": [S(max_tokens=864)],
+        },
+        {"f298169ebc7ea884"},
+    ),
+    "hard518": (
+        {
+            "clarifier": [S(temperature=0.7, top_p=0.8, max_tokens=96, seed=3)],
+            "user_answerer": [S(top_p=0.8, max_tokens=64)],
+            "rewriter": [S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3)],
+            "searcher": [
+                S(
+                    temperature=0.6,
+                    top_p=0.95,
+                    max_tokens=8192,
+                    seed=1000,
+                    repetition_penalty=1.1,
+                    stop=STOP,
+                ),
+                S(
+                    temperature=0.6,
+                    top_p=0.95,
+                    max_tokens=8192,
+                    seed=3,
+                    repetition_penalty=1.1,
+                    stop=STOP,
+                ),
+            ],
+            "judge": [S(top_p=0.8, max_tokens=1024)],
+            "summarizer": [
+                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=1000),
+                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=3),
+            ],
+            "nugget_builder": [S(top_p=0.8, max_tokens=1344)],
+        },
+        {"c001df01551f8cd0"},
+    ),
+    "hard518-constrained": (
+        {
+            "clarifier": [S(temperature=0.7, top_p=0.8, max_tokens=96, seed=3)],
+            "user_answerer": [S(top_p=0.8, max_tokens=64)],
+            "rewriter": [S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3)],
+            "searcher": [
+                S(
+                    temperature=0.6,
+                    top_p=0.95,
+                    max_tokens=448,
+                    seed=1000,
+                    repetition_penalty=1.1,
+                    stop=STOP,
+                ),
+                S(
+                    temperature=0.6,
+                    top_p=0.95,
+                    max_tokens=448,
+                    seed=3,
+                    repetition_penalty=1.1,
+                    stop=STOP,
+                ),
+            ],
+            "judge": [S(top_p=0.8, max_tokens=1024)],
+            "summarizer": [
+                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=1000),
+                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=3),
+            ],
+            "nugget_builder": [S(top_p=0.8, max_tokens=1344)],
+        },
+        {"c001df01551f8cd0"},
+    ),
+    "hard518-all-at-once": (
+        {
+            "clarifier": [
+                S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3),
+                S(temperature=0.7, top_p=0.8, max_tokens=288, seed=3),
+                S(temperature=0.7, top_p=0.8, max_tokens=96, seed=3),
+            ],
+            "user_answerer": [S(top_p=0.8, max_tokens=64)],
+            "rewriter": [S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3)],
+            "searcher": [
+                S(
+                    temperature=0.6,
+                    top_p=0.95,
+                    max_tokens=8192,
+                    seed=1000,
+                    repetition_penalty=1.1,
+                    stop=STOP,
+                ),
+                S(
+                    temperature=0.6,
+                    top_p=0.95,
+                    max_tokens=8192,
+                    seed=3,
+                    repetition_penalty=1.1,
+                    stop=STOP,
+                ),
+            ],
+            "judge": [S(top_p=0.8, max_tokens=1024)],
+            "summarizer": [
+                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=1000),
+                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=3),
+            ],
+            "nugget_builder": [S(top_p=0.8, max_tokens=1344)],
+        },
+        set(),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_role_sends_the_sampling_it_always_sent(case, tmp_path, monkeypatch):
+    config, overrides = CASES[case]
+    resolved = load_experiment(
+        config,
+        [
+            *overrides,
+            f"cache.path={tmp_path}/responses.sqlite",
+            f"search.tool_cache={tmp_path}/tools.sqlite",
+        ],
+    )
+    scripted = _capture(monkeypatch)
+    result = run_experiment(resolved, tmp_path / "run", show_progress=False)
+    assert not result.outcome.interrupted
+    golden = build_golden(resolved, tmp_path / "golden", show_progress=False)
+    assert not golden.outcome.interrupted
+    assert _errors(tmp_path / "run") == _errors(tmp_path / "golden") == []
+    assert "summarizer" in _sent(scripted)
+    sent, fingerprints = _sent(scripted), _fingerprints(tmp_path / "run")
+    expected_sent, expected_fingerprints = EXPECTED[case]
+    assert sent == {role: sorted(values) for role, values in expected_sent.items()}
+    assert fingerprints == expected_fingerprints
