@@ -11,10 +11,11 @@ import argparse
 import random
 import time
 
+from eval.config import ALL_CONDITIONS
 from eval.diagnostics import compare_systems, paired_instances, score_records, summarize
 from eval.schema import Record
 
-CONDITIONS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
+CONDITIONS: list[str] = list(ALL_CONDITIONS)
 
 
 def records(instances: int, seeds: int, rng: random.Random) -> list[Record]:

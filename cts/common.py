@@ -150,11 +150,13 @@ def run_keyed(
     options: ServeOptions,
     work: Work,
     console: Console,
+    merge_with: str,
     noun: str = "records written",
 ) -> RunResult:
     """The experiment pointed at its models (an endpoints file, or servers started for the
-    run), `work` run on it, and its one-line account. A dead server stops the work (exit 1,
-    finished records kept); an interrupted run exits 130 and resumes when rerun."""
+    run), `work` run on it, and its one-line account; a shard says that `merge_with` finishes
+    the run. A dead server stops the work (exit 1, finished records kept); an interrupted run
+    exits 130 and resumes when rerun."""
 
     def starting(n: int) -> None:
         console.print(f"starting {n} vLLM server(s)")
@@ -173,6 +175,10 @@ def run_keyed(
     if outcome.interrupted:
         console.print("interrupted: finished records are saved; run the same command to resume")
         raise typer.Exit(130)
+    if shard.count > 1:
+        console.print(
+            f"shard {shard.index}/{shard.count} done; when every shard is done: {merge_with}"
+        )
     return result
 
 

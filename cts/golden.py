@@ -80,12 +80,10 @@ def build(
             ready, run.root, part, watch=watch, retry_failed=retry_failed
         ),
         console,
+        merge_with=f"cts golden merge {run.root}",
         noun="instances searched",
     )
     if part.count > 1:
-        console.print(
-            f"shard {part.index}/{part.count} done; when all are: cts golden merge {run.root}"
-        )
         return
     _finish(run.root, console)
 

@@ -84,12 +84,9 @@ def run(
             ready, run_dir.root, part, watch=watch, retry_failed=retry_failed
         ),
         console,
+        merge_with=f"cts merge {run_dir.root}",
     )
-    if result.report is None:
-        console.print(
-            f"shard {part.index}/{part.count} done; when every shard is done: "
-            f"cts merge {run_dir.root}"
-        )
+    if result.report is None:  # a shard: `cts merge` writes the report
         return
     print_summary(console, result.report["summary"])
     console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")

@@ -71,12 +71,9 @@ def _sample(
         options or ServeOptions(),
         lambda ready, part, watch: run_experiment(ready, run.root, part, watch=watch),
         console,
+        merge_with=f"cts merge {run.root}, then cts train pairs",
     )
-    if result.report is None:
-        console.print(
-            f"shard {part.index}/{part.count} done; when every shard is done: "
-            f"cts merge {run.root}, then cts train pairs"
-        )
+    if result.report is None:  # a shard: `cts merge` writes the report
         return
     print_summary(console, result.report["summary"])
 

@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -48,7 +48,8 @@ Role = Literal[
     "question_classifier",
 ]
 Condition = Literal["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
-ALL_CONDITIONS: list[Condition] = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
+#: In the order of the study's main table.
+ALL_CONDITIONS: list[Condition] = list(get_args(Condition))
 
 
 class _Strict(BaseModel):

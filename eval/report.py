@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.config import ExperimentConfig
+from eval.config import ALL_CONDITIONS, ExperimentConfig
 from eval.diagnostics import (
     DEGENERATE_SHARE,
     QUESTION_TYPES,
@@ -34,7 +34,7 @@ from eval.run_dir import RunDir
 from eval.runner import RecordStore
 from eval.schema import Record
 
-MAIN_COLUMNS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
+MAIN_COLUMNS: list[str] = list(ALL_CONDITIONS)
 
 
 @dataclass
@@ -125,12 +125,27 @@ def markdown(
     paired: int,
     policy: str,
 ) -> str:
+    lines = _preamble(paired, policy)
+    for name, summary in systems:
+        lines += [f"- {w}" for w in warnings(name, summary)]
+    lines += _main_table(systems, policy)
+    lines += _clarification_modes(systems)
+    lines += _cache_reuse(systems)
+    if comparisons:
+        lines += _comparisons_section(comparisons)
+    for name, summary in systems:
+        lines += _system_section(name, summary)
+    return "\n".join(lines)
+
+
+def _preamble(paired: int, policy: str) -> list[str]:
+    """The title and how to read every number below: the score, its CI and n, the pairing."""
     treated = (
         "failed records score 0 (policy `zero`)"
         if policy == "zero"
         else "instances with a failed record are excluded (policy `exclude`)"
     )
-    lines = [
+    return [
         "# Clarify-Then-Search report",
         "",
         "restore_score_100 (weighted nugget coverage, 0–100): mean over instances (each the "
@@ -144,9 +159,11 @@ def markdown(
         "are rates over the clarify@k records that did not fail, each with its n.",
         "",
     ]
-    for name, summary in systems:
-        lines += [f"- {w}" for w in warnings(name, summary)]
-    lines += [
+
+
+def _main_table(systems: list[tuple[str, dict[str, Any]]], policy: str) -> list[str]:
+    """The paper-style table: one row per system, one column per main condition."""
+    lines = [
         "",
         "| system | " + " | ".join(MAIN_COLUMNS) + " |",
         "|---|" + "---|" * len(MAIN_COLUMNS),
@@ -155,6 +172,12 @@ def markdown(
         cells = [report_cell(summary["scores"].get(c), policy) for c in MAIN_COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
+    return lines
+
+
+def _clarification_modes(systems: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """How each system asks its k questions: what clarify@k means there."""
+    lines = []
     for name, summary in systems:
         mode = summary["clarification"]["mode"]
         how = (
@@ -163,7 +186,12 @@ def markdown(
             else "each clarify@k asks its k questions in one call"
         )
         lines.append(f"- {name}: clarification `{mode}` ({how}).")
-    lines += [
+    return lines
+
+
+def _cache_reuse(systems: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The blurred and oracle searches each system took from the shared response cache."""
+    lines = [
         "",
         "Blurred and oracle searches do not depend on the clarifier; runs that share "
         "the response cache re-use them instead of recomputing:",
@@ -178,34 +206,51 @@ def markdown(
         if reused:
             lines.append(f"- {name}: search-agent model calls from the cache: {', '.join(reused)}.")
     lines.append("")
-    if comparisons:
-        lines += [
-            "## Systems compared",
-            "",
-            "Per condition, on the instances both systems scored under it: difference in "
-            "restore_score_100 (first − second) with a paired bootstrap 95% CI and a paired "
-            "sign-flip test; p (Holm) corrects across the clarify@k conditions of each pair.",
-            "",
-            "| first − second | condition | difference [95% CI] | p | p (Holm) | n |",
-            "|---|---|---|---|---|---|",
-        ]
-        for c in comparisons:
-            holm_p = "–" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
-            lines.append(
-                f"| {c['a']} − {c['b']} | {c['condition']} | {c['difference']:+.1f} "
-                f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['p_value']:.3f} | {holm_p} | "
-                f"{c['n']} |"
-            )
-        lines.append("")
-    for name, summary in systems:
-        lines += _system_section(name, summary)
-    return "\n".join(lines)
+    return lines
+
+
+def _comparisons_section(comparisons: list[dict[str, Any]]) -> list[str]:
+    """The systems compared pairwise, per condition."""
+    lines = [
+        "## Systems compared",
+        "",
+        "Per condition, on the instances both systems scored under it: difference in "
+        "restore_score_100 (first − second) with a paired bootstrap 95% CI and a paired "
+        "sign-flip test; p (Holm) corrects across the clarify@k conditions of each pair.",
+        "",
+        "| first − second | condition | difference [95% CI] | p | p (Holm) | n |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        holm_p = "–" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
+        lines.append(
+            f"| {c['a']} − {c['b']} | {c['condition']} | {c['difference']:+.1f} "
+            f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['p_value']:.3f} | {holm_p} | "
+            f"{c['n']} |"
+        )
+    lines.append("")
+    return lines
 
 
 def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
+    """One system's own section: its counts, gains, User Answerer, question types,
+    breakdowns, judge and failures."""
+    return [
+        *_system_header(name, summary),
+        *_gains_table(summary),
+        *_answerer_table(summary),
+        *_question_types_table(summary),
+        *_breakdown_tables(summary),
+        *_unsupported_answers(summary),
+        *_judge_and_failures(summary),
+    ]
+
+
+def _system_header(name: str, summary: dict[str, Any]) -> list[str]:
+    """The system's heading, its counts and the unknown rate of region questions."""
     c = summary["clarification"]
     region = c["region_question_unknown_rate"]
-    lines = [
+    return [
         f"## {name}",
         "",
         f"{summary['instances']} instances ({summary['paired_instances']} paired, "
@@ -218,6 +263,12 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
         f"in which every question asked about region: {_pct(c['all_region_interaction_rate'])} "
         "dialogues.",
         "",
+    ]
+
+
+def _gains_table(summary: dict[str, Any]) -> list[str]:
+    """Per condition: strict and unweighted scores, the gain over blurred, the gain recovered."""
+    lines = [
         "Gain over blurred: paired mean difference [95% CI], sign-flip p. Gain recovered: "
         "(score − blurred) / (oracle − blurred) [paired bootstrap 95% CI], undefined when the "
         "oracle's gap over blurred is below the minimum.",
@@ -240,8 +291,15 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
             f"{'–' if unweighted is None else f'{unweighted:.1f}'} | {gain_text} | "
             f"{_recovered(gain.get('gain_recovered') if gain else None)} | {entry['n']} |"
         )
+    return lines
+
+
+def _answerer_table(summary: dict[str, Any]) -> list[str]:
+    """The User Answerer per k: answerability, all-unknown and stopped-early rates, and the
+    score with some answer against with none."""
+    c = summary["clarification"]
     answered = summary["score_by_answered"]
-    lines += [
+    lines = [
         "",
         "User Answerer, per k (rates of the clarify@k records that did not fail): "
         "answerability (answers not `unknown`), per turn within k; all-unknown rate; the "
@@ -260,7 +318,13 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
             f"{_score(split['some_answered']) if split else '–'} | "
             f"{_score(split['all_unknown']) if split else '–'} |"
         )
-    lines += [
+    return lines
+
+
+def _question_types_table(summary: dict[str, Any]) -> list[str]:
+    """The clarifier's question-type mix and the unknown rate of each type."""
+    c = summary["clarification"]
+    lines = [
         "",
         f"Question types of the {c['questions']} questions asked (a question may have several "
         "types, so shares may add up to more than 100%):",
@@ -273,6 +337,12 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
             f"| {t} | {c['question_type_counts'][t]} | {_pct(c['question_type_share'][t])} | "
             f"{_pct(c['unknown_rate_per_type'][t]['rate'])} |"
         )
+    return lines
+
+
+def _breakdown_tables(summary: dict[str, Any]) -> list[str]:
+    """Scores per condition by language and by removed constraint (each left out if empty)."""
+    lines: list[str] = []
     for by, title in (("language", "language"), ("removed_constraint", "removed constraint")):
         groups = summary["breakdowns"][by]
         if not groups:
@@ -289,16 +359,27 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
                 + " | ".join(f"{entry[cond]:.1f}" for cond in conditions)
                 + " |"
             )
-    if c["unsupported_answers"]["checked"]:
-        lines += [
-            "",
-            f"Abstractive answers with content words not in the fused query: "
-            f"{_pct(c['unsupported_answers']['rate'])} of "
-            f"{c['unsupported_answers']['checked']} answers.",
-        ]
+    return lines
+
+
+def _unsupported_answers(summary: dict[str, Any]) -> list[str]:
+    """The share of abstractive answers not supported by the fused query, if any were checked."""
+    c = summary["clarification"]
+    if not c["unsupported_answers"]["checked"]:
+        return []
+    return [
+        "",
+        f"Abstractive answers with content words not in the fused query: "
+        f"{_pct(c['unsupported_answers']['rate'])} of "
+        f"{c['unsupported_answers']['checked']} answers.",
+    ]
+
+
+def _judge_and_failures(summary: dict[str, Any]) -> list[str]:
+    """The judge's label counts and the system's failed records."""
     f = summary["failures"]
     judge = summary["judge"]["counts"]
-    lines += [
+    return [
         "",
         f"Judge labels: full {judge['full']}, partial {judge['partial']}, none {judge['none']}.",
         "",
@@ -310,7 +391,6 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
         ),
         "",
     ]
-    return lines
 
 
 def figures(systems: list[tuple[str, dict[str, Any]]], out: Path) -> list[Path]:

@@ -24,6 +24,7 @@ from serving.types import (
     JsonSchemaOutput,
     OutputSpec,
     RegexOutput,
+    Sampling,
     Usage,
 )
 
@@ -193,12 +194,48 @@ class TransformersEngine(BatchingEngine):
     def _generate(self, batch: list[tuple[ChatRequest, Any]]) -> list[ChatResponse]:
         """One left-padded generate() over requests that share sampling settings."""
         import torch
-        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
+        from transformers import LogitsProcessorList
 
         tok = self._tokenizer
         rows = [request for request, _ in batch]
-        processors = [processor for _, processor in batch]
         started = time.perf_counter()
+        enc = self._encode(rows)
+        prompt_len = enc["input_ids"].shape[1]
+        limits = [p.sampling.max_tokens for p in rows]
+        constraints, stops = _row_rules(
+            tok,
+            [processor for _, processor in batch],
+            prompt_len,
+            limits,
+            [p.sampling.stop for p in rows],
+        )
+        s = rows[0].sampling
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max(limits),
+            "logits_processor": LogitsProcessorList([constraints]),
+            "stopping_criteria": [stops],
+            "pad_token_id": tok.pad_token_id,
+            **_sampling_kwargs(s),
+        }
+        with torch.inference_mode():
+            if s.seed is not None:
+                torch.manual_seed(s.seed)
+            out = self._hf.generate(**enc, **kwargs)
+        latency = time.perf_counter() - started
+        return [
+            self._response(
+                out[i, prompt_len:].tolist(),
+                int(enc["attention_mask"][i].sum()),
+                limits[i],
+                p.sampling.stop,
+                latency,
+            )
+            for i, p in enumerate(rows)
+        ]
+
+    def _encode(self, rows: list[ChatRequest]) -> Any:
+        """The requests' chat prompts, tokenized and left-padded to one length."""
+        tok = self._tokenizer
         prompts = [
             tok.apply_chat_template(
                 [m.model_dump() for m in p.messages],
@@ -208,77 +245,82 @@ class TransformersEngine(BatchingEngine):
             )
             for p in rows
         ]
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        prompt_len = enc["input_ids"].shape[1]
-        limits = [p.sampling.max_tokens for p in rows]
-        stops = [p.sampling.stop for p in rows]
-        done = [False] * len(rows)
+        return tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
 
-        class RowConstraints(LogitsProcessor):
-            """One outlines processor per row; finished rows are left alone."""
-
-            def __call__(self, input_ids: Any, scores: Any) -> Any:
-                for i, proc in enumerate(processors):
-                    if proc is not None and not done[i]:
-                        scores[i : i + 1] = proc(input_ids[i : i + 1], scores[i : i + 1])
-                return scores
-
-        class RowStops(StoppingCriteria):
-            """Per-row max_tokens and stop strings (HF's own rules are batch-wide)."""
-
-            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-                generated = input_ids[:, prompt_len:]
-                flags = []
-                for i in range(len(rows)):
-                    if not done[i]:
-                        n = generated.shape[1]
-                        hit_stop = bool(stops[i]) and any(
-                            s in tok.decode(generated[i, -16:]) for s in stops[i]
-                        )
-                        done[i] = n >= limits[i] or hit_stop
-                    flags.append(done[i])
-                return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
-
-        s = rows[0].sampling
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": max(limits),
-            "logits_processor": LogitsProcessorList([RowConstraints()]),
-            "stopping_criteria": [RowStops()],
-            "pad_token_id": tok.pad_token_id,
-            "do_sample": s.temperature > 0,
-        }
-        if s.temperature > 0:
-            kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        if s.repetition_penalty != 1.0:
-            kwargs["repetition_penalty"] = s.repetition_penalty
-        with torch.inference_mode():
-            if s.seed is not None:
-                torch.manual_seed(s.seed)
-            out = self._hf.generate(**enc, **kwargs)
-        latency = time.perf_counter() - started
-
-        responses = []
+    def _response(
+        self, ids: list[int], n_prompt: int, limit: int, stop: tuple[str, ...], latency: float
+    ) -> ChatResponse:
+        """One row's generated ids as a response: cut at its end of sequence, its max_tokens
+        and its first stop string."""
+        tok = self._tokenizer
         eos = {tok.eos_token_id, tok.pad_token_id}
-        for i, p in enumerate(rows):
-            ids = out[i, prompt_len:].tolist()
-            n_prompt = int(enc["attention_mask"][i].sum())
-            # Rows stopped early by RowStops are padded (pad may equal eos) up to the batch end.
-            ended = next((j for j, t in enumerate(ids[: limits[i]]) if t in eos), None)
-            body = ids[: limits[i]] if ended is None else ids[:ended]
-            text = tok.decode(body, skip_special_tokens=True)
-            finish: Literal["stop", "length"] = "length" if ended is None else "stop"
-            cuts = [text.index(stop) for stop in p.sampling.stop if stop in text]
-            if cuts:
-                text, finish = text[: min(cuts)], "stop"
-            completion = len(body) + (1 if ended is not None else 0)
-            responses.append(
-                ChatResponse(
-                    text=text,
-                    finish_reason=finish,
-                    usage=Usage(prompt_tokens=n_prompt, completion_tokens=completion),
-                    latency_s=latency,
-                )
-            )
-        return responses
+        # Rows stopped early by RowStops are padded (pad may equal eos) up to the batch end.
+        ended = next((j for j, t in enumerate(ids[:limit]) if t in eos), None)
+        body = ids[:limit] if ended is None else ids[:ended]
+        text = tok.decode(body, skip_special_tokens=True)
+        finish: Literal["stop", "length"] = "length" if ended is None else "stop"
+        cuts = [text.index(s) for s in stop if s in text]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+        completion = len(body) + (1 if ended is not None else 0)
+        return ChatResponse(
+            text=text,
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=n_prompt, completion_tokens=completion),
+            latency_s=latency,
+        )
+
+
+def _sampling_kwargs(s: Sampling) -> dict[str, Any]:
+    """generate()'s sampling arguments: greedy at temperature 0, else nucleus sampling."""
+    kwargs: dict[str, Any] = {"do_sample": s.temperature > 0}
+    if s.temperature > 0:
+        kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=0)
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    if s.repetition_penalty != 1.0:
+        kwargs["repetition_penalty"] = s.repetition_penalty
+    return kwargs
+
+
+def _row_rules(
+    tok: Any,
+    processors: list[Any],
+    prompt_len: int,
+    limits: list[int],
+    stops: list[tuple[str, ...]],
+) -> tuple[Any, Any]:
+    """The per-row constraint (a logits processor) and stop rule (a stopping criterion) of one
+    batched generate(). They share `done`: once RowStops finishes a row, RowConstraints leaves
+    it alone."""
+    import torch
+    from transformers import LogitsProcessor, StoppingCriteria
+
+    done = [False] * len(limits)
+
+    class RowConstraints(LogitsProcessor):
+        """One outlines processor per row; finished rows are left alone."""
+
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            for i, proc in enumerate(processors):
+                if proc is not None and not done[i]:
+                    scores[i : i + 1] = proc(input_ids[i : i + 1], scores[i : i + 1])
+            return scores
+
+    class RowStops(StoppingCriteria):
+        """Per-row max_tokens and stop strings (HF's own rules are batch-wide)."""
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            generated = input_ids[:, prompt_len:]
+            flags = []
+            for i in range(len(limits)):
+                if not done[i]:
+                    n = generated.shape[1]
+                    hit_stop = bool(stops[i]) and any(
+                        s in tok.decode(generated[i, -16:]) for s in stops[i]
+                    )
+                    done[i] = n >= limits[i] or hit_stop
+                flags.append(done[i])
+            return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
+
+    return RowConstraints(), RowStops()

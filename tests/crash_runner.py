@@ -8,6 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from eval.config import ALL_CONDITIONS
 from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.pipeline import run_instance
 from eval.run import until_signalled
@@ -15,7 +16,7 @@ from eval.runner import RecordStore, run_keys
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
-CONDITIONS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
+CONDITIONS: list[str] = list(ALL_CONDITIONS)
 LIMIT = 10
 
 

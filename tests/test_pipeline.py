@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.config import ClarificationConfig, JudgeConfig
+from eval.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
 from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.diagnostics import clarification
 from eval.pipeline import run_instance
@@ -15,7 +15,7 @@ from eval.runner import RecordFileError, RecordStore, Shard, merge, run_keys
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
-CONDITIONS = ["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
+CONDITIONS: list[str] = list(ALL_CONDITIONS)
 SENTINEL = "SENTINEL-7f3a"
 
 

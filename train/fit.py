@@ -5,8 +5,8 @@ so DPO learns from the model's own questions. The result is written as a model c
 the weights (`clarifier.yaml`), which an experiment takes with one line:
 `cts run --set roles.clarifier.model=<output_dir>/clarifier.yaml`.
 
-TRL, peft and torch are imported inside `fit`: they are the `train` extra, and loading them
-would slow every other `cts` command.
+TRL, peft and torch are imported inside `fit` and its steps: they are the `train` extra, and
+loading them would slow every other `cts` command.
 """
 
 from __future__ import annotations
@@ -146,34 +146,93 @@ def fit(config: TrainConfig) -> FitResult:
     rows = read_rows(config.data_file(), config.method)
     output = config.resolved_output_dir()
     if not rows:
-        stats_path = output / "pairs_stats.json"
-        detail = (
-            no_data_message(json.loads(stats_path.read_text()), config)
-            if stats_path.is_file()
-            else "no rows"
-        )
-        raise FitError(f"{config.data_file()}: nothing to train on: {detail}")
+        raise _nothing_to_train_on(config, output)
+    _require_train_extra()
 
+    key, base = base_model(config)
+    base_path = base.resolved_path()
+    dtype, use_cpu, bf16, fp16 = _precision(config)
+    tokenizer = _load_tokenizer(base_path, base.revision)
+    data, dropped = _training_data(rows, config, tokenizer, dict(base.chat_template_kwargs))
+    model = _load_model(base_path, base.revision, dtype)
+    trainer = _trainer(config, model, tokenizer, data, output, use_cpu, bf16, fp16)
+    started = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - started
+
+    adapter_dir, checkpoint_dir = _save_weights(trainer, tokenizer, output, config.merge)
+    # The weights' fingerprint in the name: a retrained adapter is a new model to the
+    # response cache (keyed by served name for vLLM), never answered with the old one's replies.
+    name = f"{key}-{config.name}-{_weights_fingerprint(adapter_dir)}"
+    model_config = fine_tuned_config(base, name, output, config.merge, config.lora.r)
+    model_config_path = _write_model_config(model_config, base, config, output)
+    metrics = _metrics(
+        config,
+        base_path,
+        trainer,
+        result,
+        examples=len(data),
+        dropped_too_long=dropped,
+        seconds=seconds,
+        use_cpu=use_cpu,
+        dtype=dtype,
+    )
+    (output / "train_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    return FitResult(adapter_dir, checkpoint_dir, model_config_path, model_config, metrics)
+
+
+def _nothing_to_train_on(config: TrainConfig, output: Path) -> FitError:
+    """The error for an empty data file; the pairs step's stats, when there, say why it kept no
+    rows."""
+    stats_path = output / "pairs_stats.json"
+    detail = (
+        no_data_message(json.loads(stats_path.read_text()), config)
+        if stats_path.is_file()
+        else "no rows"
+    )
+    return FitError(f"{config.data_file()}: nothing to train on: {detail}")
+
+
+def _require_train_extra() -> None:
+    """Fail with one clear message, before any work, when the `train` extra is missing; the
+    steps below import what they use again (already loaded by then)."""
     try:
-        import torch
-        from datasets import Dataset
-        from peft import LoraConfig
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+        import torch  # noqa: F401
+        from datasets import Dataset  # noqa: F401
+        from peft import LoraConfig  # noqa: F401
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+        from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer  # noqa: F401
     except ImportError as e:
         raise FitError(
             f"training needs the `train` extra ({e.name} is missing): "
             'pip install "clarify-then-search[train]"'
         ) from None
 
-    key, base = base_model(config)
-    base_path = base.resolved_path()
-    template_kwargs = dict(base.chat_template_kwargs)
-    dtype, use_cpu, bf16, fp16 = _precision(config)
 
-    tokenizer = AutoTokenizer.from_pretrained(base_path, revision=base.revision)
+def _load_tokenizer(path: str, revision: str | None) -> Any:
+    """The base's tokenizer, padding with EOS where it has no pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _load_model(path: str, revision: str | None, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype)
+
+
+def _training_data(
+    rows: list[dict[str, Any]],
+    config: TrainConfig,
+    tokenizer: Any,
+    template_kwargs: dict[str, Any],
+) -> tuple[list[dict[str, Any]], int]:
+    """The rows TRL trains on, without those longer than max_length; and how many were
+    dropped."""
     data = _dataset_rows(rows, config.method, template_kwargs)
     too_long = set(_too_long(data, tokenizer, config.max_length, template_kwargs))
     data = [row for i, row in enumerate(data) if i not in too_long]
@@ -182,15 +241,14 @@ def fit(config: TrainConfig) -> FitResult:
             f"{config.where('max_length')}: all {len(too_long)} row(s) are longer than "
             f"max_length={config.max_length} tokens; raise it"
         )
-    model = AutoModelForCausalLM.from_pretrained(base_path, revision=base.revision, dtype=dtype)
-    lora = LoraConfig(
-        r=config.lora.r,
-        lora_alpha=config.lora.alpha,
-        lora_dropout=config.lora.dropout,
-        target_modules=config.lora.target_modules,
-        task_type="CAUSAL_LM",
-    )
-    common: dict[str, Any] = {
+    return data, len(too_long)
+
+
+def _trainer_args(
+    config: TrainConfig, output: Path, use_cpu: bool, bf16: bool, fp16: bool
+) -> dict[str, Any]:
+    """The arguments DPOConfig and SFTConfig share."""
+    return {
         # Checkpoints during training are not kept: the adapter is saved once at the end.
         "output_dir": str(output / "trainer"),
         "save_strategy": "no",
@@ -208,56 +266,89 @@ def fit(config: TrainConfig) -> FitResult:
         "bf16": bf16,
         "fp16": fp16,
     }
+
+
+def _trainer(
+    config: TrainConfig,
+    model: Any,
+    tokenizer: Any,
+    data: list[dict[str, Any]],
+    output: Path,
+    use_cpu: bool,
+    bf16: bool,
+    fp16: bool,
+) -> Any:
+    """TRL's DPO or SFT trainer over the base model with a fresh LoRA adapter."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+    lora = LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=config.lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    common = _trainer_args(config, output, use_cpu, bf16, fp16)
     dataset = Dataset.from_list(data)
-    trainer: Any
     if config.method == "dpo":
-        trainer = DPOTrainer(
+        return DPOTrainer(
             model=model,
             args=DPOConfig(**common, beta=config.beta),
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=lora,
         )
-    else:
-        trainer = SFTTrainer(
-            model=model,
-            args=SFTConfig(**common, completion_only_loss=True),
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=lora,
-        )
-    started = time.perf_counter()
-    result = trainer.train()
-    seconds = time.perf_counter() - started
+    return SFTTrainer(
+        model=model,
+        args=SFTConfig(**common, completion_only_loss=True),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
 
+
+def _save_weights(
+    trainer: Any, tokenizer: Any, output: Path, merge: bool
+) -> tuple[Path, Path | None]:
+    """Save the adapter (and, to merge, the merged checkpoint) with the tokenizer beside it;
+    their directories."""
     with contextlib.suppress(OSError):
         (output / "trainer").rmdir()  # TRL's working dir, empty as nothing is checkpointed
     trained = trainer.accelerator.unwrap_model(trainer.model)
     adapter_dir = output / "adapter"
     trained.save_pretrained(adapter_dir)
     tokenizer.save_pretrained(adapter_dir)
-    checkpoint_dir = None
-    if config.merge:
-        checkpoint_dir = output / "checkpoint"
-        merged = trained.merge_and_unload()
-        # Gradient checkpointing turns the KV cache off in the config; generation wants it.
-        merged.config.use_cache = True
-        merged.save_pretrained(checkpoint_dir)
-        tokenizer.save_pretrained(checkpoint_dir)
+    if not merge:
+        return adapter_dir, None
+    checkpoint_dir = output / "checkpoint"
+    merged = trained.merge_and_unload()
+    # Gradient checkpointing turns the KV cache off in the config; generation wants it.
+    merged.config.use_cache = True
+    merged.save_pretrained(checkpoint_dir)
+    tokenizer.save_pretrained(checkpoint_dir)
+    return adapter_dir, checkpoint_dir
 
-    # The weights' fingerprint in the name: a retrained adapter is a new model to the
-    # response cache (keyed by served name for vLLM), never answered with the old one's replies.
+
+def _weights_fingerprint(adapter_dir: Path) -> str:
+    """The first 8 hex digits of the SHA-256 of the adapter's weights."""
     digest = hashlib.sha256()
     for weights in sorted(adapter_dir.glob("*.safetensors")):
         digest.update(weights.read_bytes())
-    name = f"{key}-{config.name}-{digest.hexdigest()[:8]}"
-    model_config = fine_tuned_config(base, name, output, config.merge, config.lora.r)
-    model_config_path = output / "clarifier.yaml"
+    return digest.hexdigest()[:8]
+
+
+def _write_model_config(
+    model_config: ModelConfig, base: ModelConfig, config: TrainConfig, output: Path
+) -> Path:
+    """Write clarifier.yaml, headed by what it is and how to use it; its path."""
+    path = output / "clarifier.yaml"
     header = (
         f"# {config.method.upper()} fine-tune of {base.name} ({config.path or 'train config'}).\n"
-        f"# Use it: cts run --set roles.clarifier.model={model_config_path.resolve()}\n"
+        f"# Use it: cts run --set roles.clarifier.model={path.resolve()}\n"
     )
-    model_config_path.write_text(
+    path.write_text(
         header
         + yaml.safe_dump(
             # Defaults left out: the file reads like a hand-written model config.
@@ -266,17 +357,34 @@ def fit(config: TrainConfig) -> FitResult:
             allow_unicode=True,
         )
     )
+    return path
+
+
+def _metrics(
+    config: TrainConfig,
+    base_path: str,
+    trainer: Any,
+    result: Any,
+    *,
+    examples: int,
+    dropped_too_long: int,
+    seconds: float,
+    use_cpu: bool,
+    dtype: Any,
+) -> dict[str, Any]:
+    """train_metrics.json: what was trained on, how, the losses logged and the config."""
+    import torch
 
     log = [
         {k: v for k, v in entry.items() if isinstance(v, (int, float))}
         for entry in trainer.state.log_history
         if "loss" in entry
     ]
-    metrics = {
+    return {
         "method": config.method,
         "base_model": base_path,
-        "examples": len(data),
-        "dropped_too_long": len(too_long),
+        "examples": examples,
+        "dropped_too_long": dropped_too_long,
         "steps": result.global_step,
         "epochs": config.epochs,
         "train_loss": result.training_loss,
@@ -288,5 +396,3 @@ def fit(config: TrainConfig) -> FitResult:
         "log": log,
         "train_config": config.model_dump(mode="json"),
     }
-    (output / "train_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-    return FitResult(adapter_dir, checkpoint_dir, model_config_path, model_config, metrics)
