@@ -27,6 +27,7 @@ from eval.run import build_golden, finish_golden
 from eval.run_dir import RunDir
 from eval.runner import MergeReport
 from serving.serve import ServeOptions
+from serving.yaml_config import Override
 
 app = typer.Typer(
     help="Golden construction (once per dataset): WebDancer on each fused query, its trace "
@@ -62,7 +63,8 @@ def build(
     that trace showed (corpus doc ids, or URLs with web search). Resumes like `cts run`; a
     sharded build is finished by `cts golden merge`. The result, OUTPUT_DIR/dataset.jsonl, is
     the dataset with `golden` filled in: point an experiment's dataset.path at it."""
-    overrides = [*set_, *([f"dataset.limit={limit}"] if limit is not None else [])]
+    limited = [Override(("dataset", "limit"), limit, "--limit")] if limit is not None else []
+    overrides: list[str | Override] = [*set_, *limited]
     part = shard_of(shard)
     resolved = load_experiment(config, overrides)
     run = RunDir(output_dir or resolved.golden_dir())

@@ -29,6 +29,7 @@ from eval.run import merge_run, run_experiment
 from eval.run_dir import RunDir
 from eval.search_agent import open_agent
 from serving.serve import ServeOptions
+from serving.yaml_config import Override
 from webdancer.agent import AgentResult
 
 app = typer.Typer()
@@ -66,7 +67,8 @@ def run(
     --retry-failed. With --serve (what the Slurm jobs use) the models whose engine
     is `openai` are served by vLLM for the run; if a server dies the run stops (exit 1) with
     its finished records kept."""
-    overrides = [*set_, *([f"dataset.limit={limit}"] if limit is not None else [])]
+    limited = [Override(("dataset", "limit"), limit, "--limit")] if limit is not None else []
+    overrides: list[str | Override] = [*set_, *limited]
     resolved = load_experiment(config, overrides)
     part = shard_of(shard)
     run_dir = RunDir(output_dir or resolved.output_dir())
@@ -127,7 +129,8 @@ def search(
     """Run the WebDancer agent on one question with the configured searcher and tools.
 
     Prints the answer, why the run ended, and the documents the tools showed the model."""
-    resolved = load_experiment(config, [*set_, *(["search.offline=true"] if tools_offline else [])])
+    offline = [Override(("search", "offline"), True, "--tools-offline")] if tools_offline else []
+    resolved = load_experiment(config, [*set_, *offline])
 
     async def go() -> AgentResult:
         async with (

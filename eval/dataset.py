@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eval.schema import CONSTRAINT_TYPES, CorpusDocument, Instance, known_language
 from webdancer.corpus import Problem, ProblemsError, check_corpus
@@ -64,7 +64,8 @@ class DatasetSource(BaseModel):
     #: `sample` (the shipped benchmark), a file, a folder, or a `datasets` hub id.
     path: str = "sample"
     split: str | None = "dev"
-    limit: int | None = None
+    #: Only the first N instances (None: all of them).
+    limit: int | None = Field(None, ge=1)
     #: Our field → the dataset's column (dotted for nested: `intent.full`).
     field_map: dict[str, str] = {}
     gold: GoldTable | None = None

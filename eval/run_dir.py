@@ -15,15 +15,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel
 
 from eval.config import ExperimentConfig, ResolvedExperiment
-from eval.runner import Shard
 from serving.model_config import ModelConfig
 from serving.yaml_config import load_config
+
+if TYPE_CHECKING:  # the runner keeps its records here: it imports this module
+    from eval.runner import Shard
 
 
 class RunDirError(FileNotFoundError):
@@ -47,6 +49,10 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.root / "config.yaml"
+
+    @property
+    def records(self) -> Path:
+        return self.root / "records"
 
     @property
     def traces(self) -> Path:

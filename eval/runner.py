@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from eval.run_dir import RunDir
 from eval.schema import Instance, Record
 
 Key = tuple[str, str, int]
@@ -81,7 +82,7 @@ def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
 
 class RecordStore:
     def __init__(self, run_dir: Path) -> None:
-        self.root = run_dir / "records"
+        self.root = RunDir(run_dir).records
         self._lock = threading.Lock()
 
     def path(self, condition: str, shard: Shard) -> Path:
