@@ -58,7 +58,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (Stopped, "", 130),
 ]
 _AFTER = {
-    ServerError: "\nevery server was stopped; finished records are kept",
+    ServerError: "\nevery server was stopped (a run keeps its finished records and resumes)",
     Stopped: " while starting the servers: all stopped",
 }
 
