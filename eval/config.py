@@ -5,6 +5,7 @@ budgets, concurrency, seeds and output dir; validated, with `--set` overrides.
 from __future__ import annotations
 
 import os
+import string
 import subprocess
 from collections.abc import Sequence
 from importlib import metadata
@@ -179,6 +180,29 @@ class CacheConfig(_Strict):
         return expand_path(self.path)
 
 
+def check_template(template: str, fields: Sequence[str]) -> str:
+    """`template` if it is text with only plain `{field}`s of `fields` (and `{{`/`}}`). It is
+    filled with str.format, which would also evaluate attribute and index access
+    (`{name.__class__}`), so anything more than a plain field name is refused here, at load
+    time, instead of failing (or leaking) when a run directory is made."""
+    allowed = ", ".join(f"{{{f}}}" for f in fields)
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"{template!r}: {e} (write {{{{ or }}}} for a literal brace)") from None
+    for _, field, spec, conversion in parts:
+        if field is None:
+            continue
+        if field not in fields or spec or conversion:
+            shown = "{" + field + (f"!{conversion}" if conversion else "")
+            shown += (f":{spec}" if spec else "") + "}"
+            raise ValueError(
+                f"{template!r}: {shown} is not a template field; use only {allowed} (no attribute, "
+                "index, conversion or format spec)"
+            )
+    return template
+
+
 class ExperimentConfig(_Strict):
     name: str
     description: str = ""
@@ -199,6 +223,20 @@ class ExperimentConfig(_Strict):
     concurrency: int = Field(4, ge=1)
     output_dir: str = "runs/{name}"
     cache: CacheConfig = CacheConfig()
+
+    @field_validator("seeds", "conditions")
+    @classmethod
+    def _no_duplicates(cls, values: list[Any]) -> list[Any]:
+        # A key listed twice would run twice and `merge` would report it duplicated forever.
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"duplicate value(s) {', '.join(repeated)}; list each once")
+        return values
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_fields(cls, template: str) -> str:
+        return check_template(template, ("name", "clarifier"))
 
     @field_validator("golden")
     @classmethod
@@ -307,9 +345,10 @@ class ResolvedExperiment(BaseModel):
         directories, runs/<name>-golden."""
         return self.output_dir().parent / f"{self.experiment.name}-golden"
 
-    def to_yaml(self) -> str:
-        """The resolved config, with versions and git sha, as a run directory records it."""
-        doc = {
+    def to_yaml(self, fingerprint: dict[str, str] | None = None) -> str:
+        """The resolved config, with versions and git sha, as a run directory records it (with
+        the `fingerprint` of what else its records depend on)."""
+        doc: dict[str, Any] = {
             # None is kept: `split: null` must not read back as the default split.
             "experiment": self.experiment.model_dump(mode="json"),
             "models": {
@@ -322,6 +361,8 @@ class ResolvedExperiment(BaseModel):
             },
             "versions": versions(),
         }
+        if fingerprint:
+            doc["fingerprint"] = fingerprint
         return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
 
 

@@ -75,16 +75,35 @@ class DatasetSource(BaseModel):
 
 # -- reading rows ---------------------------------------------------------------------------------
 
+#: Text files are read with errors="surrogateescape", so that a bad byte is reported on its
+#: line (instead of a UnicodeDecodeError for the whole file); it reads as U+DC80..U+DCFF.
+_BAD_BYTE = re.compile("[\udc80-\udcff]")
+#: json.loads raises RecursionError (not JSONDecodeError) for JSON nested ~1000 deep.
+_TOO_DEEP = "malformed JSON: nested too deeply"
+
+
+def _utf8_error(text: str) -> str | None:
+    """Why `text` (read with surrogateescape) is not valid UTF-8, or None."""
+    bad = _BAD_BYTE.search(text)
+    return None if bad is None else f"not valid UTF-8 (byte 0x{ord(bad.group()) - 0xDC00:02x})"
+
 
 def _jsonl_rows(path: Path) -> Iterator[Row]:
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
+                continue
+            bad = _utf8_error(line)
+            if bad is not None:
+                yield Row(str(path), n, None, bad)
                 continue
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as e:
                 yield Row(str(path), n, None, f"malformed JSON: {e.msg} (column {e.colno})")
+                continue
+            except RecursionError:
+                yield Row(str(path), n, None, _TOO_DEEP)
                 continue
             if not isinstance(data, dict):
                 yield Row(str(path), n, None, f"expected a JSON object, got {type(data).__name__}")
@@ -94,11 +113,19 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
 
 def _json_rows(path: Path) -> Iterator[Row]:
     """A JSON array of objects (or {"data"|"instances": [...]}), with each object's line."""
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    bad = _BAD_BYTE.search(text)
+    if bad is not None:
+        line = text.count("\n", 0, bad.start()) + 1
+        yield Row(str(path), line, None, _utf8_error(bad.group()))
+        return
     try:
         whole = json.loads(text)
     except json.JSONDecodeError as e:
         yield Row(str(path), e.lineno, None, f"malformed JSON: {e.msg} (column {e.colno})")
+        return
+    except RecursionError:
+        yield Row(str(path), 1, None, _TOO_DEEP)
         return
     if isinstance(whole, dict):
         key = next(
@@ -129,9 +156,25 @@ def _json_rows(path: Path) -> Iterator[Row]:
         yield Row(str(path), line, item)
 
 
+def _csv_header_error(header: list[str]) -> str | None:
+    """Why a CSV header cannot name the columns, or None."""
+    bad = _utf8_error("".join(header))
+    if bad is not None:
+        return f"malformed CSV header: {bad}"
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            # Rows become dicts, so a repeated column would silently keep its last cell.
+            return f"malformed CSV header: duplicate column {name!r}"
+        seen.add(name)
+    return None
+
+
 def _csv_rows(path: Path) -> Iterator[Row]:
     delimiter = "\t" if path.suffix == ".tsv" else ","
-    with path.open(encoding="utf-8", newline="") as f:
+    # utf-8-sig: spreadsheet exports often begin with a BOM, which would stick to the first
+    # column's name ("\ufeffid") and make every row's id "missing".
+    with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         try:
             header = next(reader)
@@ -139,6 +182,10 @@ def _csv_rows(path: Path) -> Iterator[Row]:
             return
         except csv.Error as e:
             yield Row(str(path), 1, None, f"malformed CSV header: {e}")
+            return
+        header_error = _csv_header_error(header)
+        if header_error is not None:
+            yield Row(str(path), 1, None, header_error)
             return
         while True:
             start = reader.line_num + 1
@@ -150,6 +197,10 @@ def _csv_rows(path: Path) -> Iterator[Row]:
                 yield Row(str(path), start, None, f"malformed CSV row: {e}")
                 continue
             if not any(c.strip() for c in cells):
+                continue
+            bad = _utf8_error("".join(cells))
+            if bad is not None:
+                yield Row(str(path), start, None, bad)
                 continue
             if len(cells) != len(header):
                 yield Row(
@@ -168,9 +219,17 @@ def _table_rows(label: str, records: Iterable[dict[str, Any]]) -> Iterator[Row]:
 
 
 def _parquet_rows(path: Path) -> Iterator[Row]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    yield from _table_rows(str(path), pq.read_table(path).to_pylist())
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        # A file named .parquet that is not one (or is truncated): a problem, not a traceback.
+        raise DatasetError(
+            [Problem(str(path), None, "<file>", f"not a readable Parquet file: {e}")]
+        ) from e
+    yield from _table_rows(str(path), table.to_pylist())
 
 
 def _hf_rows(source: str, split: str | None) -> Iterator[Row]:
@@ -226,9 +285,14 @@ def _maybe_json(value: Any) -> Any:
     if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
         try:
             return json.loads(value)
-        except json.JSONDecodeError:
-            return value
+        except (json.JSONDecodeError, RecursionError):
+            return value  # kept as text: validation reports the field
     return value
+
+
+def _blank(value: Any) -> bool:
+    """An empty (or all-space) text cell, which means "absent"."""
+    return isinstance(value, str) and not value.strip()
 
 
 _INSTANCE_FIELDS = set(Instance.model_fields)
@@ -239,7 +303,8 @@ def adapt_instance(data: dict[str, Any], field_map: dict[str, str]) -> dict[str,
     """Rename mapped columns, parse JSON-in-cells, and keep unknown columns under `meta`."""
     mapped_sources = {source.split(".")[0] for source in field_map.values()}
     out: dict[str, Any] = {ours: _get(data, theirs) for ours, theirs in field_map.items()}
-    meta = dict(_maybe_json(data.get("meta")) or {}) if "meta" not in field_map else {}
+    given = _maybe_json(data.get("meta")) if "meta" not in field_map else None
+    meta = dict(given) if isinstance(given, dict) else {}
     for key, value in data.items():
         if key in out or key in mapped_sources or key == "meta":
             continue
@@ -247,7 +312,9 @@ def adapt_instance(data: dict[str, Any], field_map: dict[str, str]) -> dict[str,
             out[key] = value
         elif value not in (None, ""):
             meta[key] = value
-    if meta:
+    if given is not None and not isinstance(given, dict) and not _blank(given):
+        out["meta"] = given  # not an object: the schema reports `meta` for this row
+    elif meta:
         out["meta"] = meta
     for key in ("golden", "removed_constraints"):
         out[key] = _maybe_json(out.get(key))
@@ -470,6 +537,9 @@ def check_source(source: DatasetSource) -> Checked:
     ids = corpus_ids(corpus) if corpus else None
     label = f"corpus {corpus_path(corpus)}" if corpus else "the corpus"
     checked = check_instances(_source_rows(source), source.field_map, gold, ids, label)
+    if not checked.instances and not checked.problems:
+        # No rows at all (an empty file, a header only): not "OK", and not an empty run.
+        checked.problems.append(Problem(source.path, None, "<dataset>", "no instances"))
     checked.problems = gold_problems + checked.problems
     return checked
 

@@ -29,6 +29,7 @@ from eval.config import ClarificationConfig
 from eval.schema import Instance
 from serving.engine import ChatModel
 from serving.errors import EngineError
+from serving.secrets import redact
 from serving.types import Sampling
 from webdancer.tool_cache import ToolCacheMiss
 
@@ -292,4 +293,4 @@ def _fingerprint(
 def failure(error: EngineError | ToolCacheMiss, stage: str) -> dict[str, str]:
     """The {kind, stage, message} a record or dialogue keeps of a failed stage."""
     kind = error.kind if isinstance(error, EngineError) else "tool_cache_miss"
-    return {"kind": kind, "stage": stage, "message": str(error)[:2000]}
+    return {"kind": kind, "stage": stage, "message": redact(str(error))[:2000]}

@@ -6,7 +6,9 @@ bound, and of golden construction's `golden` key, whose trace the nugget builder
 from __future__ import annotations
 
 import json
+import logging
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,9 +23,12 @@ from eval.metrics import Label, restore_score
 from eval.schema import Instance, Nugget, Record
 from serving.engine import ChatModel
 from serving.errors import EngineError
+from serving.secrets import redact
 from serving.types import Sampling
 from webdancer.agent import AgentResult, WebDancerAgent
 from webdancer.tool_cache import ToolCacheMiss
+
+logger = logging.getLogger(__name__)
 
 
 def clarify_turns(condition: str) -> int | None:
@@ -60,8 +65,8 @@ class SearchFailed(Exception):
 
 @contextmanager
 def _stage(name: str) -> Iterator[None]:
-    """The one place where a failure in a stage becomes the record's error. Anything else (a
-    bug, a cancelled run) propagates: a key must never be recorded as a silent failure."""
+    """The one place where a failure in a stage becomes the record's error. A cancelled run
+    (CancelledError, a BaseException) propagates: its keys stay unrecorded and resume."""
     try:
         yield
     except (EngineError, ToolCacheMiss) as e:
@@ -70,6 +75,21 @@ def _stage(name: str) -> Iterator[None]:
         raise StageFailed({"kind": "search_error", "stage": name, "message": str(e)}) from e
     except NoEvidence as e:
         raise StageFailed({"kind": "no_evidence", "stage": name, "message": str(e)}) from e
+    except StageFailed:
+        raise
+    except Exception as e:
+        # Not a failure the protocol knows (a bug, a corrupt cache row, a parser's recursion
+        # limit on a hostile page). One key must not cancel the keys in flight, nor every
+        # resume (its cached inputs would replay it): it is recorded, loudly, as `internal`.
+        logger.exception("internal error at stage %s", name)
+        raise StageFailed(
+            {
+                "kind": "internal",
+                "stage": name,
+                "message": redact(f"{type(e).__name__}: {e}")[:500],
+                "traceback": redact("".join(traceback.format_exception(e)))[-4000:],
+            }
+        ) from e
 
 
 async def run_instance(
@@ -209,6 +229,7 @@ def _write_trace(trace_dir: Path, record: Record, trace: dict[str, Any]) -> str:
     path = trace_dir / name
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(trace, ensure_ascii=False, indent=1))
+    # Tool errors in the trace quote what a backend said, which may hold a key.
+    partial.write_text(redact(json.dumps(trace, ensure_ascii=False, indent=1)))
     partial.replace(path)
     return name

@@ -22,6 +22,7 @@ from eval.config import ResolvedExperiment
 from eval.dataset import load_instances
 from eval.dialogue import Clarification, DialogueStore
 from eval.engines import open_engines
+from eval.fingerprint import fingerprint
 from eval.golden import GOLDEN, GoldenReport, golden_dataset
 from eval.pipeline import PipelineContext, clarify_turns, run_instance
 from eval.report import write_report
@@ -137,7 +138,14 @@ async def _run(
             disable=not show_progress,
         ) as progress:
             bar = progress.add_task(experiment.name, total=total, failed=0)
-            already = sum(not (retry_failed and r.error) for r in store.completed(shard).values())
+            # Done in any shard file of the run, as `run_keys` counts them (the shard count
+            # may have changed since).
+            mine = {i.id for i in shard.select(instances)}
+            already = sum(
+                not (retry_failed and r.error)
+                for key, r in store.completed().items()
+                if key[0] in mine and key[1] in conditions and key[2] in seeds
+            )
             progress.update(bar, completed=already)
             failed = 0
 
@@ -179,11 +187,14 @@ def _run_into(
 ) -> RunResult:
     """Record `keys` (conditions, seeds) for the shard's instances into `run_dir`; with
     `report`, a whole finished run also gets its summary and report."""
-    instances = load_instances(resolved.experiment.dataset)
+    dataset = resolved.experiment.dataset
+    # The whole dataset is fingerprinted, so that a resume may raise or lower the limit.
+    everything = load_instances(dataset.model_copy(update={"limit": None}))
+    instances = everything[: dataset.limit] if dataset.limit else everything
     if "oracle" in keys[0]:
         _check_golden_seeds(resolved, instances)
     run = RunDir(run_dir)
-    run.write_config(resolved)
+    run.write_config(resolved, fingerprint(everything))
     started = time.perf_counter()
     outcome, stats, cache = asyncio.run(
         _run(resolved, run, instances, keys, shard, show_progress, watch, retry_failed)

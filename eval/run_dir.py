@@ -21,8 +21,9 @@ import yaml
 from pydantic import BaseModel
 
 from eval.config import ExperimentConfig, ResolvedExperiment
+from eval.fingerprint import changes, results_view
 from serving.model_config import ModelConfig
-from serving.yaml_config import load_config
+from serving.yaml_config import ConfigError, load_config
 
 if TYPE_CHECKING:  # the runner keeps its records here: it imports this module
     from eval.runner import Shard
@@ -40,6 +41,8 @@ class _RunConfig(BaseModel):
     #: Where the experiment and each model config were read from ("inline": the experiment).
     sources: dict[str, Any] = {}
     versions: dict[str, str | None] = {}
+    #: Digests of the dataset and prompts the records were made with (eval/fingerprint.py).
+    fingerprint: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -107,13 +110,33 @@ class RunDir:
     def golden_summary(self) -> Path:
         return self.root / "golden_summary.json"
 
-    def write_config(self, resolved: ResolvedExperiment) -> None:
-        """Record the experiment the run uses. Shards of one run write it at once: each replaces
-        the file whole, never half-written."""
+    def write_config(
+        self, resolved: ResolvedExperiment, fingerprint: dict[str, str] | None = None
+    ) -> None:
+        """Record the experiment the run uses. A run directory that already holds a config is
+        resumed only with one its records could have come from (ConfigError listing what
+        changed, before anything is written). Shards of one run write it at once: each
+        replaces the file whole, never half-written."""
+        text = resolved.to_yaml(fingerprint)
+        if self.config.is_file():
+            self._refuse_other_results(yaml.safe_load(text))
         self.root.mkdir(parents=True, exist_ok=True)
         partial = self.config.with_name(f"config.yaml.{os.getpid()}.partial")
-        partial.write_text(resolved.to_yaml())
+        partial.write_text(text)
         partial.replace(self.config)
+
+    def _refuse_other_results(self, new: dict[str, Any]) -> None:
+        old = yaml.safe_load(self.config.read_text())
+        if not isinstance(old, dict):
+            raise ConfigError(f"{self.config}: not a run's config.yaml; move it aside")
+        changed = changes(results_view(old), results_view(new))
+        if changed:
+            raise ConfigError(
+                f"{self.config}: this run directory holds records made with another "
+                "configuration; resuming would mix the two. What changed:\n  "
+                + "\n  ".join(changed)
+                + "\nRun into another --output-dir, or move this one aside."
+            )
 
     def read_config(self) -> ResolvedExperiment:
         """The experiment the records were made with; RunDirError when there is none,

@@ -2,9 +2,10 @@
 
 Each finished record is one JSONL line appended with flush + fsync to
 records/<condition>/shard-<i>-of-<n>.jsonl, so a kill loses at most the line being written; a
-torn last line is dropped on the next start, and resume (the default) skips every key already
-recorded. `--shard i/n` takes the instances whose position in the dataset is i modulo n; `merge`
-checks that every key is present exactly once across shards.
+torn last line is skipped by readers and cut off only by that shard's next writer, and resume
+(the default) skips every key already recorded in any shard file. `--shard i/n` takes the
+instances whose position in the dataset is i modulo n; `merge` checks that every key is present
+exactly once across shards.
 """
 
 from __future__ import annotations
@@ -99,16 +100,22 @@ class RecordStore:
                 os.fsync(f.fileno())
 
     def read(self, path: Path) -> list[Record]:
-        """Every complete record of one file; a torn last line (a crash mid-write) is cut off
-        so the next append starts on a fresh line."""
+        """Every complete record of one file; a torn last line (a crash mid-write) is skipped.
+        Reading never writes: the file may be a live writer's shard, or read-only."""
         if not path.is_file():
             return []
+        return parse_records(path, path.read_bytes())[0]
+
+    def repair(self, path: Path) -> None:
+        """Cut a torn last line off a file this process is about to append to, so the next
+        record starts on a fresh line. Only a shard's own writer may call it (see run_keys)."""
+        if not path.is_file():
+            return
         data = path.read_bytes()
-        records, complete = parse_records(path, data)
+        complete = parse_records(path, data)[1]
         if complete < len(data):
-            with path.open("r+b") as f:
+            with self._lock, path.open("r+b") as f:
                 f.truncate(complete)
-        return records
 
     def all_files(self) -> list[Path]:
         return sorted(self.root.glob("*/shard-*.jsonl"))
@@ -155,20 +162,19 @@ async def run_keys(
 ) -> RunOutcome:
     """Run every key of this shard not recorded yet (and, with `retry_failed`, every key whose
     record is a failure); return counts. Cancelling (Ctrl-C, SIGTERM) stops in-flight keys;
-    finished ones are already on disk."""
+    finished ones are already on disk. A key recorded in any shard file counts as done, so a
+    run resumed with another shard count re-runs nothing."""
+    conditions, seeds = list(conditions), list(seeds)
+    # This process is the only writer of its shard's files: it alone repairs a torn tail
+    # left by its crashed predecessor, before appending after it.
+    for condition in conditions:
+        store.repair(store.path(condition, shard))
     done = {
-        key: r
-        for key, r in store.completed(shard).items()
-        if not (retry_failed and r.error is not None)
+        key: r for key, r in store.completed().items() if not (retry_failed and r.error is not None)
     }
-    todo = [
-        (inst, c, s)
-        for inst in shard.select(instances)
-        for c in conditions
-        for s in seeds
-        if (inst.id, c, s) not in done
-    ]
-    outcome = RunOutcome(skipped=len(done))
+    keys = [(inst, c, s) for inst in shard.select(instances) for c in conditions for s in seeds]
+    todo = [(inst, c, s) for inst, c, s in keys if (inst.id, c, s) not in done]
+    outcome = RunOutcome(skipped=len(keys) - len(todo))
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(instance: Instance, condition: str, seed: int) -> None:

@@ -5,9 +5,11 @@ and is re-exported here."""
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from agents.question_type import QUESTION_TYPES, QuestionType
 from webdancer.corpus import CorpusDocument, known_language
@@ -48,6 +50,45 @@ class Golden(_Data):
     seed: int | None = None
 
 
+#: Trace files are named `<id>-seed<n>.json`; with this many bytes the name stays under the
+#: 255-byte limit of common file systems.
+MAX_ID_BYTES = 200
+
+
+def _unsafe_id(value: str) -> str | None:
+    """Why `value` cannot name a file inside a run directory, or None. Ids become file names
+    (traces), so a separator, `.`/`..`, NUL or a control character could write elsewhere."""
+    if "/" in value or "\\" in value:
+        return "must not contain a path separator ('/' or '\\')"
+    if value in (".", ".."):
+        return f"must not be {value!r}"
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        return "must not contain NUL or control characters"
+    if len(value.encode("utf-8")) > MAX_ID_BYTES:
+        return f"must be at most {MAX_ID_BYTES} UTF-8 bytes"
+    return None
+
+
+#: How deep `meta` may nest: pydantic refuses to serialize much deeper values (~255 levels),
+#: which would fail a run at its start (the dataset digest), not at validation.
+MAX_META_DEPTH = 100
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and mappings nest in `value`, counted without recursion (a hostile
+    value must not raise RecursionError here)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, (list, tuple)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_META_DEPTH:  # deeper than that is already too deep
+                stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
 class Instance(_Data):
     id: str = Field(min_length=1)
     #: q: the underspecified query the user typed.
@@ -58,6 +99,22 @@ class Instance(_Data):
     removed_constraints: list[ConstraintType] = []
     golden: Golden | None = None
     meta: dict[str, Any] = {}
+
+    @field_validator("id")
+    @classmethod
+    def _safe_id(cls, value: str) -> str:
+        reason = _unsafe_id(value)
+        if reason is not None:
+            # A custom error keeps the message free of pydantic's "Value error, " prefix.
+            raise PydanticCustomError("unsafe_id", reason)
+        return value
+
+    @field_validator("meta")
+    @classmethod
+    def _shallow_meta(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if _depth(value) > MAX_META_DEPTH:
+            raise PydanticCustomError("too_deep", f"nested more than {MAX_META_DEPTH} levels deep")
+        return value
 
 
 class Record(BaseModel):

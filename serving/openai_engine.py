@@ -9,7 +9,6 @@ constrained answer anyway.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from typing import Any, Literal
@@ -18,6 +17,7 @@ import httpx
 
 from serving.engine import Engine
 from serving.errors import EngineError, EngineUnavailable
+from serving.secrets import redact, secret_from_env
 from serving.types import (
     ChatRequest,
     ChatResponse,
@@ -76,7 +76,7 @@ class OpenAIEngine(Engine):
         self.chat_template_kwargs = chat_template_kwargs or {}
         headers = {}
         if api_key_env:
-            key = os.environ.get(api_key_env)
+            key = secret_from_env(api_key_env)
             if not key:
                 raise EngineError(f"{model}: environment variable {api_key_env} is not set")
             headers["Authorization"] = f"Bearer {key}"
@@ -136,12 +136,13 @@ class OpenAIEngine(Engine):
                 last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 continue
             if reply.status_code in _RETRYABLE_STATUS:
-                last_error = f"HTTP {reply.status_code}: {reply.text[:300]}"
+                # A server may echo the request's headers in its error body.
+                last_error = f"HTTP {reply.status_code}: {redact(reply.text[:300])}"
                 continue
             if reply.status_code != 200:
                 raise EngineError(
                     f"{self.url} (model {self.model}) refused the request: "
-                    f"HTTP {reply.status_code}: {reply.text[:500]}"
+                    f"HTTP {reply.status_code}: {redact(reply.text[:500])}"
                 )
             return self._response(reply.json(), time.perf_counter() - started)
         raise EngineUnavailable(

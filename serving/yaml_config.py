@@ -43,11 +43,30 @@ def _key_lines(node: yaml.Node, prefix: Key = ()) -> dict[Key, int]:
     return lines
 
 
+def _refuse_aliases(text: str, path: Path) -> None:
+    """ConfigError at the first alias (`*name`). Configs never need anchors, and an alias
+    "bomb" (anchors referenced many times per level) makes the composed tree exponential to
+    walk; the event stream is scanned before anything is composed, so it stays linear."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            line = event.start_mark.line + 1 if event.start_mark else "?"
+            raise ConfigError(
+                f"{path}:{line}: YAML aliases (*{event.anchor}) are not allowed in configs"
+            )
+
+
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[Key, int]]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text()
+    raw = path.read_bytes()
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        # A traceback would not say which config file, nor where in it.
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[e.start]:02x})") from e
+    try:
+        _refuse_aliases(text, path)
         data = yaml.safe_load(text)
         node = yaml.compose(text)
     except yaml.YAMLError as e:

@@ -165,3 +165,22 @@ def test_concurrency_is_bounded(server):
     asyncio.run(go())
     assert len(script.bodies) == 6
     assert script.peak == 2
+
+
+@pytest.mark.parametrize("status", [400, 503])
+def test_a_server_echoing_the_api_key_never_puts_it_in_an_error(server, monkeypatch, status):
+    """Error bodies are copied into records and dialogues: a configured key is redacted from
+    them first (and from anything `failure` records)."""
+    from eval.dialogue import failure
+
+    key = "sk-live-0123456789abcdef"
+    monkeypatch.setenv("CTS_TEST_KEY", key)
+    url, script = server
+    script.replies = [(status, {"error": f"invalid header Authorization: Bearer {key}"})]
+    engine = OpenAIEngine("m", url, max_retries=1, backoff_s=0.01, api_key_env="CTS_TEST_KEY")
+    with pytest.raises(EngineError) as e:
+        asyncio.run(engine.chat(YES_NO))
+    assert key not in str(e.value) and "Bearer [redacted]" in str(e.value)
+    # Whatever else quotes the key (an exception a stage records) is redacted too.
+    recorded = failure(EngineError(f"wrapped: {key}"), "judge")
+    assert key not in recorded["message"] and "[redacted]" in recorded["message"]

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from configs import CONFIG_DIR
+from eval.config import check_template
 from serving.yaml_config import ConfigError, Origins, Override, load_config
 
 DEFAULT_TRAIN = "quickstart"
@@ -96,6 +97,11 @@ class TrainConfig(_Strict):
     #: Kept for errors found after validation (a split that is the evaluation data) to name
     #: the line too.
     _origins: Origins = PrivateAttr(default_factory=lambda: Origins(None))
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_fields(cls, template: str) -> str:
+        return check_template(template, ("name",))
 
     @property
     def path(self) -> Path | None:

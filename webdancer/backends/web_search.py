@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
 import httpx
 
+from serving.secrets import secret_from_env
 from webdancer.search import SearchHit
 
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 
 
 def _key(env: str) -> str:
-    key = os.environ.get(env)
+    key = secret_from_env(env)
     if not key:
         raise RuntimeError(f"environment variable {env} is not set")
     return key

@@ -1,0 +1,118 @@
+"""What a run directory's records depend on, so that a resumed run cannot mix two experiments.
+
+A record is the product of the models and their sampling, the prompts, the search tools and
+budgets, the clarification options, the judge and the dataset's content. Resuming a run with
+any of these changed would add records of another experiment under the old ones, and overwrite
+the config that labels them. What cannot change a record may differ between starts: where files
+go, how fast it runs, how a model is reached, and how many instances, conditions and seeds the
+run covers (extending a run is resuming it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from eval.schema import Instance
+
+#: Experiment keys a resumed run may change.
+FREE_EXPERIMENT_KEYS: tuple[tuple[str, ...], ...] = (
+    ("name",),
+    ("description",),
+    # Inline model overrides: compared as the resolved model configs below.
+    ("models",),
+    ("concurrency",),
+    ("output_dir",),
+    ("cache",),
+    ("report",),
+    ("search", "tool_cache"),
+    ("search", "offline"),
+    ("dataset", "limit"),
+    ("conditions",),
+    ("seeds",),
+)
+#: Model-config keys a resumed run may change: how the model is reached and served.
+FREE_MODEL_KEYS: tuple[tuple[str, ...], ...] = (
+    ("endpoint",),
+    ("api_key_env",),
+    ("timeout_s",),
+    ("max_retries",),
+    ("max_concurrency",),
+    ("max_batch_size",),
+    ("threads",),
+    ("vllm", "serve"),
+    ("vllm", "tensor_parallel_size"),
+    ("vllm", "gpu_memory_utilization"),
+    ("vllm", "port"),
+    ("vllm", "gpus"),
+    ("vllm", "env"),
+)
+
+
+def _leaves(value: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    if isinstance(value, dict) and value:
+        found: dict[tuple[str, ...], Any] = {}
+        for key, child in value.items():
+            found.update(_leaves(child, (*prefix, str(key))))
+        return found
+    return {prefix: value}
+
+
+def _bound(leaves: dict[tuple[str, ...], Any], free: Sequence[tuple[str, ...]]) -> dict[str, Any]:
+    return {
+        ".".join(key): value
+        for key, value in leaves.items()
+        if not any(key[: len(f)] == f for f in free)
+    }
+
+
+def results_view(document: dict[str, Any]) -> dict[str, Any]:
+    """The dotted keys of a run's config.yaml document that its records depend on."""
+    view = _bound(_leaves(document.get("experiment", {})), FREE_EXPERIMENT_KEYS)
+    for ref, model in (document.get("models") or {}).items():
+        for key, value in _bound(_leaves(model), FREE_MODEL_KEYS).items():
+            view[f"models.{ref}.{key}"] = value
+    for key, value in (document.get("fingerprint") or {}).items():
+        view[f"fingerprint.{key}"] = value
+    return view
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key: old → new` for each key the records depend on that differs. A fingerprint only
+    one side has (a config.yaml written before fingerprints) cannot be compared: it is skipped."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if key.startswith("fingerprint.") and (key not in old or key not in new):
+            continue
+        before, after = old.get(key, "(unset)"), new.get(key, "(unset)")
+        if before != after:
+            lines.append(f"{key}: {json.dumps(before)} → {json.dumps(after)}")
+    return lines
+
+
+def dataset_digest(instances: Sequence[Instance]) -> str:
+    """Every instance as loaded (queries, gold nuggets, ids): an edited dataset file, or a gold
+    table that joins differently, changes it."""
+    h = hashlib.sha256()
+    for instance in instances:
+        h.update(json.dumps(instance.model_dump(mode="json"), sort_keys=True).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def prompts_digest() -> str:
+    """The text of every role's prompt and of the search agent's, as this version ships them."""
+    h = hashlib.sha256()
+    for package in ("agents", "webdancer"):
+        folder = resources.files(package).joinpath("prompts")
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.is_file():
+                h.update(entry.name.encode() + b"\0" + entry.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def fingerprint(instances: Sequence[Instance]) -> dict[str, str]:
+    """What config.yaml keeps beside the config itself (compared key by key)."""
+    return {"dataset": dataset_digest(instances), "prompts": prompts_digest()}

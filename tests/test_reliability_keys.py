@@ -1,0 +1,47 @@
+"""One bad key cannot kill a run: an exception the protocol does not know becomes that key's
+`internal` failure record (stage, kind, message, traceback); the other keys finish, and a
+resume does not repeat it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from eval.pipeline import run_instance
+from eval.runner import RecordStore, run_keys
+from tests.test_pipeline import context, instances
+from tests.test_pipeline import search as search  # the fixture
+
+
+def test_an_unexpected_exception_is_one_internal_failure_and_the_run_goes_on(search, tmp_path):
+    ctx, roles = context(search, tmp_path / "traces")
+    good, bad = instances(2)
+    assert bad.golden is not None
+    marker = bad.golden.nuggets[0].text
+    script = roles["judge"].script
+
+    def judge(request):
+        # The judge's prompt of one instance trips a parser's recursion limit.
+        if any(marker in m.content for m in request.messages):
+            raise RecursionError("deep")
+        return script(request)
+
+    roles["judge"].script = judge
+    store = RecordStore(tmp_path / "run")
+
+    def work(i, c, s):
+        return run_instance(i, c, s, ctx)
+
+    outcome = asyncio.run(run_keys([good, bad], ["oracle"], [0], work, store))
+    assert outcome.ran == 2 and dict(outcome.failures) == {"internal": 1}, outcome
+    records = {r.instance_id: r for r in store.completed().values()}
+    failed = records[bad.id]
+    assert failed.error is not None
+    assert (failed.error["kind"], failed.error["stage"]) == ("internal", "judge")
+    assert failed.error["message"] == "RecursionError: deep"
+    assert "RecursionError" in failed.error["traceback"]
+    assert failed.answer  # the search before the failing stage is kept
+    assert records[good.id].error is None and records[good.id].scores
+
+    # Resuming does not repeat the failed key (it is done unless --retry-failed).
+    again = asyncio.run(run_keys([good, bad], ["oracle"], [0], work, store))
+    assert again.ran == 0 and again.skipped == 2
