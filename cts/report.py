@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from cts.common import command, print_summary, usage_error
-from eval.report import write_report
+from eval.report import check_complete, write_report
 
 app = typer.Typer()
 
@@ -27,17 +27,31 @@ def report_command(
         help="Gain recovered only when oracle beats blurred by at least this many points. "
         "Default: the first run's report.min_gap (1.0).",
     ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="A run with missing or duplicated keys (as `cts merge` checks) is an error "
+        "(exit 1, nothing written) instead of a warning.",
+    ),
 ) -> None:
     """Combine the runs of several clarifier systems into one report.
 
     The main table has one row per system, paired on the instances every run scored; systems
     are compared pairwise per condition (paired bootstrap CI, sign-flip test, Holm across k);
-    then diagnostics and figures."""
+    then diagnostics and figures. A run missing keys of its config, or holding one twice, is
+    warned about on stderr (an error with --strict)."""
     if failures not in (None, "exclude", "zero"):
         raise usage_error(f"--failures {failures!r}: expected exclude or zero")
     if min_gap is not None and not min_gap > 0:
         raise usage_error(f"--min-gap {min_gap}: must be a positive number of points")
     # A path without config.yaml is refused before anything is written (RunDirError, exit 2).
+    # Completeness is checked read-only, before anything is written.
+    incomplete = [c for c in map(check_complete, run_dirs) if not c.ok]
+    for found in incomplete:
+        typer.echo(f"{'error' if strict else 'warning'}: {found.describe()}", err=True)
+    if incomplete and strict:
+        typer.echo(f"{len(incomplete)} incomplete run(s): nothing written (--strict)", err=True)
+        raise typer.Exit(1)
     paths = write_report(run_dirs, out, failures, min_gap)  # type: ignore[arg-type]
     print_summary(Console(), paths["summary"])
     typer.echo(f"report: {paths['html']}")

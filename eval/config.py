@@ -85,7 +85,8 @@ class SearchConfig(_Strict):
     api_key_env: str | None = None
     #: Where `visit` reads pages: the local corpus, or the web over HTTP (SSRF-guarded).
     visit: Literal["local", "http"] = "local"
-    #: Hosts the HTTP visit may reach even if they resolve to private addresses.
+    #: Hosts the HTTP visit may reach even if they resolve to private addresses, as "host:port"
+    #: ("[v6]:port"); a bare "host" allows only the scheme's default port (80/443).
     allow_hosts: list[str] = []
     #: Pages are cut to about this many tokens before the summarizer reads them.
     max_page_tokens: int = Field(3000, ge=100)

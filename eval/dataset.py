@@ -352,8 +352,17 @@ def read_gold(
 ) -> tuple[dict[str, list[Any]], list[Problem]]:
     """Gold table → {instance id: [nugget dicts]} (wide: one row per instance with a list;
     long: one row per nugget)."""
+    nuggets, _, problems = _read_gold(table)
+    return nuggets, problems
+
+
+def _read_gold(
+    table: GoldTable,
+) -> tuple[dict[str, list[Any]], dict[str, tuple[str, int]], list[Problem]]:
+    """`read_gold`, and where each id is first seen (file, line) for the join's problems."""
     path = Path(table.path).expanduser()
     nuggets: dict[str, list[Any]] = {}
+    where: dict[str, tuple[str, int]] = {}
     problems: list[Problem] = []
     for row in read_rows(path):
         if row.data is None:
@@ -366,7 +375,8 @@ def read_gold(
         listed = _maybe_json(row.data.get(table.nuggets_field))
         items = listed if isinstance(listed, list) else [row.data]
         nuggets.setdefault(str(key), []).extend(_adapt_nugget(n, table) for n in items)
-    return nuggets, problems
+        where.setdefault(str(key), (row.file, row.line))
+    return nuggets, where, problems
 
 
 # -- validation -----------------------------------------------------------------------------------
@@ -406,6 +416,8 @@ class Checked:
     problems: list[Problem] = field(default_factory=list)
     #: Where each valid instance came from, for later error messages.
     origin: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: The id of every row that has one, valid or not (the gold join's other side).
+    ids: set[str] = field(default_factory=set)
 
 
 def check_instances(
@@ -414,6 +426,7 @@ def check_instances(
     gold: dict[str, list[Any]] | None = None,
     corpus_ids: set[str] | None = None,
     corpus_label: str = "the corpus",
+    gold_label: str = "the gold table",
 ) -> Checked:
     checked = Checked()
     first_seen: dict[str, int] = {}
@@ -422,9 +435,16 @@ def check_instances(
             checked.problems.append(Problem(row.file, row.line, "<row>", row.error or "unreadable"))
             continue
         data = adapt_instance(row.data, field_map or {})
-        if gold is not None and "id" in data and str(data["id"]) in gold:
-            data["golden"] = {"nuggets": gold[str(data["id"])]}
-        problems = _row_problems(data, row, first_seen, corpus_ids, corpus_label)
+        missing_gold: list[Problem] = []
+        if "id" in data and not _blank(data["id"]):
+            checked.ids.add(str(data["id"]))
+            if gold is not None and str(data["id"]) in gold:
+                data["golden"] = {"nuggets": gold[str(data["id"])]}
+            elif gold is not None and data.get("golden") is None:
+                # A join that matches nothing would otherwise run every model call unscored.
+                message = f"no gold row with id {str(data['id'])!r} in {gold_label}"
+                missing_gold.append(Problem(row.file, row.line, "golden", message))
+        problems = missing_gold + _row_problems(data, row, first_seen, corpus_ids, corpus_label)
         try:
             instance = Instance.model_validate(data)
         except ValidationError as e:
@@ -530,13 +550,24 @@ def _source_rows(source: DatasetSource) -> Iterator[Row]:
 def check_source(source: DatasetSource) -> Checked:
     """Read and validate every row of a dataset source (gold join and corpus check included)."""
     gold = None
+    gold_where: dict[str, tuple[str, int]] = {}
     gold_problems: list[Problem] = []
+    gold_label = "the gold table"
     if source.gold is not None:
-        gold, gold_problems = read_gold(source.gold)
+        gold, gold_where, gold_problems = _read_gold(source.gold)
+        gold_label = str(Path(source.gold.path).expanduser())
     corpus = source.corpus or ("sample" if source.path == "sample" else None)
     ids = corpus_ids(corpus) if corpus else None
     label = f"corpus {corpus_path(corpus)}" if corpus else "the corpus"
-    checked = check_instances(_source_rows(source), source.field_map, gold, ids, label)
+    checked = check_instances(
+        _source_rows(source), source.field_map, gold, ids, label, gold_label=gold_label
+    )
+    if source.gold is not None:
+        id_field = source.gold.id_field
+        for key, (file, line) in gold_where.items():
+            if key not in checked.ids:
+                message = f"gold id {key!r} matches no query id in {source.path}"
+                gold_problems.append(Problem(file, line, id_field, message))
     if not checked.instances and not checked.problems:
         # No rows at all (an empty file, a header only): not "OK", and not an empty run.
         checked.problems.append(Problem(source.path, None, "<dataset>", "no instances"))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.config import ALL_CONDITIONS, ExperimentConfig
+from eval.dataset import DatasetError, load_instances
 from eval.diagnostics import (
     DEGENERATE_SHARE,
     QUESTION_TYPES,
@@ -31,7 +32,7 @@ from eval.diagnostics import (
     summarize,
 )
 from eval.run_dir import RunDir
-from eval.runner import RecordStore
+from eval.runner import MergeReport, RecordStore, merge
 from eval.schema import Record
 
 MAIN_COLUMNS: list[str] = list(ALL_CONDITIONS)
@@ -50,6 +51,40 @@ def load_run(run_dir: Path) -> RunView:
     resolved = RunDir(run_dir).read_config()
     records = list(RecordStore(run_dir).completed().values())
     return RunView(resolved.system_name(), resolved.experiment, records)
+
+
+@dataclass
+class Completeness:
+    """Whether a run holds every key of its config exactly once (what `cts merge` checks)."""
+
+    run_dir: Path
+    merged: MergeReport | None
+    #: Why completeness could not be checked (its dataset no longer loads).
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.merged is not None and self.merged.ok
+
+    def describe(self) -> str:
+        if self.merged is None:
+            return f"{self.run_dir}: completeness not checked: {self.error}"
+        return (
+            f"{self.run_dir}: {len(self.merged.missing)} missing, "
+            f"{len(self.merged.duplicates)} duplicated keys (of its config's instances × "
+            "conditions × seeds; `cts merge` refuses it)"
+        )
+
+
+def check_complete(run_dir: Path) -> Completeness:
+    """The `merge` check of one run against its config, read-only: nothing is written."""
+    experiment = RunDir(run_dir).read_config().experiment
+    try:
+        instances = load_instances(experiment.dataset)
+    except DatasetError as e:
+        return Completeness(run_dir, None, f"dataset error: {e}")
+    store = RecordStore(run_dir)
+    return Completeness(run_dir, merge(store, instances, experiment.conditions, experiment.seeds))
 
 
 def report_cell(entry: dict[str, Any] | None, policy: str) -> str:

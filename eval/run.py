@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from eval.config import ResolvedExperiment
-from eval.dataset import load_instances
+from eval.dataset import DatasetError, load_instances
 from eval.dialogue import Clarification, DialogueStore
 from eval.engines import open_engines
 from eval.fingerprint import fingerprint
@@ -41,6 +41,7 @@ from eval.search_agent import open_agent
 from serving.engine import EngineStats
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
+from webdancer.corpus import Problem
 
 
 @dataclass
@@ -193,6 +194,20 @@ def _run_into(
     instances = everything[: dataset.limit] if dataset.limit else everything
     if "oracle" in keys[0]:
         _check_golden_seeds(resolved, instances)
+    if GOLDEN not in keys[0] and not any(i.golden and i.golden.nuggets for i in instances):
+        # Evaluation scores against golden nuggets: without any, every model call is wasted.
+        raise DatasetError(
+            [
+                Problem(
+                    dataset.path,
+                    None,
+                    "golden",
+                    f"none of the {len(instances)} instance(s) has golden nuggets, so nothing "
+                    "could be scored; give a dataset with golden nuggets (or dataset.gold, a gold "
+                    "table joined by id), or build them with `cts golden build`",
+                )
+            ]
+        )
     run = RunDir(run_dir)
     run.write_config(resolved, fingerprint(everything))
     started = time.perf_counter()

@@ -5,6 +5,12 @@ output spec, so a finished run re-runs without a single model call, and conditio
 depend on the clarifier (blurred, oracle) are reused across clarifier comparisons.
 Only answers that passed validation are stored; errors are never cached. Requests without a
 seed ask for fresh randomness and bypass the cache.
+
+A stored answer is not trusted blindly: on every hit it is parsed again and, for a constrained
+request, re-validated against the request's output spec (its `parsed` value is recomputed from
+its text). A row that fails is a miss, counted as `invalid`: it is deleted and the model is
+asked again. A valid-but-wrong row (well-formed JSON edited to other values) cannot be told
+apart this way. A file that is not a readable SQLite database is a `CacheFileError`.
 """
 
 from __future__ import annotations
@@ -14,10 +20,17 @@ import random
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from serving.engine import ChatModel, EngineStats
-from serving.types import ChatRequest, ChatResponse
+from serving.errors import ConstrainedOutputError
+from serving.outputs import validate_output
+from serving.types import ChatRequest, ChatResponse, OutputSpec
+from serving.yaml_config import ConfigError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -29,12 +42,48 @@ CREATE TABLE IF NOT EXISTS responses (
 """
 
 
+class CacheFileError(ConfigError):
+    """A cache file that is not a readable SQLite database (a stray file, a truncated copy)."""
+
+
+# Primary result codes (the low byte of extended ones) that mean the file itself is bad.
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+
+
+@contextmanager
+def guard_cache_file(path: Path) -> Iterator[None]:
+    """Turn SQLite's "file is not a database" / "disk image is malformed" into a
+    CacheFileError naming the file and how to move it aside; other errors pass unchanged."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        code = getattr(e, "sqlite_errorcode", None)
+        if code is None or code & 0xFF not in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+            raise
+        raise CacheFileError(
+            f"cache file {path} is not a readable SQLite database ({e}); move it aside with "
+            f"`mv {path} {path}.corrupt` (and {path}-wal, {path}-shm if present) and rerun: "
+            "a fresh cache is created"
+        ) from e
+
+
 def open_shared_sqlite(path: Path, schema: str) -> sqlite3.Connection:
     """A connection several processes (Slurm tasks) can write through at once: WAL, and
     autocommit so that each write is its own short transaction and concurrent writers wait
-    (busy_timeout) instead of failing. Callers guard it with a lock across threads."""
+    (busy_timeout) instead of failing. Callers guard it with a lock across threads.
+    A file that is not a readable SQLite database raises CacheFileError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+    try:
+        with guard_cache_file(path):
+            _prepare(db, schema)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _prepare(db: sqlite3.Connection, schema: str) -> None:
     db.execute("PRAGMA busy_timeout = 60000")
     # Switching a new file to WAL needs an exclusive lock, and SQLite does not wait on the busy
     # handler for it: two Slurm tasks opening a fresh cache at once got "database is locked".
@@ -49,7 +98,6 @@ def open_shared_sqlite(path: Path, schema: str) -> sqlite3.Connection:
             time.sleep(0.05 + random.random() * 0.2)
     db.execute("PRAGMA synchronous = NORMAL")
     db.execute(schema)
-    return db
 
 
 class ResponseCache:
@@ -61,21 +109,38 @@ class ResponseCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.invalid = 0
 
-    def get(self, key: str) -> ChatResponse | None:
-        with self._lock:
+    def get(self, key: str, output: OutputSpec | None = None) -> ChatResponse | None:
+        """The stored answer for `key`, or None. A row that does not parse as a response, or
+        whose text fails `output` (the request's spec), is deleted and counted as a miss and
+        as `invalid`, so the caller asks the model again and stores the fresh answer."""
+        with self._lock, guard_cache_file(self.path):
             row = self._db.execute(
                 "SELECT response FROM responses WHERE key = ?", (key,)
             ).fetchone()
         if row is None:
             self.misses += 1
             return None
+        try:
+            response = ChatResponse.model_validate_json(row[0])
+            if output is not None:
+                response.parsed = validate_output(output, response.text)
+        except (ValidationError, ConstrainedOutputError):
+            self.misses += 1
+            self.invalid += 1
+            with self._lock, guard_cache_file(self.path):
+                # Only this exact row: another process may already have replaced it.
+                self._db.execute(
+                    "DELETE FROM responses WHERE key = ? AND response = ?", (key, row[0])
+                )
+            return None
         self.hits += 1
-        return ChatResponse.model_validate_json(row[0])
+        return response
 
     def put(self, key: str, engine_identity: str, response: ChatResponse) -> None:
         blob = response.model_copy(update={"cached": False}).model_dump_json()
-        with self._lock:
+        with self._lock, guard_cache_file(self.path):
             self._db.execute(
                 "INSERT OR IGNORE INTO responses (key, engine, response, created) "
                 "VALUES (?, ?, ?, ?)",
@@ -83,11 +148,13 @@ class ResponseCache:
             )
 
     def __len__(self) -> int:
-        with self._lock:
+        with self._lock, guard_cache_file(self.path):
             return int(self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
 
     def stats(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses}
+        """`misses` counts every model call the cache could not save, `invalid` the stored
+        rows among them that failed re-validation and were asked again."""
+        return {"hits": self.hits, "misses": self.misses, "invalid": self.invalid}
 
     def close(self) -> None:
         with self._lock:
@@ -109,7 +176,7 @@ class CachedEngine:
         if request.sampling.seed is None:
             return await self.inner.chat(request)
         key = request.key(self.identity)
-        hit = self.cache.get(key)
+        hit = self.cache.get(key, request.output)
         if hit is not None:
             return hit.model_copy(update={"cached": True})
         if key in self._in_flight:

@@ -32,7 +32,7 @@ def test_second_identical_run_makes_zero_model_calls(tmp_path):
     assert second.requests == []
     assert [r.text for r in out2] == [r.text for r in out1]
     assert all(r.cached for r in out2)
-    assert cache.stats() == {"hits": 10, "misses": 0}
+    assert cache.stats() == {"hits": 10, "misses": 0, "invalid": 0}
 
 
 def test_unseeded_requests_bypass_the_cache(tmp_path):

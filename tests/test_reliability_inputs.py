@@ -217,3 +217,12 @@ def test_empty_dataset_is_a_problem(tmp_path):
     assert _problems(data) == [f"{data}: <dataset>: no instances"]
     result = runner.invoke(app, ["data", "validate", str(data)])
     assert result.exit_code == 1 and "OK" not in result.output
+
+
+@pytest.mark.parametrize("limit", ["0", "-2"])
+def test_a_limit_below_one_is_refused_not_read_as_everything(limit):
+    """`--limit 0` used to run the whole dataset, a negative limit sliced from its end."""
+    from eval.config import load_experiment
+
+    with pytest.raises(ConfigError, match=r"--set dataset.limit: .*greater than or equal to 1"):
+        load_experiment("quickstart", [f"dataset.limit={limit}"])

@@ -286,7 +286,7 @@ def test_http_visit_extracts_text_and_refuses_a_redirect_to_a_private_address(ht
     replies["/hop"] = (302, "", {"Location": "/page"})
     replies["/evil"] = (302, "", {"Location": "http://169.254.169.254/latest/meta-data/"})
     replies["/pdf"] = (200, "%PDF", {"Content-Type": "application/pdf"})
-    pages = HttpPages(allow_hosts=["127.0.0.1"])
+    pages = HttpPages(allow_hosts=[url.removeprefix("http://")])  # 127.0.0.1:<port>
     page = asyncio.run(pages.fetch(f"{url}/hop"))
     assert "22:10" in page.text and page.url.endswith("/page")
     with pytest.raises(BlockedURL, match=r"169\.254\.169\.254"):

@@ -1,10 +1,14 @@
 """Refuse fetches that would reach this machine, its network or a cloud metadata service.
 
 Checked after resolving the name (every address it resolves to must be public) and again for
-every redirect target. Hosts on the allow-list skip the check (a user's own intranet mirror).
-The numeric forms that resolvers accept (decimal `2130706433`, octal `0177.0.0.1`, hex
-`0x7f.1`, IPv4-mapped IPv6) are normalised by the resolver before the check, so they cannot
-slip through.
+every redirect target; `check_url` returns the checked addresses and the fetcher connects to
+one of them rather than resolving the name again (a DNS server that answers a public address
+for the check and 127.0.0.1 for the connection, "DNS rebinding", gains nothing). Hosts on the
+allow-list skip the check (a user's own intranet mirror); an entry names `host:port`, or `host`
+alone for the scheme's default port (80/443). The numeric forms that resolvers accept (decimal
+`2130706433`, octal `0177.0.0.1`, hex `0x7f.1`) are normalised by the resolver before the
+check, so they cannot slip through; IPv6 forms that carry an IPv4 address (IPv4-mapped, NAT64)
+are judged by that address, and the tunnel forms (6to4, Teredo, IPv4-compatible) are refused.
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ _METADATA = {
 }
 
 
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"),)  # well-known prefix: IPv4 in the last 32 bits
+#: IPv6 forms that tunnel to an IPv4 address (which may be private) or are deprecated for it.
+_TUNNELS = (
+    (ipaddress.ip_network("2002::/16"), "a 6to4 address (it tunnels to an embedded IPv4)"),
+    (ipaddress.ip_network("2001::/32"), "a Teredo address (it tunnels to an embedded IPv4)"),
+    (ipaddress.ip_network("::/96"), "an IPv4-compatible address"),
+)
+
+
 class BlockedURL(ValueError):
     """The URL may not be fetched; the message says why."""
 
@@ -37,9 +50,17 @@ def system_resolver(host: str, port: int) -> list[str]:
 
 
 def _forbidden(address: str) -> str | None:
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif any(ip in net for net in _NAT64):
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        elif int(ip) > 1:  # `::` and `::1` get their own labels below
+            for net, label in _TUNNELS:
+                if ip in net:
+                    return label
     if ip in _METADATA:
         return "a cloud metadata address"
     for flag, label in (
@@ -57,22 +78,51 @@ def _forbidden(address: str) -> str | None:
     return None
 
 
+def _allow_entry(entry: str) -> tuple[str, int | None]:
+    """`host:port`, `[v6]:port`, `host` or a bare IPv6 literal -> (host, port or None)."""
+    entry = entry.strip()
+    host, port = entry, ""
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        port = rest.removeprefix(":")
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"allow_hosts entry {entry!r}: expected [address]:port")
+    elif entry.count(":") == 1:
+        host, port = entry.split(":")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"allow_hosts entry {entry!r}: bad port")
+    return host.lower().rstrip("."), int(port) if port else None
+
+
+def _allowed(host: str, port: int, default_port: int, allow_hosts: Iterable[str]) -> bool:
+    host = host.lower().rstrip(".")
+    for entry in allow_hosts:
+        entry_host, entry_port = _allow_entry(entry)
+        if entry_host == host and port == (default_port if entry_port is None else entry_port):
+            return True
+    return False
+
+
 def check_url(
     url: str, allow_hosts: Iterable[str] = (), resolver: Resolver = system_resolver
-) -> None:
-    """Raise BlockedURL unless `url` is http(s) and every address of its host is public."""
+) -> list[str]:
+    """Raise BlockedURL unless `url` is http(s) and every address of its host is public.
+
+    Returns the checked addresses: connect to one of them, not to the name (resolving it again
+    could answer differently). An allow-listed `host:port` is not resolved: returns []."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise BlockedURL(f"{url}: only http and https URLs are fetched")
     host = parts.hostname
     if not host:
         raise BlockedURL(f"{url}: no host")
-    if host.lower().rstrip(".") in {h.lower() for h in allow_hosts}:
-        return
+    default_port = 443 if parts.scheme == "https" else 80
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port or default_port
     except ValueError as e:
         raise BlockedURL(f"{url}: bad port") from e
+    if _allowed(host, port, default_port, allow_hosts):
+        return []
     addresses = resolver(host, port)
     if not addresses:
         raise BlockedURL(f"{url}: {host!r} resolves to no address")
@@ -80,3 +130,4 @@ def check_url(
         reason = _forbidden(address)
         if reason:
             raise BlockedURL(f"{url}: {host!r} resolves to {address}, {reason}; refused")
+    return list(dict.fromkeys(addresses))

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving.cache import open_shared_sqlite
+from serving.cache import guard_cache_file, open_shared_sqlite
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tool_calls (
@@ -49,7 +49,7 @@ class ToolCache:
 
     def get(self, tool: str, backend: str, arguments: dict[str, Any]) -> Any | None:
         key, normalized = tool_key(tool, backend, arguments)
-        with self._lock:
+        with self._lock, guard_cache_file(self.path):
             row = self._db.execute("SELECT result FROM tool_calls WHERE key = ?", (key,)).fetchone()
         if row is not None:
             self.hits += 1
@@ -64,7 +64,7 @@ class ToolCache:
 
     def put(self, tool: str, backend: str, arguments: dict[str, Any], result: Any) -> None:
         key, normalized = tool_key(tool, backend, arguments)
-        with self._lock:
+        with self._lock, guard_cache_file(self.path):
             self._db.execute(
                 "INSERT OR IGNORE INTO tool_calls VALUES (?, ?, ?, ?, ?, ?)",
                 (

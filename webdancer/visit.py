@@ -94,8 +94,9 @@ class HttpPages:
     async def fetch(self, url: str) -> Page:
         async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client:
             for _ in range(self.max_redirects + 1):
-                check_url(url, self.allow_hosts, self.resolver)
-                async with client.stream("GET", url) as reply:
+                addresses = check_url(url, self.allow_hosts, self.resolver)
+                reply = await _send_pinned(client, url, addresses)
+                try:
                     if reply.is_redirect:
                         url = urljoin(url, reply.headers.get("location", ""))
                         continue
@@ -110,7 +111,34 @@ class HttpPages:
                             raise ValueError(f"{url}: page larger than {self.max_bytes} bytes")
                     html = body.decode(reply.encoding or "utf-8", errors="replace")
                     return _extract(url, html, kind)
+                finally:
+                    await reply.aclose()
         raise ValueError(f"more than {self.max_redirects} redirects")
+
+
+async def _send_pinned(client: httpx.AsyncClient, url: str, addresses: list[str]) -> httpx.Response:
+    """GET `url` (streamed) from one of its checked `addresses`, in order, never resolving the
+    name again: the request goes to the address, with the Host header and, for https, the TLS
+    SNI and certificate check still naming the URL's host. No addresses (an allow-listed host):
+    an ordinary request by name."""
+    original = httpx.URL(url)
+    if not addresses:
+        return await client.send(client.build_request("GET", original), stream=True)
+    host = original.raw_host.decode("ascii")
+    extensions = {"sni_hostname": host} if original.scheme == "https" else {}
+    for i, address in enumerate(addresses):
+        request = client.build_request(
+            "GET",
+            original.copy_with(host=address.split("%")[0]),
+            headers={"Host": original.netloc.decode("ascii")},
+            extensions=extensions,
+        )
+        try:
+            return await client.send(request, stream=True)
+        except httpx.ConnectError:
+            if i == len(addresses) - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _extract(url: str, html: str, kind: str) -> Page:
