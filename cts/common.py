@@ -134,6 +134,13 @@ VLLM_PYTHON_OPTION = typer.Option(None, "--vllm-python", help=f"With --serve: {P
 SHARD_OPTION = typer.Option(None, "--shard", help="Run shard I/N of the instances (e.g. 0/4).")
 
 
+def output_dir_option(path: Path | None) -> Path | None:
+    """An --output-dir that is an existing file is refused (RunDirError, exit 2)."""
+    if path is not None and path.exists() and not path.is_dir():
+        raise RunDirError(f"--output-dir {path}: not a directory (an existing file)")
+    return path
+
+
 def shard_of(text: str | None) -> Shard:
     return Shard.parse(text) if text else Shard()
 

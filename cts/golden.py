@@ -18,12 +18,13 @@ from cts.common import (
     SHARD_OPTION,
     VLLM_PYTHON_OPTION,
     command,
+    output_dir_option,
     run_keyed,
     shard_of,
 )
 from eval.config import load_experiment
 from eval.golden import GoldenReport
-from eval.run import build_golden, finish_golden
+from eval.run import GOLDEN_ROLES, build_golden, finish_golden, require_roles
 from eval.run_dir import RunDir
 from eval.runner import MergeReport
 from serving.serve import ServeOptions
@@ -67,7 +68,8 @@ def build(
     overrides: list[str | Override] = [*set_, *limited]
     part = shard_of(shard)
     resolved = load_experiment(config, overrides)
-    run = RunDir(output_dir or resolved.golden_dir())
+    require_roles(resolved, GOLDEN_ROLES)  # before any server is started for the build
+    run = RunDir(output_dir_option(output_dir) or resolved.golden_dir())
     console = Console()
     console.print(
         f"golden construction for [bold]{resolved.experiment.name}[/bold] → {run.root}",

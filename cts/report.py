@@ -44,6 +44,8 @@ def report_command(
         raise usage_error(f"--failures {failures!r}: expected exclude or zero")
     if min_gap is not None and not min_gap > 0:
         raise usage_error(f"--min-gap {min_gap}: must be a positive number of points")
+    if out.exists() and not out.is_dir():
+        raise usage_error(f"--out {out}: not a directory (an existing file)")
     # A path without config.yaml is refused before anything is written (RunDirError, exit 2).
     # Completeness is checked read-only, before anything is written.
     incomplete = [c for c in map(check_complete, run_dirs) if not c.ok]

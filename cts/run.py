@@ -19,13 +19,14 @@ from cts.common import (
     SHARD_OPTION,
     VLLM_PYTHON_OPTION,
     command,
+    output_dir_option,
     print_summary,
     run_keyed,
     shard_of,
 )
 from eval.config import load_experiment
 from eval.engines import open_engines
-from eval.run import merge_run, run_experiment
+from eval.run import merge_run, require_roles, run_experiment
 from eval.run_dir import RunDir
 from eval.search_agent import open_agent
 from serving.serve import ServeOptions
@@ -70,8 +71,9 @@ def run(
     limited = [Override(("dataset", "limit"), limit, "--limit")] if limit is not None else []
     overrides: list[str | Override] = [*set_, *limited]
     resolved = load_experiment(config, overrides)
+    require_roles(resolved)  # before any server is started for the run
     part = shard_of(shard)
-    run_dir = RunDir(output_dir or resolved.output_dir())
+    run_dir = RunDir(output_dir_option(output_dir) or resolved.output_dir())
     console = Console()
     console.print(
         f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path} → {run_dir.root}",

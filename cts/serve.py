@@ -9,7 +9,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cts.common import CONFIG_OPTION, CPU_HELP, GPUS_HELP, PYTHON_HELP, SET_OPTION, command
+from cts.common import (
+    CONFIG_OPTION,
+    CPU_HELP,
+    GPUS_HELP,
+    PYTHON_HELP,
+    SET_OPTION,
+    command,
+    output_dir_option,
+)
 from eval.config import load_experiment
 from eval.run_dir import RunDir
 from serving.serve import ServeOptions, ServerGroup, Stopped, dry_run_text, serving, stop_on_signals
@@ -44,7 +52,7 @@ def serve(
     model's URL for `cts run --endpoints FILE`. If any server dies, all are stopped and the
     error names the model with the tail of its log (exit 1)."""
     resolved = load_experiment(config, set_)
-    run = RunDir(output_dir or resolved.output_dir())
+    run = RunDir(output_dir_option(output_dir) or resolved.output_dir())
     endpoints = endpoints or run.endpoints
     options = ServeOptions(gpus=gpus, cpu=cpu, vllm_python=vllm_python)
     planned = options.plan(resolved.model_configs, run.serve_logs(), host)

@@ -59,13 +59,18 @@ def submit_command(
     sbatch_arg: list[str] = typer.Option(
         [], "--sbatch-arg", help="Extra sbatch option for the array job, e.g. --qos=high."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Render the scripts, submit nothing."),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Render the scripts and frozen configs into a temporary directory; submit nothing.",
+    ),
 ) -> None:
     """Submit an array job and a final job that waits for it (afterok).
 
     Each task serves its models on its GPUs, runs its shard and stops its servers; jobs are
     requeued on preemption and resume. Scripts, the frozen config, logs and job ids go to
-    RUN_DIR/slurm/. Submitting again on the same run directory runs only what is missing."""
+    RUN_DIR/slurm/. Submitting again on the same run directory runs only what is missing; a
+    changed experiment is refused while jobs of the latest submission are queued or running."""
     console = Console()
     options = SlurmOptions(
         shards=shards,
@@ -87,7 +92,12 @@ def submit_command(
         print(f"{which}: {shlex.join(line)}")  # unwrapped, to copy and paste
     run_dir = planned.run_dir
     if dry_run:
-        console.print(f"scripts rendered in {run_dir / 'slurm'}; nothing submitted")
+        where = Path(done.scripts["array"]).parent
+        console.print(
+            f"scripts and frozen configs rendered in {where} (the scripts read the frozen "
+            f"config there); nothing submitted and nothing written to {run_dir}",
+            highlight=False,
+        )
         return
     console.print(
         f"submitted {planned.array_title} job {done.array_job} ({shards} shards) and "

@@ -234,6 +234,17 @@ class ExperimentConfig(_Strict):
             raise ValueError(f"duplicate value(s) {', '.join(repeated)}; list each once")
         return values
 
+    @field_validator("roles")
+    @classmethod
+    def _some_roles(cls, roles: dict[Role, RoleConfig]) -> dict[Role, RoleConfig]:
+        # Every condition searches (searcher, summarizer) and is judged (judge).
+        if not roles:
+            raise ValueError(
+                "at least one role is needed; a run needs searcher, summarizer and judge, and "
+                "clarify@k also clarifier, user_answerer and rewriter"
+            )
+        return roles
+
     @field_validator("output_dir")
     @classmethod
     def _output_dir_fields(cls, template: str) -> str:

@@ -12,13 +12,13 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from eval.config import ResolvedExperiment
+from eval.config import ResolvedExperiment, Role
 from eval.dataset import DatasetError, load_instances
 from eval.dialogue import Clarification, DialogueStore
 from eval.engines import open_engines
@@ -144,7 +144,7 @@ async def _run(
             mine = {i.id for i in shard.select(instances)}
             already = sum(
                 not (retry_failed and r.error)
-                for key, r in store.completed().items()
+                for key, r in store.completed_for(shard).items()
                 if key[0] in mine and key[1] in conditions and key[2] in seeds
             )
             progress.update(bar, completed=already)
@@ -221,6 +221,33 @@ def _run_into(
     return RunResult(run_dir, outcome, seconds, cache, stats, written)
 
 
+#: The roles every evaluated condition uses (search, the visit summary, the judge), and those
+#: clarify@k adds.
+SEARCH_ROLES: tuple[Role, ...] = ("searcher", "summarizer", "judge")
+CLARIFY_ROLES: tuple[Role, ...] = ("clarifier", "user_answerer", "rewriter")
+GOLDEN_ROLES: tuple[Role, ...] = ("searcher", "summarizer", "nugget_builder")
+
+
+def missing_roles(resolved: ResolvedExperiment, needed: Sequence[Role] = ()) -> list[Role]:
+    """Of `needed` (default: what the experiment's conditions use), the roles not set."""
+    if not needed:
+        clarify = any(c.startswith("clarify@") for c in resolved.experiment.conditions)
+        needed = [*SEARCH_ROLES, *(CLARIFY_ROLES if clarify else ())]
+    return [role for role in needed if role not in resolved.experiment.roles]
+
+
+def require_roles(resolved: ResolvedExperiment, needed: Sequence[Role] = ()) -> None:
+    """Before anything is written or loaded: a ConfigError naming `roles` (file:line) and what
+    is missing."""
+    missing = missing_roles(resolved, needed)
+    if missing:
+        raise ConfigError(
+            f"{resolved.origins.where('roles')}: missing {', '.join(missing)}, which "
+            f"{resolved.experiment.name}'s work needs (conditions: "
+            f"{', '.join(resolved.experiment.conditions)})"
+        )
+
+
 def run_experiment(
     resolved: ResolvedExperiment,
     run_dir: Path,
@@ -232,6 +259,7 @@ def run_experiment(
     """Run (a shard of) an experiment into `run_dir`. `watch` is polled during the run; what it
     raises (a dead model server) stops the run, keeping every finished record. With
     `retry_failed`, keys whose record is a failure run again (the new record counts)."""
+    require_roles(resolved)
     keys = ([str(c) for c in resolved.experiment.conditions], list(resolved.experiment.seeds))
     return _run_into(
         resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, True
@@ -267,10 +295,7 @@ def build_golden(
     `golden` record per instance (search on the fused query with `golden.seed`, disjoint from
     the evaluation seeds, nuggets from its trace). Resumes and stops like `run_experiment`;
     `finish_golden` writes the dataset."""
-    if "nugget_builder" not in resolved.experiment.roles:
-        raise ConfigError(
-            f"{resolved.path}: roles.nugget_builder: not set; golden construction needs it"
-        )
+    require_roles(resolved, GOLDEN_ROLES)
     seed = resolved.experiment.golden.seed
     _refuse_other_golden_seeds(RecordStore(run_dir), seed)
     keys = ([GOLDEN], [seed])

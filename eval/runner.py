@@ -120,6 +120,18 @@ class RecordStore:
     def all_files(self) -> list[Path]:
         return sorted(self.root.glob("*/shard-*.jsonl"))
 
+    def completed_for(self, shard: Shard) -> dict[Key, Record]:
+        """The records that can be this shard's keys: its own files, and those of the run's
+        other shard counts (a run resumed resharded). Sibling shards of the same count hold
+        other instances only, so they are not read: a broken sibling cannot stop this shard."""
+        own_count = f"-of-{shard.count}"
+        done: dict[Key, Record] = {}
+        for path in self.all_files():
+            if path.stem == shard.name or not path.stem.endswith(own_count):
+                for record in self.read(path):
+                    done[record.key] = counts_over(done.get(record.key), record)
+        return done
+
     def completed(self, shard: Shard | None = None) -> dict[Key, Record]:
         """The record that counts for each key (see `counts_over`)."""
         done: dict[Key, Record] = {}
@@ -162,15 +174,17 @@ async def run_keys(
 ) -> RunOutcome:
     """Run every key of this shard not recorded yet (and, with `retry_failed`, every key whose
     record is a failure); return counts. Cancelling (Ctrl-C, SIGTERM) stops in-flight keys;
-    finished ones are already on disk. A key recorded in any shard file counts as done, so a
-    run resumed with another shard count re-runs nothing."""
+    finished ones are already on disk. A key recorded in any shard file that can hold it counts
+    as done, so a run resumed with another shard count re-runs nothing."""
     conditions, seeds = list(conditions), list(seeds)
     # This process is the only writer of its shard's files: it alone repairs a torn tail
     # left by its crashed predecessor, before appending after it.
     for condition in conditions:
         store.repair(store.path(condition, shard))
     done = {
-        key: r for key, r in store.completed().items() if not (retry_failed and r.error is not None)
+        key: r
+        for key, r in store.completed_for(shard).items()
+        if not (retry_failed and r.error is not None)
     }
     keys = [(inst, c, s) for inst in shard.select(instances) for c in conditions for s in seeds]
     todo = [(inst, c, s) for inst, c, s in keys if (inst.id, c, s) not in done]

@@ -88,18 +88,36 @@ class Override:
     label: str = "--set"
 
 
+#: The deepest dotted key an override may name (no config nests anywhere near this).
+MAX_KEY_DEPTH = 50
+
+
 def parse_override(override: str) -> Override:
     """`a.b.c=value` → the keys and the value parsed as a YAML scalar or flow collection."""
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. roles.clarifier.model=x")
+    keys = tuple(key.strip().split("."))
+    if len(keys) > MAX_KEY_DEPTH:
+        raise ConfigError(
+            f"--set {_short(override)}: key nested too deeply "
+            f"({len(keys)} levels; at most {MAX_KEY_DEPTH})"
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {override!r}: value is not valid YAML: {e}") from e
+    except (ValueError, RecursionError) as e:
+        # A date-like scalar that is no date (2026-13-45) raises from the date constructor.
+        raise ConfigError(f"--set {override!r}: value is not valid YAML: {e}") from e
     if isinstance(value, datetime.date):
         value = raw.strip()  # configs keep dates as text (`search.date=2026-11-30`)
-    return Override(tuple(key.strip().split(".")), value)
+    return Override(keys, value)
+
+
+def _short(override: str, limit: int = 80) -> str:
+    """An override as errors quote it, cut to `limit` characters."""
+    return repr(override if len(override) <= limit else f"{override[:limit]}…")
 
 
 def mapping_overrides(data: dict[str, Any], label: str, prefix: Key = ()) -> list[Override]:
@@ -143,6 +161,12 @@ class Origins:
         label = next(
             (label for keys, label in self.overridden.items() if key[: len(keys)] == keys), None
         )
+        if label is None and key and key not in self.lines:
+            # A key above an override that is not in the file (`--set typo.x=1`).
+            label = next(
+                (label for keys, label in self.overridden.items() if keys[: len(key)] == key),
+                None,
+            )
         if label is not None:
             return f"{label} {dotted}"
         # The innermost key that exists in the file gives the line.

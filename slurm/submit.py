@@ -21,16 +21,44 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
 
 from eval.config import ResolvedExperiment, load_experiment
 from eval.run_dir import RunDir, RunDirError
 from train.config import load_train_config
 from train.sample import sampling_experiment
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from slurm.status import JobState
+
+#: Slurm job states of a job that is still queued or running: it (or a requeue of it) will read
+#: the frozen experiment of its run directory again.
+LIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "CONFIGURING",
+        "COMPLETING",
+        "SUSPENDED",
+        "STOPPED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "RESV_DEL_HOLD",
+    }
+)
 
 #: Seconds before the time limit at which Slurm sends SIGTERM to the batch script, so `cts run`
 #: stops cleanly (and records are complete) before it is killed.
@@ -148,6 +176,12 @@ class Job:
     records_dir: Path
     experiment_file: Path
     keys_per_instance: int
+    #: Where the frozen configs go (the args above name files in it) and their text, written
+    #: by `submit`, not when the job is planned.
+    slurm_dir: Path
+    frozen: dict[str, str]
+    #: The same job with its frozen configs in another directory (a dry run's).
+    relocate: Callable[[Path], Job] = field(repr=False, compare=False)
 
 
 def _serve_args(options: SlurmOptions) -> list[str]:
@@ -159,6 +193,17 @@ def _serve_args(options: SlurmOptions) -> list[str]:
     return serve
 
 
+def _frozen_text(resolved: ResolvedExperiment, output_dir: Path) -> str:
+    """What RunDir.freeze writes, without writing into the run directory."""
+    with tempfile.TemporaryDirectory(prefix="cts-slurm-freeze-") as scratch:
+        return RunDir(Path(scratch)).freeze(resolved, output_dir).read_text()
+
+
+def _yaml_text(document: dict[str, Any]) -> str:
+    """What RunDir.write_slurm_file writes."""
+    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+
+
 def _experiment_job(
     kind: Literal["eval", "golden"],
     resolved: ResolvedExperiment,
@@ -168,8 +213,10 @@ def _experiment_job(
     final: list[str],
     titles: tuple[str, str],
     keys_per_instance: int,
+    slurm_dir: Path | None,
 ) -> Job:
-    frozen = RunDir(run_dir).freeze(resolved, run_dir)
+    slurm_dir = slurm_dir or RunDir(run_dir).slurm
+    frozen = slurm_dir / "experiment.yaml"
     where = ["--config", str(frozen), "--output-dir", str(run_dir)]
     return Job(
         kind=kind,
@@ -182,44 +229,73 @@ def _experiment_job(
         records_dir=run_dir,
         experiment_file=frozen,
         keys_per_instance=keys_per_instance,
+        slurm_dir=slurm_dir,
+        frozen={frozen.name: _frozen_text(resolved, run_dir)},
+        relocate=lambda d: _experiment_job(
+            kind, resolved, run_dir, options, command, final, titles, keys_per_instance, d
+        ),
     )
 
 
-def eval_job(resolved: ResolvedExperiment, run_dir: Path, options: SlurmOptions) -> Job:
+def eval_job(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    options: SlurmOptions,
+    slurm_dir: Path | None = None,
+) -> Job:
     """Evaluation: `cts run` per shard, then `cts merge` (summary, report)."""
     keys = len(resolved.experiment.conditions) * len(resolved.experiment.seeds)
+    titles = ("evaluation", "merge")
     return _experiment_job(
-        "eval", resolved, run_dir, options, ["run"], ["merge"], ("evaluation", "merge"), keys
+        "eval", resolved, run_dir, options, ["run"], ["merge"], titles, keys, slurm_dir
     )
 
 
-def golden_job(resolved: ResolvedExperiment, run_dir: Path, options: SlurmOptions) -> Job:
+def golden_job(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    options: SlurmOptions,
+    slurm_dir: Path | None = None,
+) -> Job:
     """Golden construction: `cts golden build` per shard, then `cts golden merge` (writes
     RUN_DIR/dataset.jsonl). One record per instance."""
     titles = ("golden construction", "golden merge")
+    command, final = ["golden", "build"], ["golden", "merge"]
     return _experiment_job(
-        "golden", resolved, run_dir, options, ["golden", "build"], ["golden", "merge"], titles, 1
+        "golden", resolved, run_dir, options, command, final, titles, 1, slurm_dir
     )
 
 
 def train_job(
-    config: str | None, overrides: list[str], output_dir: Path | None, options: SlurmOptions
+    config: str | None,
+    overrides: list[str],
+    output_dir: Path | None,
+    options: SlurmOptions,
+    slurm_dir: Path | None = None,
 ) -> tuple[Job, str]:
     """Clarifier fine-tuning: `cts train sample` per shard; then, on `fit_gpus` GPUs, `cts
     merge` of the samples (their report), `cts train pairs` and `cts train fit`. The train
     config is frozen with its experiment (models inlined) beside it."""
     train = load_train_config(config, overrides)
     run_dir = (output_dir or train.resolved_output_dir()).resolve()
-    run = RunDir(run_dir)
+    slurm_dir = slurm_dir or RunDir(run_dir).slurm
     base = load_experiment(train.experiment)
-    experiment_file = run.freeze(base, base.output_dir())
+    experiment_file = slurm_dir / "experiment.yaml"
+    train_file = slurm_dir / "train.yaml"
+    samples_file = slurm_dir / "samples_experiment.yaml"
     frozen = train.model_copy(
         update={"experiment": str(experiment_file), "output_dir": str(run_dir)}
     )
-    train_file = run.write_slurm_file("train.yaml", frozen.model_dump(mode="json"))
-    # What the samples cover (the derived clarify@1 experiment), for `cts slurm status`.
-    sampling = sampling_experiment(frozen)
-    samples_file = run.freeze(sampling, frozen.samples_dir(), "samples_experiment.yaml")
+    with tempfile.TemporaryDirectory(prefix="cts-slurm-freeze-") as scratch:
+        # The derived sampling experiment loads the frozen one from disk: a scratch copy.
+        scratch_experiment = RunDir(Path(scratch)).freeze(base, base.output_dir())
+        texts = {experiment_file.name: scratch_experiment.read_text()}
+        # What the samples cover (the derived clarify@1 experiment), for `cts slurm status`.
+        sampling = sampling_experiment(
+            frozen.model_copy(update={"experiment": str(scratch_experiment)})
+        )
+        texts[samples_file.name] = _frozen_text(sampling, frozen.samples_dir())
+    texts[train_file.name] = _yaml_text(frozen.model_dump(mode="json"))
     config_args = ["--config", str(train_file)]
     job = Job(
         kind="train",
@@ -236,6 +312,9 @@ def train_job(
         records_dir=frozen.samples_dir(),
         experiment_file=samples_file,
         keys_per_instance=train.candidates,
+        slurm_dir=slurm_dir,
+        frozen=texts,
+        relocate=lambda d: train_job(config, overrides, run_dir, options, d)[0],
     )
     return job, train.name
 
@@ -303,19 +382,94 @@ class Submission:
     keys_per_instance: int
 
 
+def live_jobs(run_dir: Path, job_states: Callable[[str], dict[str, JobState]]) -> list[str]:
+    """The jobs of the run directory's latest submission that are still queued or running
+    (`123_4` for an array task); none when nothing was submitted or Slurm cannot be asked."""
+    if not RunDir(run_dir).jobs.is_file():
+        return []
+    latest = submissions(run_dir)[-1]
+    live = []
+    for job_id in (latest.get("array_job"), latest.get("final_job")):
+        if not job_id:
+            continue
+        try:
+            states = job_states(str(job_id))
+        except (OSError, subprocess.SubprocessError):
+            continue  # no scontrol: sbatch will not run either
+        for task, state in sorted(states.items(), key=lambda t: (len(t[0]), t[0])):
+            if state.state.split("+")[0] in LIVE_STATES:
+                live.append(f"{job_id}_{task}" if task else str(job_id))
+    return live
+
+
+def refuse_changing_live_jobs(
+    job: Job, job_states: Callable[[str], dict[str, JobState]] | None = None
+) -> None:
+    """SlurmOptionError when the latest submission still has queued or running jobs and this
+    one would change the frozen configs they (or a requeue of them) read."""
+    changed = [
+        job.slurm_dir / name
+        for name, text in job.frozen.items()
+        if (job.slurm_dir / name).is_file() and (job.slurm_dir / name).read_text() != text
+    ]
+    if not changed:
+        return
+    if job_states is None:
+        from slurm.status import job_states as scontrol_states
+
+        job_states = scontrol_states
+    live = live_jobs(job.run_dir, job_states)
+    if live:
+        ids = sorted({j.split("_")[0] for j in live}, key=lambda j: (len(j), j))
+        raise SlurmOptionError(
+            f"{job.run_dir}: jobs {', '.join(live)} of the latest submission are still queued "
+            f"or running and read {', '.join(str(p) for p in changed)}; submitting another "
+            "experiment would change what they (or a requeue of them) run. Wait for them to "
+            f"finish, or `scancel {' '.join(ids)}`, then submit again (or use another "
+            "--output-dir)."
+        )
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace the file whole: a task starting now reads the old or the new, never half."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 def submit(
-    job: Job, name: str, options: SlurmOptions, dry_run: bool = False, workdir: Path | None = None
+    job: Job,
+    name: str,
+    options: SlurmOptions,
+    dry_run: bool = False,
+    workdir: Path | None = None,
+    job_states: Callable[[str], dict[str, JobState]] | None = None,
 ) -> Submission:
-    """Render the job's scripts into RUN_DIR/slurm/, submit them (unless `dry_run`) and record
-    the job ids in RUN_DIR/slurm/jobs.json."""
+    """Write the job's frozen configs and render its scripts into RUN_DIR/slurm/, submit them
+    and record the job ids in RUN_DIR/slurm/jobs.json.
+
+    A dry run writes nothing into the run directory: configs and scripts go to a fresh
+    temporary directory (the scripts' `--config` names the frozen config there). A real submit
+    is refused (SlurmOptionError) when it would change the frozen configs of jobs that are
+    still queued or running; `job_states` (job id -> task states, default `scontrol`) says
+    which are."""
     workdir = (workdir or Path.cwd()).resolve()
     run = RunDir(job.run_dir)
-    slurm_dir, logs = run.slurm, run.slurm_logs
-    logs.mkdir(parents=True, exist_ok=True)
+    if dry_run:
+        job = job.relocate(Path(tempfile.mkdtemp(prefix="cts-slurm-dry-run-")))
+        slurm_dir = job.slurm_dir
+        logs = run.slurm_logs  # where the real jobs would log; not created
+    else:
+        refuse_changing_live_jobs(job, job_states)
+        slurm_dir, logs = job.slurm_dir, run.slurm_logs
+        logs.mkdir(parents=True, exist_ok=True)
+    slurm_dir.mkdir(parents=True, exist_ok=True)
+    for file_name, text in job.frozen.items():
+        _write(slurm_dir / file_name, text)
     array_script = slurm_dir / f"{job.kind}_array.sbatch"
     final_script = slurm_dir / f"{job.kind}_final.sbatch"
-    array_script.write_text(render_array(job, workdir))
-    final_script.write_text(render_final(job, workdir))
+    _write(array_script, render_array(job, workdir))
+    _write(final_script, render_final(job, workdir))
     array_args = [
         *options.array_args(),
         f"--job-name=cts-{job.kind}-{name}",

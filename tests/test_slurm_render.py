@@ -1,5 +1,7 @@
 """Rendered sbatch scripts with hostile values: quotes, `$()`, `;`, spaces and newlines in
-paths, overrides and options run nothing unintended and reach `cts` intact."""
+paths, overrides and options run nothing unintended and reach `cts` intact. The scripts are
+rendered with `--dry-run`, which writes them and the frozen configs they read into a fresh
+temporary directory (never into the run directory)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,18 @@ with open(os.environ["ARGV_OUT"], "w") as f:
 """
 
 
+@pytest.fixture(autouse=True)
+def dry_runs_in_tmp_path(tmp_path, monkeypatch) -> None:
+    """Dry runs render into tmp_path (so the PWNED checks cover them), not the system /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def rendered_in(done) -> Path:
+    where = Path(done.scripts["array"]).parent
+    assert where.name.startswith("cts-slurm-dry-run-")
+    return where
+
+
 @pytest.fixture
 def fake_cts(tmp_path, monkeypatch) -> Path:
     """`cts` replaced by a script that records its argv (the rendered scripts exec it)."""
@@ -43,6 +58,8 @@ def test_hostile_values_reach_cts_intact_and_run_nothing(tmp_path, fake_cts):
     options = SlurmOptions(shards=3, vllm_python=f"/venv {HOSTILE}/python", cpu=True)
     done = submit(eval_job(resolved, run_dir, options), "q", options, True, workdir)
     assert done.array_job is None  # nothing submitted
+    assert not run_dir.exists()  # nothing written into the run directory
+    where = rendered_in(done)
 
     out = tmp_path / "argv.json"
     env = {
@@ -58,7 +75,7 @@ def test_hostile_values_reach_cts_intact_and_run_nothing(tmp_path, fake_cts):
     assert seen["argv"] == [
         "run",
         "--config",
-        str(run_dir / "slurm" / "experiment.yaml"),
+        str(where / "experiment.yaml"),
         "--output-dir",
         str(run_dir),
         "--serve",
@@ -72,7 +89,8 @@ def test_hostile_values_reach_cts_intact_and_run_nothing(tmp_path, fake_cts):
     assert json.loads(out.read_text())["argv"] == ["merge", str(run_dir)]
     assert not list(tmp_path.rglob("PWNED")) and not (Path.cwd() / "PWNED").exists()
 
-    frozen = yaml.safe_load((run_dir / "slurm" / "experiment.yaml").read_text())
+    assert done.experiment == str(where / "experiment.yaml")
+    frozen = yaml.safe_load(Path(done.experiment).read_text())
     assert frozen["description"] == resolved.experiment.description
     assert "$(touch PWNED)" in frozen["description"] and frozen["dataset"]["limit"] == 2
     assert frozen["output_dir"] == str(run_dir)
@@ -100,7 +118,7 @@ def test_frozen_experiment_loads_back_as_the_same_experiment(tmp_path):
     assert resolved.experiment.dataset.split is None
     options = SlurmOptions(shards=2)
     done = submit(eval_job(resolved, tmp_path / "run", options), "q", options, dry_run=True)
-    again = load_experiment(Path(done.scripts["array"]).parent / "experiment.yaml")
+    again = load_experiment(rendered_in(done) / "experiment.yaml")
     assert again.experiment.dataset == resolved.experiment.dataset
     assert again.experiment.roles == resolved.experiment.roles
     assert again.model_configs == resolved.model_configs
@@ -121,7 +139,7 @@ def test_golden_construction_job_builds_shards_then_merges(tmp_path, fake_cts):
     env = {**os.environ, "ARGV_OUT": str(out), "SLURM_ARRAY_TASK_ID": "0"}
     env.update(SLURM_ARRAY_TASK_COUNT="2", SLURM_ARRAY_JOB_ID="9")
     subprocess.run(["bash", done.scripts["array"]], env=env, check=True, capture_output=True)
-    frozen = str(run_dir / "slurm" / "experiment.yaml")
+    frozen = str(rendered_in(done) / "experiment.yaml")
     assert json.loads(out.read_text())["argv"] == [
         *("golden", "build", "--config", frozen, "--output-dir", str(run_dir), "--serve"),
         *("--shard", "0/2"),
@@ -140,7 +158,8 @@ def test_training_job_samples_in_shards_then_pairs_and_fits_on_gpus(tmp_path, fa
     assert "--gpus=2" in done.commands["final"] and "--mem=64G" in done.commands["final"]
     assert "--signal=B:TERM@120" in done.commands["final"]
 
-    frozen = run_dir / "slurm" / "train.yaml"
+    assert not run_dir.exists()
+    frozen = rendered_in(done) / "train.yaml"
     train = load_train_config(frozen)
     assert (train.limit, train.candidates) == (2, 4)
     assert train.resolved_output_dir() == run_dir.resolve()

@@ -26,6 +26,10 @@ ISO_639_1 = frozenset(
 )
 
 
+#: What a byte that is not UTF-8 reads as with errors="surrogateescape" (U+DC80..U+DCFF).
+_BAD_BYTE = re.compile("[\udc80-\udcff]")
+
+
 def known_language(tag: str) -> bool:
     return tag.split("-")[0].split("_")[0].lower() in ISO_639_1
 
@@ -60,15 +64,28 @@ def check_corpus(path: Path) -> tuple[list[CorpusDocument], list[Problem]]:
     first_seen: dict[str, int] = {}
     if not path.is_file():
         return [], [Problem(str(path), None, "<file>", "no such file")]
-    with path.open(encoding="utf-8") as f:
+    # surrogateescape: a bad byte is a problem on its line, not a UnicodeDecodeError.
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:
         for line, text in enumerate(f, 1):
             if not text.strip():
+                continue
+            bad = _BAD_BYTE.search(text)
+            if bad is not None:
+                byte = ord(bad.group()) - 0xDC00
+                problems.append(
+                    Problem(str(path), line, "<row>", f"not valid UTF-8 (byte 0x{byte:02x})")
+                )
                 continue
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as e:
                 problems.append(
                     Problem(str(path), line, "<row>", f"malformed JSON: {e.msg} (column {e.colno})")
+                )
+                continue
+            except RecursionError:  # json.loads raises it for JSON nested ~1000 deep
+                problems.append(
+                    Problem(str(path), line, "<row>", "malformed JSON: nested too deeply")
                 )
                 continue
             if not isinstance(data, dict):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -19,6 +20,44 @@ def _key(env: str) -> str:
     if not key:
         raise RuntimeError(f"environment variable {env} is not set")
     return key
+
+
+class SearchBackendError(RuntimeError):
+    """A search backend's reply that holds no usable results (an HTTP error status, a body that
+    is not JSON, or JSON of the wrong shape). `batched_search` shows it to the model as the
+    query's failure, never as "no results"."""
+
+
+async def _fetch_json(method: str, url: str, timeout_s: float, **request: Any) -> Any:
+    """One request's JSON body. `timeout_s` bounds the whole exchange (httpx's own timeout is
+    per read, so a server trickling bytes could otherwise hold the run); every failure is
+    raised with a short message naming the endpoint (the model reads it)."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            reply = await asyncio.wait_for(client.request(method, url, **request), timeout_s)
+    except (TimeoutError, httpx.TimeoutException) as e:
+        raise TimeoutError(f"{url} timed out after {timeout_s:g} s") from e
+    if reply.is_error:
+        raise SearchBackendError(f"{url} answered HTTP {reply.status_code}")
+    try:
+        return reply.json()
+    except ValueError as e:
+        raise SearchBackendError(
+            f"{url} answered HTTP {reply.status_code} with a body that is not JSON"
+        ) from e
+
+
+def _records(value: Any, url: str, where: str) -> list[dict[str, Any]]:
+    """`value` as a list of JSON objects, or a SearchBackendError naming what was wrong."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise SearchBackendError(f"{url} answered JSON of the wrong shape ({where})")
+    return value
+
+
+def _field(payload: Any, key: str, url: str, default: Any = None) -> Any:
+    if not isinstance(payload, dict) or (key not in payload and default is None):
+        raise SearchBackendError(f"{url} answered JSON of the wrong shape (no {key!r} field)")
+    return payload.get(key, default)
 
 
 class SerperSearch:
@@ -45,11 +84,15 @@ class SerperSearch:
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
         headers = {"X-API-KEY": _key(self.api_key_env), "Content-Type": "application/json"}
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            reply = await client.post(
-                self.endpoint, json=self.payload(query, top_k), headers=headers
-            )
-        reply.raise_for_status()
+        payload = await _fetch_json(
+            "POST",
+            self.endpoint,
+            self.timeout_s,
+            json=self.payload(query, top_k),
+            headers=headers,
+        )
+        # Serper leaves `organic` out when nothing was found.
+        organic = _field(payload, "organic", self.endpoint, default=[])
         return [
             SearchHit(
                 title=r.get("title", ""),
@@ -57,7 +100,7 @@ class SerperSearch:
                 snippet=r.get("snippet", ""),
                 date=r.get("date"),
             )
-            for r in reply.json().get("organic", [])[:top_k]
+            for r in _records(organic, self.endpoint, "'organic' is not a list of objects")[:top_k]
         ]
 
 
@@ -71,11 +114,13 @@ class SearxngSearch:
         self.timeout_s = timeout_s
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            reply = await client.get(
-                f"{self.endpoint}/search", params={"q": query, "format": "json"}
-            )
-        reply.raise_for_status()
+        url = f"{self.endpoint}/search"
+        payload = await _fetch_json(
+            "GET", url, self.timeout_s, params={"q": query, "format": "json"}
+        )
+        results = _records(
+            _field(payload, "results", url), url, "'results' is not a list of objects"
+        )
         return [
             SearchHit(
                 title=r.get("title", ""),
@@ -83,7 +128,7 @@ class SearxngSearch:
                 snippet=r.get("content", ""),
                 date=r.get("publishedDate"),
             )
-            for r in reply.json().get("results", [])[:top_k]
+            for r in results[:top_k]
         ]
 
 
@@ -99,15 +144,25 @@ class RetrievalServerSearch:
         self.timeout_s = timeout_s
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            reply = await client.post(
-                f"{self.endpoint}/retrieve",
-                json={"queries": [query], "topk": top_k, "return_scores": True},
+        url = f"{self.endpoint}/retrieve"
+        payload = await _fetch_json(
+            "POST",
+            url,
+            self.timeout_s,
+            json={"queries": [query], "topk": top_k, "return_scores": True},
+        )
+        per_query = _field(payload, "result", url)
+        if not isinstance(per_query, list) or len(per_query) != 1:
+            raise SearchBackendError(
+                f"{url} answered JSON of the wrong shape ('result' is not one list per query)"
             )
-        reply.raise_for_status()
         hits = []
-        for item in reply.json()["result"][0]:
+        for item in _records(per_query[0], url, "'result' holds items that are not objects"):
             document = item.get("document", item)
+            if not isinstance(document, dict):
+                raise SearchBackendError(
+                    f"{url} answered JSON of the wrong shape ('document' is not an object)"
+                )
             title, _, text = str(document.get("contents", "")).partition("\n")
             doc_id = str(document.get("id", ""))
             hits.append(
