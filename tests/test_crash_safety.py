@@ -22,9 +22,10 @@ from tests.crash_runner import CONDITIONS, LIMIT
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start(run_dir: Path, index_dir: Path) -> subprocess.Popen:
+def start(run_dir: Path, index_dir: Path, shard: str | None = None) -> subprocess.Popen:
+    shard_arg = [shard] if shard else []
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_runner", str(run_dir), str(index_dir)],
+        [sys.executable, "-m", "tests.crash_runner", str(run_dir), str(index_dir), *shard_arg],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
@@ -64,20 +65,23 @@ def recorded_lines(run_dir: Path) -> list[str]:
 
 
 def test_sigkill_at_random_points_then_resume(tmp_path, reference):
+    """Killed at ≥ 20 random points, each start a random shard of a random shard count (a run
+    resharded between preemptions), then finished unsharded: every key exactly once, and the
+    records of an uninterrupted run."""
     index, expected = reference
 
     rng = random.Random(11)
     run_dir = tmp_path / "killed"
     kills = 0
-    for _ in range(12):
-        process = start(run_dir, index)
-        time.sleep(rng.uniform(0.8, 2.0))  # start-up takes about 1 s
+    for _ in range(24):
+        process = start(run_dir, index, rng.choice([None, "0/2", "1/2", "0/3", "2/3"]))
+        time.sleep(rng.uniform(0.8, 1.8))  # start-up takes about 1 s
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             kills += 1
         process.wait(timeout=60)
     finish(run_dir, index)
-    assert kills >= 10
+    assert kills >= 20
     assert records(run_dir) == expected
 
 
