@@ -167,16 +167,19 @@ class RunDir:
         """RUN_DIR/slurm/<name>: the experiment with every model config inlined and its output
         directory fixed, a config every Slurm task (a requeued one too) loads with `--config`,
         whatever is edited after submission."""
-        # None is kept: `split: null` must not fall back to the default split.
-        experiment = resolved.experiment.model_dump(mode="json")
-        experiment["models"] = {
-            k: m.model_dump(mode="json") for k, m in resolved.model_configs.items()
-        }
-        experiment["output_dir"] = str(output_dir)
-        return self.write_slurm_file(name, experiment)
+        return self.write_slurm_file(name, frozen_experiment(resolved, output_dir))
 
     def write_slurm_file(self, name: str, document: dict[str, Any]) -> Path:
         path = self.slurm / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
         return path
+
+
+def frozen_experiment(resolved: ResolvedExperiment, output_dir: Path) -> dict[str, Any]:
+    """What `RunDir.freeze` writes, built in memory."""
+    # None is kept: `split: null` must not fall back to the default split.
+    experiment = resolved.experiment.model_dump(mode="json")
+    experiment["models"] = {k: m.model_dump(mode="json") for k, m in resolved.model_configs.items()}
+    experiment["output_dir"] = str(output_dir)
+    return experiment

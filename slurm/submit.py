@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from eval.config import ResolvedExperiment, load_experiment
-from eval.run_dir import RunDir, RunDirError
+from eval.run_dir import RunDir, RunDirError, frozen_experiment
 from train.config import load_train_config
 from train.sample import sampling_experiment
 
@@ -195,8 +195,7 @@ def _serve_args(options: SlurmOptions) -> list[str]:
 
 def _frozen_text(resolved: ResolvedExperiment, output_dir: Path) -> str:
     """What RunDir.freeze writes, without writing into the run directory."""
-    with tempfile.TemporaryDirectory(prefix="cts-slurm-freeze-") as scratch:
-        return RunDir(Path(scratch)).freeze(resolved, output_dir).read_text()
+    return _yaml_text(frozen_experiment(resolved, output_dir))
 
 
 def _yaml_text(document: dict[str, Any]) -> str:
