@@ -50,6 +50,8 @@ bench: setup vllm-venv
 	CTS_VLLM_PYTHON="$$(bash scripts/vllm_cpu_venv.sh 2>/dev/null | tail -n1)" \
 		$(BIN)/python bench/engines.py
 	$(BIN)/python bench/search.py
+	$(BIN)/python bench/view.py
+	CTS_VLLM_PYTHON="$$(bash scripts/vllm_cpu_venv.sh 2>/dev/null | tail -n1)" $(BIN)/python bench/pipeline.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

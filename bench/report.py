@@ -1,36 +1,69 @@
-"""How long the report's statistics take at the study's size: 518 instances x 5 conditions x
-3 seeds of synthetic scores, one system's summary (bootstrap CIs, sign-flip tests, gain
-recovered's paired bootstrap) and one pairwise comparison of two systems.
+"""How long `cts report` takes at the study's size: several synthetic runs (one per clarifier
+system) of 518 instances x 5 conditions x 3 seeds, written as run directories and reported
+together by `write_report` (what `cts report` calls), plus one call of each statistic: cold
+(its resampling plan drawn first, as in a fresh process) and warm (the plan kept from before).
 
-Not a test: prints figures. `python bench/report.py [--instances N] [--seeds S]`.
+Not a test: prints figures and writes them as JSON. `python bench/report.py [--instances N]
+[--seeds S] [--runs R] [--repeats K] [--metrics FILE] [--json PATH]`; `--metrics` times the
+statistics of another copy of eval/metrics.py instead (e.g. the previous version:
+`git show HEAD:eval/metrics.py > /tmp/old_metrics.py`), for a before/after on the same data.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import os
+import platform
 import random
+import statistics
+import sys
+import tempfile
 import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-from eval.config import ALL_CONDITIONS
-from eval.diagnostics import compare_systems, paired_instances, score_records, summarize
+import eval.diagnostics
+import eval.metrics
+from eval.config import ALL_CONDITIONS, load_experiment
+from eval.report import write_report
+from eval.resampling import cached_plan
+from eval.runner import RecordStore, Shard, write_jsonl
 from eval.schema import Record
 
 CONDITIONS: list[str] = list(ALL_CONDITIONS)
+#: The statistics eval/diagnostics.py calls, swapped together by --metrics.
+STATISTICS = (
+    "bootstrap_ci",
+    "gain_recovered_ci",
+    "holm",
+    "mean",
+    "paired_difference",
+    "paired_test",
+)
 
 
-def records(instances: int, seeds: int, rng: random.Random) -> list[Record]:
+def records(instances: int, seeds: int, rng: random.Random, offset: float) -> list[Record]:
+    """One system's records: each condition's scores a little higher than blurred's, so that
+    gain recovered is defined and the tests have something to find."""
+    lift = {"blurred": 0.0, "clarify@1": 4.0, "clarify@2": 6.0, "clarify@3": 7.0, "oracle": 15.0}
     out = []
     for i in range(instances):
+        base = rng.uniform(0, 80)
         for condition in CONDITIONS:
             k = int(condition[-1]) if condition.startswith("clarify@") else 0
             for seed in range(seeds):
-                value = rng.uniform(0, 100)
+                value = min(100.0, max(0.0, base + lift[condition] + offset + rng.gauss(0, 10)))
                 out.append(
                     Record(
                         instance_id=f"i{i}",
                         condition=condition,
                         seed=seed,
-                        scores=dict.fromkeys(("restore_score_100", "strict", "unweighted"), value),
+                        scores={"restore_score_100": value, "strict": value, "unweighted": value},
                         questions=["q"] * k,
                         answers=[rng.choice(["unknown", "2024"]) for _ in range(k)],
                         question_types=[["time"]] * k,
@@ -39,27 +72,110 @@ def records(instances: int, seeds: int, rng: random.Random) -> list[Record]:
     return out
 
 
+def write_runs(root: Path, runs: int, instances: int, seeds: int) -> list[Path]:
+    rng = random.Random(0)
+    resolved = load_experiment(
+        None, [f"conditions={json.dumps(CONDITIONS)}", f"seeds={json.dumps(list(range(seeds)))}"]
+    )
+    dirs = []
+    for r in range(runs):
+        run_dir = root / f"system{r}"
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(resolved.to_yaml())
+        store = RecordStore(run_dir)
+        made = records(instances, seeds, rng, offset=r * 0.5)
+        for condition in CONDITIONS:
+            path = store.path(condition, Shard())
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_jsonl(path, (x for x in made if x.condition == condition))
+        dirs.append(run_dir)
+    return dirs
+
+
+def load_metrics(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_metrics", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed(call: Callable[[], object], repeats: int, cold: bool) -> list[float]:
+    """Seconds per call; `cold` forgets the kept resampling plans first, as a fresh `cts report`
+    process starts without them (drawing a plan is part of what it pays)."""
+    times = []
+    for _ in range(repeats):
+        if cold:
+            cached_plan.cache_clear()
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return times
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=518)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5, help="systems reported together")
+    parser.add_argument("--repeats", type=int, default=3, help="timed reports (median shown)")
+    parser.add_argument("--metrics", type=Path, help="time this copy of eval/metrics.py")
+    parser.add_argument("--json", type=Path, default=Path("runs/bench/report.json"))
     args = parser.parse_args()
-    rng = random.Random(0)
-    seeds = list(range(args.seeds))
-    a, b = records(args.instances, args.seeds, rng), records(args.instances, args.seeds, rng)
-    started = time.perf_counter()
-    scored_a = score_records(a, CONDITIONS, seeds, "exclude")
-    scored_b = score_records(b, CONDITIONS, seeds, "exclude")
-    ids = paired_instances([(scored_a, CONDITIONS), (scored_b, CONDITIONS)])
-    summarize(a, CONDITIONS, seeds, ids, scored_a)
-    summarized = time.perf_counter()
-    compare_systems([("a", scored_a), ("b", scored_b)], CONDITIONS)
-    compared = time.perf_counter()
-    print(
-        f"{args.instances} instances x {len(CONDITIONS)} conditions x {args.seeds} seeds: "
-        f"one system's summary {summarized - started:.1f} s, "
-        f"one pair of systems compared {compared - summarized:.1f} s"
-    )
+    metrics: Any = eval.metrics
+    if args.metrics:
+        metrics = load_metrics(args.metrics)
+        for name in STATISTICS:
+            # A version without its own mean() used statistics.mean.
+            setattr(eval.diagnostics, name, getattr(metrics, name, statistics.mean))
+    load = [os.getloadavg()[0]]
+    rng = random.Random(1)
+    a = [rng.uniform(0, 100) for _ in range(args.instances)]
+    b = [x - 5 + rng.gauss(0, 10) for x in a]
+    o = [x + 15 + rng.gauss(0, 10) for x in a]
+    calls: dict[str, Callable[[], object]] = {
+        "paired_test": lambda: metrics.paired_test(a, b),
+        "bootstrap_ci": lambda: metrics.bootstrap_ci(a),
+        "gain_recovered_ci": lambda: metrics.gain_recovered_ci(b, a, o),
+    }
+    functions = {
+        f"{name} {kind}": timed(call, args.repeats, cold=kind == "cold")
+        for name, call in calls.items()
+        for kind in ("cold", "warm")
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = write_runs(Path(tmp), args.runs, args.instances, args.seeds)
+        out = Path(tmp) / "report"
+        reports = timed(lambda: write_report(dirs, out), args.repeats, cold=True)
+    load.append(os.getloadavg()[0])
+    shape = f"{args.runs} runs of {args.instances} instances x {len(CONDITIONS)} conditions x "
+    shape += f"{args.seeds} seeds"
+    source = str(args.metrics or "eval/metrics.py")
+    print(f"{shape}, statistics from {source}; load average {load[0]:.1f} → {load[1]:.1f}")
+    print(f"  whole report (write_report): median {statistics.median(reports):.2f} s of", end="")
+    print(f" {[round(t, 2) for t in reports]}")
+    for name, times in functions.items():
+        median = statistics.median(times)
+        print(f"  one {name} on {args.instances}: median {median:.3f} s of", end="")
+        print(f" {[round(t, 3) for t in times]}")
+    figures = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+        "cpus": os.cpu_count(),
+        "load_average": load,
+        "python": platform.python_version(),
+        "shape": {"runs": args.runs, "instances": args.instances, "seeds": args.seeds},
+        "metrics": source,
+        "report_s": reports,
+        "report_median_s": statistics.median(reports),
+        "functions_s": functions,
+        "functions_median_s": {k: statistics.median(v) for k, v in functions.items()},
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"  written to {args.json}")
 
 
 if __name__ == "__main__":

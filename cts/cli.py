@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from cts import data, golden, models, report, run, serve, slurm, train
+from cts import data, estimate, golden, judge, models, report, run, serve, slurm, train, view
+from cts.answerer import app as answerer_app
 
 app = typer.Typer(
     help="Clarify-Then-Search: does a clarification question, asked before a deep search, "
@@ -13,13 +14,15 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
-# Top-level commands: run, merge, search, serve, report.
-for group in (run.app, serve.app, report.app):
+# Top-level commands: run, merge, search, serve, report, view, estimate.
+for group in (run.app, serve.app, report.app, view.app, estimate.app):
     app.add_typer(group)
 app.add_typer(models.app, name="models")
 app.add_typer(run.config_app, name="config")
 app.add_typer(data.app, name="data")
 app.add_typer(golden.app, name="golden")
+app.add_typer(judge.app, name="judge")
+app.add_typer(answerer_app, name="answerer")
 app.add_typer(slurm.app, name="slurm")
 app.add_typer(train.app, name="train")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,10 +20,13 @@ from rich.text import Text
 from eval.config import ResolvedExperiment
 from eval.dataset import DatasetError
 from eval.dialogue import DialogueFileError
+from eval.progress import ProgressLog, ShowProgress
 from eval.report import MAIN_COLUMNS, report_cell, warnings
 from eval.run import RunResult
 from eval.run_dir import RunDir, RunDirError
 from eval.runner import RecordFileError, Shard, ShardError
+from serving.disk import StorageFull
+from serving.errors import ServerUnreachable
 from serving.serve import EndpointsError, PlanError, ServeOptions, Stopped, served
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
@@ -55,11 +60,15 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (SubmitError, "submit failed: ", 1),
     (ToolCacheMiss, "tool cache miss: ", 1),
     (ServerError, "server error: ", 1),
+    (StorageFull, "storage error: ", 1),
+    (ServerUnreachable, "server unreachable: ", 1),
     (Stopped, "", 130),
 ]
 _AFTER = {
     ServerError: "\nevery server was stopped (a run keeps its finished records and resumes)",
     Stopped: " while starting the servers: all stopped",
+    ServerUnreachable: "\nthe run stopped; its finished records are kept: once the server is "
+    "back, run the same command to resume",
 }
 
 
@@ -147,7 +156,40 @@ def shard_of(text: str | None) -> Shard:
 
 # -- running keys -----------------------------------------------------------------------------
 
-Work = Callable[[ResolvedExperiment, Shard, Callable[[], None] | None], RunResult]
+#: What `run_keyed` runs: the experiment pointed at its models, the shard, the check that the
+#: servers started for it live (None: none was), and how to show the keys' progress.
+Work = Callable[[ResolvedExperiment, Shard, Callable[[], None] | None, ShowProgress], RunResult]
+
+#: Wider than any table or line: without a terminal, output is printed at its natural width.
+_LOG_WIDTH = 10_000
+#: Seconds between two progress lines of a run whose output is not a terminal (default 30).
+PROGRESS_EVERY_ENV = "CTS_PROGRESS_EVERY_S"
+
+
+def output_console() -> Console:
+    """The console a command prints on: at a terminal, its width; otherwise (a pipe, a CI log,
+    an sbatch output file) nothing is wrapped, where rich would wrap every line at 80 columns."""
+    console = Console()
+    return console if console.is_terminal else Console(width=_LOG_WIDTH)
+
+
+def progress_for(console: Console) -> ShowProgress:
+    """A progress bar at a terminal; in a log, where a bar is never drawn until the end, a line
+    at most every $CTS_PROGRESS_EVERY_S seconds (default 30)."""
+    if console.is_terminal:
+        return True
+    text = os.environ.get(PROGRESS_EVERY_ENV, "30")
+    try:
+        every_s = float(text)
+    except ValueError:
+        every_s = math.nan
+    if not 0 <= every_s < math.inf:
+        raise usage_error(f"${PROGRESS_EVERY_ENV}={text!r}: expected seconds >= 0, e.g. 30")
+
+    def emit(line: str) -> None:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    return ProgressLog(emit, every_s)
 
 
 def run_keyed(
@@ -168,8 +210,9 @@ def run_keyed(
     def starting(n: int) -> None:
         console.print(f"starting {n} vLLM server(s)")
 
+    progress = progress_for(console)
     with served(resolved.model_configs, options, run.serve_logs(shard), starting) as (urls, watch):
-        result = work(resolved.with_endpoints(urls), shard, watch)
+        result = work(resolved.with_endpoints(urls), shard, watch, progress)
     outcome = result.outcome
     console.print(
         f"{outcome.ran} {noun}, {outcome.skipped} already done, "
@@ -178,6 +221,7 @@ def run_keyed(
         + (f", cache {result.cache}" if result.cache is not None else "")
         + f"; {result.seconds:.0f} s",
         highlight=False,
+        soft_wrap=True,
     )
     if outcome.interrupted:
         console.print("interrupted: finished records are saved; run the same command to resume")
@@ -212,7 +256,10 @@ def main_table(summary_path: Path) -> Table:
 
 
 def print_summary(console: Console, summary_path: Path) -> None:
-    """The main table and the warnings a reader must not miss."""
+    """The main table and the warnings a reader must not miss. Without a terminal (a log, a
+    pipe) the table is printed whole at its natural width, never wrapped at 80 columns."""
+    if not console.is_terminal:
+        console = Console(file=console.file, width=_LOG_WIDTH)
     console.print(main_table(summary_path))
     for name, system in json.loads(summary_path.read_text())["systems"].items():
         for line in warnings(name, system):

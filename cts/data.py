@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from cts.common import command
+from cts.common import SET_OPTION, command, usage_error
+from eval.config import ResolvedExperiment, load_experiment
 from eval.data_stats import dataset_stats
 from eval.dataset import (
     SAMPLE_SPLITS,
@@ -20,14 +22,48 @@ from eval.dataset import (
     corpus_path,
     read_rows,
 )
+from eval.run import no_nuggets
 from webdancer.corpus import CorpusError, check_corpus
 
 app = typer.Typer(help="Validate and describe datasets and corpora.", no_args_is_help=True)
 
 PATH_HELP = (
     "A dataset (JSONL, JSON, CSV, TSV, Parquet, a folder or hub id for `datasets`), a corpus "
-    "JSONL, or `sample` for the shipped benchmark."
+    "JSONL, or `sample` for the shipped benchmark. Not with --config."
 )
+DATA_CONFIG_OPTION = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help="Instead of PATH: the dataset an experiment's `dataset:` section describes (field maps, "
+    "gold table, nugget_field_map, weight_map, corpus), read exactly as `cts run -c` reads it.",
+)
+
+
+def _experiment(
+    path: str | None, config: str | None, set_: list[str], **path_options: object
+) -> ResolvedExperiment | None:
+    """The experiment whose dataset is checked, or None when PATH is (exit 2 for a mix)."""
+    if config is None:
+        if set_:
+            raise usage_error("--set changes an experiment: give it with --config/-c")
+        if path is None:
+            raise usage_error("give a dataset PATH, or an experiment with --config/-c")
+        return None
+    if path is not None:
+        raise usage_error(f"give PATH ({path}) or --config ({config}), not both")
+    given = [f"--{k.replace('_', '-')}" for k, v in path_options.items() if v]
+    if given:
+        raise usage_error(
+            f"{', '.join(given)}: with --config the experiment's `dataset:` says it; change it "
+            "with --set dataset.KEY=VALUE"
+        )
+    return load_experiment(config, set_)
+
+
+def _whole(resolved: ResolvedExperiment) -> DatasetSource:
+    """The experiment's dataset as `cts run` validates it: every row, whatever the limit."""
+    return resolved.experiment.dataset.model_copy(update={"limit": None})
 
 
 def _source(
@@ -61,16 +97,33 @@ def _is_corpus(path: str) -> bool:
 
 @command(app, "validate")
 def data_validate(
-    path: str = typer.Argument(..., help=PATH_HELP),
+    path: str | None = typer.Argument(None, help=PATH_HELP),
     split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),
     corpus: str | None = typer.Option(None, help="Corpus JSONL that nugget source_ids must be in."),
     field_map: list[str] = typer.Option([], help="OURS=THEIRS column rename (repeatable)."),
     gold: str | None = typer.Option(None, help="A separate gold table joined by id."),
     gold_id_field: str = typer.Option("id", help="The id column of the gold table."),
+    config: str | None = DATA_CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
 ) -> None:
     """Check every row of a dataset or corpus and report every problem.
 
-    Problems print as `file:line: field: message`; the exit code is 1 when there is any."""
+    Problems print as `file:line: field: message`; the exit code is 1 when there is any. With
+    --config, the dataset of an experiment, every row of it as `cts run -c` loads it."""
+    resolved = _experiment(
+        path,
+        config,
+        set_,
+        split=split,
+        corpus=corpus,
+        field_map=field_map,
+        gold=gold,
+        gold_id_field=gold_id_field != "id",
+    )
+    if resolved is not None:
+        _validate_experiment(resolved)
+        return
+    assert path is not None
     try:
         if _is_corpus(path):
             documents, problems = check_corpus(Path(path))
@@ -98,26 +151,87 @@ def data_validate(
     typer.echo(f"{path}: OK ({count})")
 
 
+def _validate_experiment(resolved: ResolvedExperiment) -> None:
+    source = _whole(resolved)
+    try:
+        checked = check_source(source)
+        problems = checked.problems
+    except (DatasetError, CorpusError) as e:
+        problems = e.problems
+    label = f"{source.path} (the dataset of {resolved.path})"
+    for problem in problems:
+        typer.echo(str(problem))
+    if problems:
+        typer.echo(f"{len(problems)} problem(s) in {label}", err=True)
+        raise typer.Exit(1)
+    limit = resolved.experiment.dataset.limit
+    used = checked.instances[:limit] if limit else checked.instances
+    unscorable = no_nuggets(source, used)
+    if unscorable is not None:
+        # Valid for `cts golden build`, which makes the nuggets; `cts run` refuses it.
+        typer.echo(f"warning: {unscorable} (`cts run` refuses it)", err=True)
+    count = f"{len(checked.instances)} instances" + (
+        f"; the experiment runs the first {len(used)}" if limit else ""
+    )
+    typer.echo(f"{label}: OK ({count})")
+
+
+def _experiment_stats(resolved: ResolvedExperiment) -> tuple[str, dict[str, Any]]:
+    """The statistics of the instances the experiment runs: its dataset loaded as `cts run`
+    loads it (a dataset it would refuse is refused here: exit 1), then its limit."""
+    checked = check_source(_whole(resolved))
+    if checked.problems:
+        typer.echo(
+            f"{len(checked.problems)} invalid row(s): `cts run` refuses this dataset; "
+            f"`cts data validate -c {resolved.path}` lists them",
+            err=True,
+        )
+        raise typer.Exit(1)
+    dataset = resolved.experiment.dataset
+    used = checked.instances[: dataset.limit] if dataset.limit else checked.instances
+    name = resolved.experiment.name
+    if dataset.limit:
+        name += f" (the first {len(used)} of {len(checked.instances)})"
+    return dataset.path, {name: dataset_stats(used)}
+
+
 @command(app, "stats")
 def data_stats(
-    path: str = typer.Argument(..., help=PATH_HELP),
+    path: str | None = typer.Argument(None, help=PATH_HELP),
     split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),
     field_map: list[str] = typer.Option([], help="OURS=THEIRS column rename (repeatable)."),
     gold: str | None = typer.Option(None, help="A separate gold table joined by id."),
     gold_id_field: str = typer.Option("id", help="The id column of the gold table."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    config: str | None = DATA_CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
 ) -> None:
-    """Counts per language and removed-constraint type, nuggets, weights, query lengths."""
-    splits = list(SAMPLE_SPLITS) if path == "sample" and split is None else [split]
-    report = {}
-    for one in splits:
-        source = _source(path, one, None, field_map, gold, gold_id_field)
-        checked = check_source(source.model_copy(update={"corpus": None}))
-        if checked.problems:
-            typer.echo(
-                f"{len(checked.problems)} invalid row(s) skipped; run `cts data validate`", err=True
-            )
-        report[one or path] = dataset_stats(checked.instances)
+    """Counts per language and removed-constraint type, nuggets, weights, query lengths.
+
+    With --config, of the instances an experiment runs (its dataset, after its limit)."""
+    resolved = _experiment(
+        path,
+        config,
+        set_,
+        split=split,
+        field_map=field_map,
+        gold=gold,
+        gold_id_field=gold_id_field != "id",
+    )
+    if resolved is not None:
+        path, report = _experiment_stats(resolved)
+    else:
+        assert path is not None
+        report = {}
+        for one in list(SAMPLE_SPLITS) if path == "sample" and split is None else [split]:
+            source = _source(path, one, None, field_map, gold, gold_id_field)
+            checked = check_source(source.model_copy(update={"corpus": None}))
+            if checked.problems:
+                typer.echo(
+                    f"{len(checked.problems)} invalid row(s) skipped; run `cts data validate`",
+                    err=True,
+                )
+            report[one or path] = dataset_stats(checked.instances)
     if as_json:
         typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
         return

@@ -1,7 +1,9 @@
-"""`cts golden build|merge`: golden construction, once per dataset."""
+"""`cts golden build|merge|audit`: golden construction, once per dataset, and its audit."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import typer
@@ -21,9 +23,32 @@ from cts.common import (
     output_dir_option,
     run_keyed,
     shard_of,
+    usage_error,
 )
 from eval.config import load_experiment
 from eval.golden import GoldenReport
+from eval.golden_audit import (
+    DUPLICATE_THRESHOLD,
+    GoldenAudit,
+    NuggetCheck,
+    check_nuggets,
+    citations_for,
+    default_corpus,
+    golden_audit,
+    judged_grounding,
+    load_audit_dataset,
+    sample_checks,
+    sample_markdown,
+)
+from eval.nuggetizer import (
+    DEFAULT_WEIGHT_MAP,
+    Format,
+    ImportReport,
+    import_nuggets,
+    nugget_rows,
+    parse_weight_map,
+    write_jsonl,
+)
 from eval.run import GOLDEN_ROLES, build_golden, finish_golden, require_roles
 from eval.run_dir import RunDir
 from eval.runner import MergeReport
@@ -80,8 +105,8 @@ def build(
         run,
         part,
         ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
-        lambda ready, part, watch: build_golden(
-            ready, run.root, part, watch=watch, retry_failed=retry_failed
+        lambda ready, part, watch, progress: build_golden(
+            ready, run.root, part, progress, watch=watch, retry_failed=retry_failed
         ),
         console,
         merge_with=f"cts golden merge {run.root}",
@@ -142,3 +167,284 @@ def _summary_table(report: GoldenReport) -> Table:
         str(report.built), str(len(report.failed)), str(report.nuggets), f"{per:.1f}", weights
     )
     return table
+
+
+@command(app, "audit")
+def audit(
+    dataset: str = typer.Argument(
+        ...,
+        help="A dataset with golden nuggets (any format `cts data` reads), a golden "
+        "construction folder (its dataset.jsonl and traces), or `sample`.",
+    ),
+    corpus: str | None = typer.Option(
+        None,
+        help="Corpus JSONL the citations name (`sample` = the shipped one). Default: the "
+        "experiment's (or the golden folder's) corpus; `sample` for the sample dataset.",
+    ),
+    split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),
+    sample: int = typer.Option(20, "--sample", min=0, help="Nuggets in the review sample."),
+    seed: int = typer.Option(0, help="Seed of the review sample's draw."),
+    limit: int | None = typer.Option(None, min=1, help="Only the first N instances."),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="Experiment whose judge role's model checks grounding (without one, or with "
+        "--lexical: the lexical pre-filter).",
+    ),
+    set_: list[str] = SET_OPTION,
+    lexical: bool = typer.Option(
+        False, "--lexical", help="Check grounding lexically even when an experiment is given."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Where audit.json and sample.md go (default runs/golden-audit-NAME)."
+    ),
+) -> None:
+    """Audit golden nuggets: nuggets per instance, weight mix, sources per nugget, instances
+    with fewer than 3 nuggets, near-duplicate nuggets within an instance, and a grounding check
+    of each nugget against the evidence it cites (corpus documents, or what its golden trace
+    showed): support / partial / none, by the judge role's model with its own prompt when an
+    experiment is given, else by lexical overlap. Writes audit.json (every figure with its n,
+    every nugget's verdict) and sample.md (a random sample of nuggets with the cited text
+    closest to each, for a person to check). Exit 1, listing them, when a nugget cites nothing
+    that supports it (no citation, citations that resolve to nothing, or verdict none) or the
+    model failed on some; 2 for bad input."""
+    data = load_audit_dataset(dataset, split)
+    instances = data.instances[:limit] if limit else data.instances
+    if set_ and config is None:
+        raise usage_error("--set changes an experiment: give it with -c/--config")
+    resolved = load_experiment(config, set_) if config is not None else None
+    if corpus is None:
+        experiment = resolved or (data.golden_run.read_config() if data.golden_run else None)
+        corpus = default_corpus(experiment.experiment) if experiment else None
+        if corpus is None and dataset == "sample":
+            corpus = "sample"
+    citations = citations_for(data, corpus)
+    checks = check_nuggets(instances, citations)
+    model = None
+    if resolved is not None and not lexical:
+        model = asyncio.run(judged_grounding(resolved, checks))
+    report = golden_audit(instances, checks, model, citations.missing_traces)
+    folder = out or Path("runs") / f"golden-audit-{_audit_name(dataset)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "audit.json").write_text(
+        json.dumps(report.as_dict(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8"
+    )
+    drawn = sample_checks(report.checks, sample, seed)
+    (folder / "sample.md").write_text(sample_markdown(report, drawn, seed), encoding="utf-8")
+    console = Console()
+    console.print(_audit_table(report, corpus))
+    _audit_findings(report)
+    console.print(f"audit.json and sample.md ({len(drawn)} nuggets) in {folder}", highlight=False)
+    if report.flagged or report.unjudged:
+        _unsupported(report)
+        raise typer.Exit(1)
+
+
+def _audit_name(dataset: str) -> str:
+    path = Path(dataset)
+    name = path.name if path.is_dir() else path.stem
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "dataset"
+
+
+def _audit_table(report: GoldenAudit, corpus: str | None) -> Table:
+    f = report.figures()
+    per, weights, sources = (
+        f["nuggets_per_instance"],
+        f["weight_mix"],
+        f["sources_per_nugget"],
+    )
+    cites, grounding = f["citations"], f["grounding"]
+    table = Table(
+        "figure",
+        "value",
+        "n",
+        title=f"golden audit · grounding by {report.method} · corpus {corpus or '(none)'}",
+    )
+    table.add_row(
+        "instances with golden nuggets",
+        str(report.with_golden),
+        f"{report.instances} instances",
+    )
+    table.add_row(
+        "nuggets per instance",
+        f"min {per['min']} · median {per['median']} · mean {per['mean']} · max {per['max']}; "
+        + ", ".join(f"{k}: {v}" for k, v in per["distribution"].items()),
+        f"{per['n_instances']} instances",
+    )
+    table.add_row(
+        "instances with < 3 nuggets",
+        str(f["fewer_than_3"]["count"]),
+        f"{per['n_instances']} instances",
+    )
+    table.add_row(
+        "weight mix",
+        ", ".join(f"{w}: {n} ({weights['shares'][w]:.0%})" for w, n in weights["counts"].items()),
+        f"{weights['n_nuggets']} nuggets",
+    )
+    table.add_row(
+        "sources per nugget",
+        f"mean {sources['mean']}; "
+        + ", ".join(f"{k}: {v}" for k, v in sources["distribution"].items()),
+        f"{sources['n_nuggets']} nuggets",
+    )
+    table.add_row(
+        "citations resolved",
+        f"corpus {cites['resolved_in_corpus']}, trace {cites['resolved_in_trace']}, "
+        f"unresolved {cites['unresolved']}",
+        f"{cites['n']} citations",
+    )
+    table.add_row(
+        f"near-duplicate pairs (Jaccard ≥ {DUPLICATE_THRESHOLD})",
+        str(f["near_duplicates"]["count"]),
+        f"{f['near_duplicates']['n_pairs_compared']} pairs",
+    )
+    table.add_row(
+        "grounding verdicts",
+        ", ".join(f"{v}: {n}" for v, n in grounding["verdicts"].items()),
+        f"{grounding['n_nuggets']} nuggets",
+    )
+    agreement = grounding.get("lexical_agreement")
+    if agreement:
+        table.add_row(
+            "model = lexical verdict",
+            f"{agreement['agree']} ({agreement['share']:.0%})" if agreement["n_nuggets"] else "–",
+            f"{agreement['n_nuggets']} nuggets",
+        )
+    table.add_row(
+        "citing nothing that supports them",
+        str(grounding["flagged"]),
+        f"{grounding['n_nuggets']} nuggets",
+    )
+    return table
+
+
+def _audit_findings(report: GoldenAudit) -> None:
+    """What a curator fixes that is not a failure: thin instances, near-duplicates, dangling
+    citations beside resolved ones, traces the dataset names but that are not there."""
+    for instance_id, n in report.few_nuggets().items():
+        typer.echo(f"fewer than 3 nuggets: {instance_id} has {n}")
+    for d in report.duplicates:
+        typer.echo(
+            f"near-duplicates: {d.instance_id} {d.first} ~ {d.second} (Jaccard {d.similarity})"
+        )
+    for c in report.checks:
+        if c.unresolved and c.sources:
+            typer.echo(
+                f"unresolved citation: {c.instance_id} {c.nugget_id} cites "
+                f"{', '.join(c.unresolved)} (not in the corpus or its trace)"
+            )
+    if report.missing_traces:
+        typer.echo(
+            f"{len(report.missing_traces)} golden trace(s) not found, e.g. "
+            f"{report.missing_traces[0]}: their citations resolve against the corpus only"
+        )
+
+
+def _listing_row(check: NuggetCheck, why: str) -> str:
+    cited = ", ".join(f"{s} (unresolved)" if s in check.unresolved else s for s in check.source_ids)
+    return (
+        f"{check.instance_id}\t{check.nugget_id}\t{why}\t{check.text}\tcited: {cited or '(none)'}"
+    )
+
+
+def _unsupported(report: GoldenAudit) -> None:
+    for check in report.flagged:
+        typer.echo(_listing_row(check, check.problem or ""))
+    for check in report.unjudged:
+        typer.echo(_listing_row(check, f"no verdict: {check.model_error}"))
+    typer.echo(
+        f"{len(report.flagged)} of {len(report.checks)} nuggets cite nothing that supports "
+        f"them; {len(report.unjudged)} got no verdict (model error)",
+        err=True,
+    )
+
+
+# -- nuggetizer interoperability (eval/nuggetizer.py) ---------------------------------------------
+
+WEIGHT_MAP_HELP = (
+    "Importance word=weight, comma-separated (vital and okay needed; other words nuggetizer "
+    "writes, e.g. failed, may be weighed too)."
+)
+
+
+@command(app, "import")
+def import_command(
+    nuggets_file: Path = typer.Argument(
+        ..., help="A nuggets JSONL as `nuggetizer create` writes it: {qid, query, nuggets}."
+    ),
+    from_: Format = typer.Option(..., "--from", help="The file's format."),
+    dataset: str = typer.Option(
+        ..., "--dataset", help="The dataset (our shape, any format `cts data` reads) or `sample`."
+    ),
+    out: Path = typer.Option(..., "--out", help="Where the merged dataset (JSONL) goes."),
+    weight_map: str = typer.Option(DEFAULT_WEIGHT_MAP, "--weight-map", help=WEIGHT_MAP_HELP),
+    replace: bool = typer.Option(
+        False, "--replace", help="Drop an imported instance's nuggets the file does not have."
+    ),
+    split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),
+) -> None:
+    """Merge nuggetizer's nuggets into a dataset's golden nuggets, by qid = instance id
+    (https://github.com/castorini/nuggetizer, its README's `create` output shape).
+
+    Each nugget's importance becomes a weight by --weight-map (default vital=3, okay=1; a
+    nugget without one is vital, as nuggetizer reads it). A nugget whose text (spacing aside)
+    the instance already has keeps its id and source_ids and takes the file's weight; a new one
+    gets the next free id nK and no source_ids — nuggetizer files carry no evidence, so `cts
+    golden audit` flags such nuggets as citing nothing, rightly, until their sources are added.
+    With --replace, the imported instances' other nuggets are dropped. Instances the file does
+    not name are written unchanged. Exit 2, before anything is written, when a qid names no
+    instance, an importance is not in the map, or a line is malformed (each as file:line)."""
+    weights = parse_weight_map(weight_map)
+    report = import_nuggets(nuggets_file, dataset, out, weights, replace, split)
+    _import_summary(report, out, from_)
+
+
+def _import_summary(report: ImportReport, out: Path, source: Format) -> None:
+    typer.echo(
+        f"{len(report.updated)} of {report.instances} instances got {source.value} nuggets: "
+        f"{report.added} added, {report.matched} matched by text ({report.reweighted} "
+        f"reweighted), {report.dropped} dropped → {out}"
+    )
+    if report.defaulted_importance:
+        typer.echo(f"{report.defaulted_importance} nugget(s) had no importance: read as vital")
+    if report.other_query:
+        typer.echo(
+            f"note: {len(report.other_query)} qid(s) carry a query that is neither the instance's "
+            f"fused nor its blurred query (e.g. {report.other_query[0]}): check the ids match"
+        )
+    if report.without_sources:
+        typer.echo(
+            f"note: {report.without_sources} nugget(s) of the imported instances cite no "
+            f"evidence; `cts golden audit {out}` will flag them until source_ids are added"
+        )
+
+
+@command(app, "export")
+def export_command(
+    dataset: str = typer.Argument(
+        ..., help="A dataset with golden nuggets, a golden construction folder, or `sample`."
+    ),
+    to: Format = typer.Option(..., "--to", help="The format to write."),
+    out: Path = typer.Option(..., "--out", help="The nuggets JSONL to write."),
+    weight_map: str = typer.Option(DEFAULT_WEIGHT_MAP, "--weight-map", help=WEIGHT_MAP_HELP),
+    vital_from: float | None = typer.Option(
+        None,
+        "--vital-from",
+        help="Weights at or above this are vital, others okay (default: the map's vital weight).",
+    ),
+    split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),
+) -> None:
+    """Write a dataset's golden nuggets as nuggetizer's nuggets file, one line {query, qid,
+    nuggets: [{text, importance}]} per instance with nuggets (query: the fused query), for
+    `nuggetizer assign --nuggets`. A weight at or above --vital-from is vital, any other okay
+    (defaults: weight 3 → vital, 2 and 1 → okay; importing back gives weights by the same
+    --weight-map, so weight 2 returns as 1). Ids and source_ids are not in the format."""
+    weights = parse_weight_map(weight_map, vital_from)
+    instances = load_audit_dataset(dataset, split).instances
+    written = write_jsonl(nugget_rows(instances, weights), out)
+    skipped = len(instances) - written
+    typer.echo(
+        f"{written} instance(s) with golden nuggets written as {to.value} nuggets → {out} "
+        f"({weights.describe()})" + (f"; {skipped} without nuggets left out" if skipped else "")
+    )

@@ -1,13 +1,14 @@
-"""`cts run`, `cts merge`, `cts search` and `cts config show`: an experiment's evaluation."""
+"""`cts run`, `cts rejudge`, `cts merge`, `cts search` and `cts config show`: an experiment's
+evaluation."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from cts.common import (
     CONFIG_OPTION,
@@ -19,15 +20,20 @@ from cts.common import (
     SHARD_OPTION,
     VLLM_PYTHON_OPTION,
     command,
+    output_console,
     output_dir_option,
     print_summary,
     run_keyed,
     shard_of,
 )
-from eval.config import load_experiment
+from eval.config import ResolvedExperiment, load_experiment
 from eval.engines import open_engines
-from eval.run import merge_run, require_roles, run_experiment
+from eval.plan import ModelPlan, RunPlan, plan_run
+from eval.progress import ShowProgress
+from eval.rejudge import judge_served, rejudge_experiment, rejudge_run, with_judge_from
+from eval.run import RunResult, merge_run, require_roles, run_experiment
 from eval.run_dir import RunDir
+from eval.runner import Shard
 from eval.search_agent import open_agent
 from serving.serve import ServeOptions
 from serving.yaml_config import Override
@@ -58,6 +64,13 @@ def run(
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run again the keys whose record is a failure."
     ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the plan (keys to run and done, where each model runs, search, output "
+        "directory, whether it may resume) and exit: no model is loaded or called, nothing "
+        "is written. Exit 2 when the run would be refused.",
+    ),
 ) -> None:
     """Run an experiment (default: configs/experiments/quickstart.yaml).
 
@@ -74,7 +87,15 @@ def run(
     require_roles(resolved)  # before any server is started for the run
     part = shard_of(shard)
     run_dir = RunDir(output_dir_option(output_dir) or resolved.output_dir())
-    console = Console()
+    console = output_console()
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    if dry_run:
+        plan = plan_run(resolved, run_dir.root, part, options, retry_failed)
+        for line in plan_lines(plan):
+            console.print(line, highlight=False, markup=False)
+        if plan.refusal is not None:
+            raise typer.Exit(2)
+        return
     console.print(
         f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path} → {run_dir.root}",
         highlight=False,
@@ -83,13 +104,179 @@ def run(
         resolved,
         run_dir,
         part,
-        ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
-        lambda ready, part, watch: run_experiment(
-            ready, run_dir.root, part, watch=watch, retry_failed=retry_failed
+        options,
+        lambda ready, part, watch, progress: run_experiment(
+            ready, run_dir.root, part, progress, watch=watch, retry_failed=retry_failed
         ),
         console,
         merge_with=f"cts merge {run_dir.root}",
     )
+    if result.report is None:  # a shard: `cts merge` writes the report
+        return
+    print_summary(console, result.report["summary"])
+    console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
+
+
+def plan_lines(plan: RunPlan) -> list[str]:
+    """`cts run --dry-run`'s report of a plan."""
+    experiment = plan.resolved.experiment
+    run = RunDir(plan.run_dir)
+    if plan.resumes:
+        state = "resumes the run there" if plan.refusal is None else "holds another run"
+    else:
+        state = "exists, no run in it yet" if plan.run_dir.exists() else "new"
+    dataset = experiment.dataset
+    lines = [
+        "dry run: no model is loaded or called, nothing is written",
+        f"experiment {experiment.name} from {plan.resolved.path}",
+        f"output dir: {plan.run_dir} ({state})",
+        f"dataset: {dataset.path}"
+        + (f" split {dataset.split}" if dataset.split else "")
+        + f": {plan.run_instances} of {plan.dataset_instances} instances"
+        + (f" (limit {dataset.limit})" if dataset.limit else ""),
+        f"shard: {plan.shard.index}/{plan.shard.count}, {plan.shard_instances} instance(s); "
+        f"seeds {', '.join(map(str, experiment.seeds))}",
+        "keys (instance, condition, seed):",
+    ]
+    width = max(len(c.condition) for c in plan.conditions)
+    for c in plan.conditions:
+        kept = f" ({c.failed} of them failed; --retry-failed runs them again)" if c.failed else ""
+        lines.append(
+            f"  {c.condition:<{width}}  {c.keys} keys: {c.done} done, {c.to_run} to run{kept}"
+        )
+    lines.append(
+        f"  {'all':<{width}}  {plan.keys} keys: {plan.done} done, {plan.keys - plan.done} to run"
+        + (" (failed records run again: --retry-failed)" if plan.retry_failed else "")
+    )
+    lines.append("models:")
+    for m in plan.models:
+        lines.append(f"  {m.ref} ({m.name}) for {', '.join(m.roles)}: {_where(m)}")
+    started = [m.ref for m in plan.models if m.started]
+    if started:
+        logs = run.serve_logs(plan.shard)
+        lines.append(
+            f"  --serve starts {len(started)} vLLM server(s), logs under {logs}; "
+            "`cts serve --dry-run` prints their commands and GPUs"
+        )
+    search = experiment.search
+    backend = (
+        f"local BM25 over corpus {search.corpus}"
+        if search.backend == "local"
+        else f"{search.backend} at {search.endpoint or 'its default endpoint'}"
+    )
+    lines.append(
+        f"search: {backend}, top {search.top_k}, pages visited from "
+        + ("the corpus" if search.visit == "local" else "the web (HTTP)")
+        + f"; tool cache {search.tool_cache}"
+        + (" (offline: replayed only)" if search.offline else "")
+    )
+    cache = experiment.cache
+    lines.append(f"response cache: {cache.path if cache.enabled else 'off'}")
+    if plan.refusal is not None:
+        lines.append(f"resume: refused (exit 2) — {plan.refusal}")
+    elif plan.resumes:
+        lines.append(f"resume: {run.config} matches this config; the run resumes")
+    else:
+        lines.append(f"resume: nothing to resume; {run.config} would be written")
+    return lines
+
+
+def _where(model: ModelPlan) -> str:
+    if model.engine != "openai":
+        return f"in-process ({model.engine}), weights {model.path}"
+    if model.started:
+        return f"vLLM server started for the run (--serve), weights {model.path}"
+    where = f"openai endpoint {model.endpoint}" if model.endpoint else "openai, no endpoint set"
+    return where + ("; --serve would start vLLM for it" if model.servable else "")
+
+
+@command(app, "rejudge")
+def rejudge(
+    source: Path = typer.Argument(..., help="The finished run whose answers are judged again."),
+    output_dir: Path = typer.Option(
+        ..., "--output-dir", help="The new run directory (records, summary, report)."
+    ),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="Experiment YAML to judge with (default: the source's config.yaml); it may differ "
+        "from the source's only in the judge.",
+    ),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        help="Override a judge key, e.g. --set roles.judge.model=qwen3-32b, "
+        "--set judge.show_query=true (repeatable).",
+    ),
+    shard: str | None = SHARD_OPTION,
+    endpoints: Path | None = ENDPOINTS_OPTION,
+    serve: bool = typer.Option(
+        False,
+        "--serve",
+        help="Start the judge's vLLM server first (no other model), stop it after.",
+    ),
+    gpus: str | None = GPUS_OPTION,
+    cpu: bool = CPU_OPTION,
+    vllm_python: str | None = VLLM_PYTHON_OPTION,
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Judge again the keys whose new record is a failure."
+    ),
+) -> None:
+    """Score a finished run's stored answers again with another judge, calling no other role.
+
+    The config is the source run's (or --config) with --set overrides, which may change the
+    judge only: roles.judge, judge: (show_query, shuffle, batch_size) and the models only the
+    judge uses. Records that failed before the judge in the source stay failures (copied with
+    their error). The new judge's answers are cached in OUTPUT_DIR/cache/ only, never read
+    from a shared cache, so no label of the source run is replayed. Records, summary and
+    report go to OUTPUT_DIR (read by `cts report`, `cts merge`, `cts judge agreement`), with
+    rejudge.json naming the source run. Sharded and resumable like `cts run`."""
+    resolved = rejudge_experiment(source, output_dir_option(output_dir) or output_dir, config, set_)
+    part = shard_of(shard)
+    run_dir = RunDir(output_dir)
+    console = output_console()
+    console.print(
+        f"rejudge [bold]{source}[/bold] with judge "
+        f"{resolved.experiment.roles['judge'].model} → {run_dir.root}",
+        highlight=False,
+    )
+    copied = 0
+
+    def work(
+        ready: ResolvedExperiment,
+        part: Shard,
+        watch: Callable[[], None] | None,
+        progress: ShowProgress,
+    ) -> RunResult:
+        nonlocal copied
+        result = rejudge_run(
+            with_judge_from(resolved, ready),
+            source,
+            run_dir.root,
+            part,
+            show_progress=progress,
+            watch=watch,
+            retry_failed=retry_failed,
+        )
+        copied = result.copied_failures
+        return result
+
+    result = run_keyed(
+        judge_served(resolved),
+        run_dir,
+        part,
+        ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
+        work,
+        console,
+        merge_with=f"cts merge {run_dir.root}",
+    )
+    if copied:
+        console.print(
+            f"{copied} of the failed records failed before the judge in the source run "
+            "(copied with their error)",
+            highlight=False,
+        )
     if result.report is None:  # a shard: `cts merge` writes the report
         return
     print_summary(console, result.report["summary"])
@@ -114,7 +301,7 @@ def merge(run_dir: Path = typer.Argument(..., help="The run directory.")) -> Non
         )
         raise typer.Exit(1)
     files = RunDir(run_dir)
-    print_summary(Console(), files.summary)
+    print_summary(output_console(), files.summary)
     typer.echo(f"merged {len(report.records)} records; report: {files.report_html}")
 
 
@@ -144,7 +331,7 @@ def search(
     result = asyncio.run(go())
     if trace:
         trace.write_text(json.dumps(result.as_dict(), indent=2, ensure_ascii=False))
-    console = Console()
+    console = output_console()
     console.print(f"[bold]answer[/bold]: {result.answer or '(none)'}", highlight=False)
     tools_used = [s["tool"] for s in result.steps if s["kind"] == "tool"]
     console.print(

@@ -1,4 +1,5 @@
-"""`cts slurm submit|status`: the benchmark, golden construction or fine-tuning as Slurm jobs."""
+"""`cts slurm submit|status`: the benchmark, golden construction, a rejudge or fine-tuning as
+Slurm jobs."""
 
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from slurm.status import status
 from slurm.submit import SlurmOptions, plan_job, submit
 
 app = typer.Typer(
-    help="Run the benchmark, golden construction or clarifier fine-tuning as Slurm jobs.",
+    help="Run the benchmark, golden construction, a rejudge or clarifier fine-tuning as Slurm "
+    "jobs.",
     no_args_is_help=True,
 )
 
 
 JOB_HELP = (
     "eval: `cts run` per shard, then `cts merge`. golden: `cts golden build` per shard, then "
-    "`cts golden merge`. train: `cts train sample` per shard, then pairs and fit on --fit-gpus "
-    "GPUs (--config is then a train config)."
+    "`cts golden merge`. rejudge: `cts rejudge` of the --source run per shard (only the judge's "
+    "model served), then `cts merge`; needs --output-dir. train: `cts train sample` per shard, "
+    "then pairs and fit on --fit-gpus GPUs (--config is then a train config)."
 )
 
 
@@ -38,6 +41,12 @@ def submit_command(
     ),
     set_: list[str] = SET_OPTION,
     job: str = typer.Option("eval", "--job", help=JOB_HELP),
+    source: Path | None = typer.Option(
+        None,
+        "--source",
+        help="--job rejudge: the finished run to judge again (--config then defaults to its "
+        "config.yaml; --set changes the judge).",
+    ),
     shards: int = typer.Option(..., help="Array tasks: shard i of N each."),
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
     partition: str | None = typer.Option(None, help="sbatch --partition."),
@@ -86,7 +95,7 @@ def submit_command(
         extra_sbatch=sbatch_arg,
         fit_gpus=fit_gpus,
     )
-    planned, name = plan_job(job, config, set_, output_dir, options)
+    planned, name = plan_job(job, config, set_, output_dir, options, source)
     done = submit(planned, name, options, dry_run=dry_run)
     for which, line in done.commands.items():
         print(f"{which}: {shlex.join(line)}")  # unwrapped, to copy and paste

@@ -69,7 +69,9 @@ def _sample(
         run,
         part,
         options or ServeOptions(),
-        lambda ready, part, watch: run_experiment(ready, run.root, part, watch=watch),
+        lambda ready, part, watch, progress: run_experiment(
+            ready, run.root, part, progress, watch=watch
+        ),
         console,
         merge_with=f"cts merge {run.root}, then cts train pairs",
     )

@@ -99,6 +99,10 @@ class SearchConfig(_Strict):
     tool_cache: str = "$CTS_HOME/cache/tools.sqlite"
     #: Replay tool calls from the tool cache only; a miss is an error (`--tools-offline`).
     offline: bool = False
+    #: USD per search API call (one per query a search runs) and per page a visit fetches,
+    #: for `cts estimate`'s cost of a sweep; None: no price, no cost is shown.
+    price_per_call: float | None = Field(None, ge=0)
+    price_per_visit: float | None = Field(None, ge=0)
 
 
 class Budgets(_Strict):
@@ -154,6 +158,13 @@ class JudgeConfig(_Strict):
     #: The study's judge compares the search output with the nuggets only; true also shows it
     #: the fused query (the user's full intent).
     show_query: bool = False
+    #: Show each answer's nuggets in an order fixed by the record key (instance, condition,
+    #: seed) instead of the gold's order, so that a judge's position bias does not always
+    #: favour the same nuggets; each label records the position its nugget was shown at.
+    shuffle: bool = False
+    #: Nuggets per judge call: fewer than the judge's own limit (agents/judge.py BATCH, 10)
+    #: if a small judge loses track of long listings, never more.
+    batch_size: int = Field(judge.BATCH, ge=1, le=judge.BATCH)
 
 
 class ReportConfig(_Strict):

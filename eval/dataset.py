@@ -80,6 +80,17 @@ class DatasetSource(BaseModel):
 _BAD_BYTE = re.compile("[\udc80-\udcff]")
 #: json.loads raises RecursionError (not JSONDecodeError) for JSON nested ~1000 deep.
 _TOO_DEEP = "malformed JSON: nested too deeply"
+#: ...and a plain ValueError for an integer longer than int() converts (4300 digits).
+_TOO_LONG = "malformed JSON: a number with too many digits"
+
+
+def _expanded(path: str | Path) -> Path:
+    """`path` with `~` expanded, or as written when it names no known home (`~nobody/x`,
+    for which expanduser raises RuntimeError): then it is reported as not found."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        return Path(path)
 
 
 def _utf8_error(text: str) -> str | None:
@@ -105,10 +116,43 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
             except RecursionError:
                 yield Row(str(path), n, None, _TOO_DEEP)
                 continue
+            except ValueError:
+                yield Row(str(path), n, None, _TOO_LONG)
+                continue
             if not isinstance(data, dict):
                 yield Row(str(path), n, None, f"expected a JSON object, got {type(data).__name__}")
                 continue
             yield Row(str(path), n, data)
+
+
+def _item_starts(text: str, key: str | None) -> list[int]:
+    """Where each element of the top-level array of `text` (already parsed) starts, or of the
+    array under `key` of its top-level object, to report each element's own line (an
+    element's index would name a wrong line of a file laid out on one or many lines)."""
+    decoder = json.JSONDecoder()
+
+    def skip(i: int, chars: str = " \t\r\n") -> int:
+        while text[i] in chars:
+            i += 1
+        return i
+
+    i = skip(0)
+    if key is not None:
+        start = i
+        i += 1  # past "{"
+        while text[i := skip(i, " \t\r\n,")] != "}":
+            name, i = decoder.raw_decode(text, i)
+            i = skip(skip(i) + 1)  # past ":"
+            if name == key:
+                start = i  # the last one: json.loads keeps the last of repeated keys
+            _, i = decoder.raw_decode(text, i)
+        i = start
+    starts = []
+    i += 1  # past "["
+    while text[i := skip(i, " \t\r\n,")] != "]":
+        starts.append(i)
+        _, i = decoder.raw_decode(text, i)
+    return starts
 
 
 def _json_rows(path: Path) -> Iterator[Row]:
@@ -127,6 +171,10 @@ def _json_rows(path: Path) -> Iterator[Row]:
     except RecursionError:
         yield Row(str(path), 1, None, _TOO_DEEP)
         return
+    except ValueError:
+        yield Row(str(path), 1, None, _TOO_LONG)
+        return
+    key = None
     if isinstance(whole, dict):
         key = next(
             (k for k in ("instances", "data", "rows") if isinstance(whole.get(k), list)), None
@@ -138,18 +186,9 @@ def _json_rows(path: Path) -> Iterator[Row]:
     if not isinstance(whole, list):
         yield Row(str(path), 1, None, "expected a JSON array of objects")
         return
-    # A top-level array: find where each element starts, to report its line.
-    starts: list[int] = []
-    if text.lstrip().startswith("["):
-        decoder = json.JSONDecoder()
-        i = text.index("[") + 1
-        for _ in whole:
-            while text[i] in " \t\r\n,":
-                i += 1
-            starts.append(i)
-            _, i = decoder.raw_decode(text, i)
+    starts = _item_starts(text, key)
     for k, item in enumerate(whole):
-        line = text.count("\n", 0, starts[k]) + 1 if starts else k + 1
+        line = text.count("\n", 0, starts[k]) + 1
         if not isinstance(item, dict):
             yield Row(str(path), line, None, f"expected a JSON object, got {type(item).__name__}")
             continue
@@ -249,23 +288,32 @@ def _hf_rows(source: str, split: str | None) -> Iterator[Row]:
 
 
 def read_rows(source: str | Path, split: str | None = None) -> Iterator[Row]:
-    path = Path(source).expanduser()
-    if path.is_file() and path.suffix in _NATIVE:
-        readers = {
-            ".jsonl": _jsonl_rows,
-            ".ndjson": _jsonl_rows,
-            ".json": _json_rows,
-            ".csv": _csv_rows,
-            ".tsv": _csv_rows,
-            ".parquet": _parquet_rows,
-        }
-        yield from readers[path.suffix](path)
-    elif path.is_dir() or (not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(source))):
-        yield from _hf_rows(str(source), split)
-    elif path.is_file():
-        yield from _hf_rows(str(path), split)
-    else:
-        raise DatasetError([Problem(str(path), None, "<file>", "no such file or folder")])
+    path = _expanded(source)
+    try:
+        if path.is_file() and path.suffix in _NATIVE:
+            readers = {
+                ".jsonl": _jsonl_rows,
+                ".ndjson": _jsonl_rows,
+                ".json": _json_rows,
+                ".csv": _csv_rows,
+                ".tsv": _csv_rows,
+                ".parquet": _parquet_rows,
+            }
+            yield from readers[path.suffix](path)
+        elif path.is_dir():
+            yield from _hf_rows(str(path), split)  # expanded: `datasets` does not expand `~`
+        elif not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(source)):
+            yield from _hf_rows(str(source), split)
+        elif path.is_file():
+            yield from _hf_rows(str(path), split)
+        else:
+            raise DatasetError([Problem(str(path), None, "<file>", "no such file or folder")])
+    except OSError as e:
+        # pathlib ignores only "no such file": a name too long for the file system, or a file
+        # that cannot be read (permission denied), would otherwise end in a traceback.
+        raise DatasetError(
+            [Problem(str(path), None, "<file>", f"cannot read: {e.strerror or e}")]
+        ) from e
 
 
 # -- adapting foreign shapes ----------------------------------------------------------------------
@@ -285,7 +333,7 @@ def _maybe_json(value: Any) -> Any:
     if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
         try:
             return json.loads(value)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # also an integer too long for int()
             return value  # kept as text: validation reports the field
     return value
 
@@ -360,7 +408,7 @@ def _read_gold(
     table: GoldTable,
 ) -> tuple[dict[str, list[Any]], dict[str, tuple[str, int]], list[Problem]]:
     """`read_gold`, and where each id is first seen (file, line) for the join's problems."""
-    path = Path(table.path).expanduser()
+    path = _expanded(table.path)
     nuggets: dict[str, list[Any]] = {}
     where: dict[str, tuple[str, int]] = {}
     problems: list[Problem] = []
@@ -525,7 +573,7 @@ def sample_path(split: str) -> Path:
 
 
 def corpus_path(corpus: str) -> Path:
-    return SAMPLE_DIR / "corpus.jsonl" if corpus == "sample" else Path(corpus).expanduser()
+    return SAMPLE_DIR / "corpus.jsonl" if corpus == "sample" else _expanded(corpus)
 
 
 def load_corpus(corpus: str) -> list[CorpusDocument]:
@@ -555,7 +603,7 @@ def check_source(source: DatasetSource) -> Checked:
     gold_label = "the gold table"
     if source.gold is not None:
         gold, gold_where, gold_problems = _read_gold(source.gold)
-        gold_label = str(Path(source.gold.path).expanduser())
+        gold_label = str(_expanded(source.gold.path))
     corpus = source.corpus or ("sample" if source.path == "sample" else None)
     ids = corpus_ids(corpus) if corpus else None
     label = f"corpus {corpus_path(corpus)}" if corpus else "the corpus"

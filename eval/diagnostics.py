@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from statistics import mean
 from typing import Any, Literal
 
 from agents.question_type import QUESTION_TYPES
@@ -29,6 +28,7 @@ from eval.metrics import (
     bootstrap_ci,
     gain_recovered_ci,
     holm,
+    mean,
     paired_difference,
     paired_test,
 )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import threading
 from pathlib import Path
 
@@ -27,6 +26,9 @@ from agents.types import QA
 from agents.user_answerer import SpanLimits, unsupported_words
 from eval.config import ClarificationConfig
 from eval.schema import Instance
+from eval.slots import released
+from eval.usage import KeyUsage, charge, charged_to_key
+from serving.disk import append_line
 from serving.engine import ChatModel
 from serving.errors import EngineError
 from serving.secrets import redact
@@ -114,7 +116,6 @@ class DialogueStore:
     def append(self, dialogue: Dialogue) -> None:
         line = dialogue.model_dump_json() + "\n"
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self._appended and self.path.is_file():
                 # Only a crash before this process can have left a torn last line: cut it off,
                 # so that the next line does not complete it into a corrupt one.
@@ -123,10 +124,38 @@ class DialogueStore:
                     with self.path.open("r+b") as f:
                         f.truncate(data.rfind(b"\n") + 1)
             self._appended = True
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+            # A full disk raises StorageFull (the run stops) and leaves no torn line.
+            append_line(self.path, line.encode())
+
+
+class _Shared:
+    """A sequential dialogue being asked for the clarify@k keys of one (instance, seed)."""
+
+    def __init__(self, dialogue: Dialogue) -> None:
+        #: Grows turn by turn; a clarify@j key reads its first j turns once they are there.
+        self.dialogue = dialogue
+        self.task: asyncio.Task[Dialogue] | None = None
+        #: Set (and replaced) at each new turn and at the end.
+        self.changed = asyncio.Event()
+        #: What each turn asked in this process cost, by turn number, until a key takes it.
+        self.usage: dict[int, KeyUsage] = {}
+
+    def ready(self, k: int) -> bool:
+        return self.dialogue.done(k) or (self.task is not None and self.task.done())
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    finished = wake
+
+    def take_usage(self, k: int) -> KeyUsage:
+        """The cost of turns 1..k not yet charged to a key (the failed turn after them too):
+        the first key to use a turn pays for it."""
+        taken = KeyUsage()
+        for turn in sorted(t for t in self.usage if t <= k):
+            taken.add(self.usage.pop(turn))
+        return taken
 
 
 class Clarification:
@@ -153,7 +182,7 @@ class Clarification:
         self.fingerprint = _fingerprint(roles, sampling, self.options)
         # Read now, so that a corrupt file stops the run before any model call.
         self._saved = store.load(self.fingerprint) if store else {}
-        self._running: dict[tuple[str, int], asyncio.Task[Dialogue]] = {}
+        self._running: dict[tuple[str, int], _Shared] = {}
 
     async def turns(
         self, instance: Instance, k: int, seed: int
@@ -162,58 +191,84 @@ class Clarification:
         if self.options.mode == "all_at_once":
             return (await self._all_at_once(instance, k, seed)).first(k)
         key = (instance.id, seed)
-        if key not in self._running:
-            # One task per (instance, seed) that every clarify@j of it awaits; shielded, so
-            # that a cancelled waiter does not cancel the others' dialogue.
-            self._running[key] = asyncio.ensure_future(self._sequential(instance, seed))
-        dialogue = await asyncio.shield(self._running[key])
-        return dialogue.first(k)
+        shared = self._running.get(key)
+        if shared is None:
+            saved = self._saved.get(key) or Dialogue(
+                instance_id=instance.id, seed=seed, fingerprint=self.fingerprint
+            )
+            # Continued from where it stopped; a failed turn is asked again.
+            shared = self._running[key] = _Shared(saved.model_copy(deep=True))
+            # One task per (instance, seed) that every clarify@j of it waits on: a waiter
+            # that is cancelled does not cancel the others' dialogue.
+            shared.task = asyncio.ensure_future(self._sequential(instance, shared))
+        if not shared.ready(k):
+            # clarify@j goes on as soon as its j turns are there, not when all k_max are;
+            # meanwhile this key gives its slot to a key with requests to send.
+            async with released():
+                while not shared.ready(k):
+                    await shared.changed.wait()
+        if not shared.dialogue.done(k) and shared.task is not None and shared.task.done():
+            shared.task.result()  # what stopped the dialogue short of k turns, re-raised
+        charge(shared.take_usage(k))
+        return shared.dialogue.first(k)
 
     async def aclose(self) -> None:
         """Cancel dialogues still running (the run was interrupted): nothing half-asked is
         written, and nothing runs on after the engines close."""
-        pending = [t for t in self._running.values() if not t.done()]
+        pending = [s.task for s in self._running.values() if s.task and not s.task.done()]
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _sequential(self, instance: Instance, seed: int) -> Dialogue:
-        saved = self._saved.get((instance.id, seed))
-        if saved is not None and saved.done(self.k_max):
-            return saved
-        dialogue = saved or Dialogue(
-            instance_id=instance.id, seed=seed, fingerprint=self.fingerprint
-        )
-        dialogue = await self._extend(
-            instance, dialogue.model_copy(deep=True, update={"error": None})
-        )
-        if self.store is not None:
-            self.store.append(dialogue)
-        return dialogue
+    async def _sequential(self, instance: Instance, shared: _Shared) -> Dialogue:
+        try:
+            dialogue = shared.dialogue
+            if dialogue.done(self.k_max):
+                return dialogue
+            dialogue.error = None
+            await self._extend(instance, dialogue, shared)
+            if self.store is not None and (dialogue.stopped or dialogue.error):
+                # How it ended (each turn was saved as it came).
+                self.store.append(dialogue)
+            return dialogue
+        finally:
+            shared.finished()
 
-    async def _extend(self, instance: Instance, dialogue: Dialogue) -> Dialogue:
+    async def _extend(
+        self, instance: Instance, dialogue: Dialogue, shared: _Shared | None = None
+    ) -> Dialogue:
         """Ask and answer turn after turn up to k_max (or a stop); a failing turn ends the
-        dialogue with its error, keeping the turns before it."""
+        dialogue with its error, keeping the turns before it. With `shared`, each turn is
+        saved and its waiters woken as soon as it is there, and metered on its own."""
         stage = "clarify"
         try:
             while len(dialogue.turns) < self.k_max:
-                stage = "clarify"
-                asked = await clarifier.ask(
-                    self.roles["clarifier"],
-                    instance.blurred_query,
-                    [t.qa for t in dialogue.turns],
-                    instance.language,
-                    self._seeded("clarifier", dialogue.seed),
-                    allow_stop=self.options.allow_stop,
-                )
-                if asked.stop:
-                    dialogue.stopped = True
-                    break
-                stage = "answer"
-                turn = await self._answer(instance, asked.question, dialogue.seed)
-                stage = "classify"
-                turn.question_types = await self._types(instance, turn.question)
+                with charged_to_key() as used:
+                    if shared is not None:
+                        shared.usage[len(dialogue.turns) + 1] = used
+                    stage = "clarify"
+                    asked = await clarifier.ask(
+                        self.roles["clarifier"],
+                        instance.blurred_query,
+                        [t.qa for t in dialogue.turns],
+                        instance.language,
+                        self._seeded("clarifier", dialogue.seed),
+                        allow_stop=self.options.allow_stop,
+                    )
+                    if asked.stop:
+                        dialogue.stopped = True
+                        break
+                    stage = "answer"
+                    turn = await self._answer(instance, asked.question, dialogue.seed)
+                    stage = "classify"
+                    turn.question_types = await self._types(instance, turn.question)
                 dialogue.turns.append(turn)
+                if shared is not None:
+                    # On disk before any record uses it: a resumed clarify@(j+1) continues
+                    # these turns rather than asking them again.
+                    if self.store is not None:
+                        self.store.append(dialogue)
+                    shared.wake()
         except (EngineError, ToolCacheMiss) as e:
             dialogue.error = failure(e, stage)
         return dialogue

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from eval.config import ResolvedExperiment, Role
+from eval.usage import metered
 from serving.cache import ResponseCache
 from serving.engine import ChatModel
 from serving.model_config import build_engine
@@ -19,10 +20,14 @@ class Engines:
     roles: dict[Role, ChatModel]
     cache: ResponseCache | None
 
+    def __post_init__(self) -> None:
+        # Each role's calls are charged to the key in flight, per role (eval/usage.py).
+        self.roles = {role: metered(engine, role) for role, engine in self.roles.items()}
+
     def stats(self) -> dict[str, object]:
         return {
             "models": {name: e.stats.as_dict() for name, e in self.by_model.items()},
-            "cache": self.cache.stats() if self.cache else None,
+            "cache": self.cache.stats() if self.cache is not None else None,
         }
 
 

@@ -29,6 +29,8 @@ FREE_EXPERIMENT_KEYS: tuple[tuple[str, ...], ...] = (
     ("report",),
     ("search", "tool_cache"),
     ("search", "offline"),
+    ("search", "price_per_call"),
+    ("search", "price_per_visit"),
     ("dataset", "limit"),
     ("conditions",),
     ("seeds",),
@@ -48,6 +50,7 @@ FREE_MODEL_KEYS: tuple[tuple[str, ...], ...] = (
     ("vllm", "port"),
     ("vllm", "gpus"),
     ("vllm", "env"),
+    ("throughput_tokens_per_s",),
 )
 
 
@@ -102,13 +105,18 @@ def dataset_digest(instances: Sequence[Instance]) -> str:
     return h.hexdigest()
 
 
+#: Prompts no record is made with (audits of the gold): adding or editing one must not make
+#: every earlier run directory refuse to resume.
+NOT_IN_RECORDS = frozenset({"grounding.yaml"})
+
+
 def prompts_digest() -> str:
     """The text of every role's prompt and of the search agent's, as this version ships them."""
     h = hashlib.sha256()
     for package in ("agents", "webdancer"):
         folder = resources.files(package).joinpath("prompts")
         for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-            if entry.is_file():
+            if entry.is_file() and entry.name not in NOT_IN_RECORDS:
                 h.update(entry.name.encode() + b"\0" + entry.read_bytes() + b"\0")
     return h.hexdigest()
 

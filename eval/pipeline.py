@@ -5,8 +5,10 @@ bound, and of golden construction's `golden` key, whose trace the nugget builder
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import time
 import traceback
 from collections.abc import Iterator
@@ -21,8 +23,10 @@ from eval.dialogue import Clarification, Turn, failure
 from eval.golden import GOLDEN, NoEvidence, golden_nuggets
 from eval.metrics import Label, restore_score
 from eval.schema import Instance, Nugget, Record
+from eval.usage import charged_to_key
+from serving.disk import StorageFull, write_whole
 from serving.engine import ChatModel
-from serving.errors import EngineError
+from serving.errors import EngineError, ServerUnreachable
 from serving.secrets import redact
 from serving.types import Sampling
 from webdancer.agent import AgentResult, WebDancerAgent
@@ -75,7 +79,9 @@ def _stage(name: str) -> Iterator[None]:
         raise StageFailed({"kind": "search_error", "stage": name, "message": str(e)}) from e
     except NoEvidence as e:
         raise StageFailed({"kind": "no_evidence", "stage": name, "message": str(e)}) from e
-    except StageFailed:
+    except (StageFailed, ServerUnreachable, StorageFull):
+        # A dead server or a full disk is no key's failure: it stops the run, and the key
+        # stays unrecorded to run again on resume.
         raise
     except Exception as e:
         # Not a failure the protocol knows (a bug, a corrupt cache row, a parser's recursion
@@ -106,12 +112,15 @@ async def run_instance(
         removed_constraints=list(instance.removed_constraints),
     )
     started = time.perf_counter()
-    try:
-        await _stages(instance, condition, seed, ctx, record)
-    except StageFailed as e:
-        record.error = e.error
-    finally:
-        record.seconds = round(time.perf_counter() - started, 3)
+    with charged_to_key() as used:
+        try:
+            await _stages(instance, condition, seed, ctx, record)
+        except StageFailed as e:
+            record.error = e.error
+        finally:
+            record.seconds = round(time.perf_counter() - started, 3)
+            # Every role's model calls of this key (eval/usage.py), for `cts estimate`.
+            record.usage.update(used.fields())
     return record
 
 
@@ -148,7 +157,7 @@ async def _stages(
     elif instance.golden is not None:
         with _stage("judge"):
             record.labels, record.scores = await _judge(
-                instance, instance.golden.nuggets, result.answer, ctx
+                instance, instance.golden.nuggets, result.answer, ctx, record.key
             )
 
 
@@ -201,17 +210,37 @@ async def _nuggets(
     )
 
 
+def judge_order(nuggets: list[Nugget], key: tuple[str, str, int]) -> list[Nugget]:
+    """The order `judge.shuffle` shows a record's nuggets in: fixed by its key (instance,
+    condition, seed), so a rerun, another shard or a rejudge shows the same order."""
+    instance_id, condition, seed = key
+    return judge.shuffled(nuggets, f"{instance_id}\x1f{condition}\x1f{seed}")
+
+
 async def _judge(
-    instance: Instance, nuggets: list[Nugget], answer: str, ctx: PipelineContext
+    instance: Instance,
+    nuggets: list[Nugget],
+    answer: str,
+    ctx: PipelineContext,
+    key: tuple[str, str, int] | None = None,
 ) -> tuple[dict[str, dict[str, str]], dict[str, float]]:
-    """The judge's label and evidence per nugget, and the scores the labels give."""
+    """The judge's label and evidence per nugget, and the scores the labels give. With
+    `judge.shuffle` the nuggets are shown in `judge_order` of the record's `key`, and each
+    label keeps the 1-based position its nugget was shown at (batches are consecutive runs of
+    `judge.batch_size` positions)."""
+    shown = nuggets
+    if ctx.judge.shuffle:
+        if key is None:
+            raise ValueError("judge.shuffle needs the record's key to order the nuggets")
+        shown = judge_order(nuggets, key)
     labels = await judge.judge(
         ctx.roles["judge"],
         answer,
-        nuggets,
+        shown,
         instance.language,
         ctx.sampling["judge"],
         query=instance.fused_query if ctx.judge.show_query else None,
+        batch_size=ctx.judge.batch_size,
     )
     # The judge's output schema admits only the three labels.
     chosen = cast(dict[str, Label], {i: v.label for i, v in labels.items()})
@@ -221,15 +250,26 @@ async def _judge(
         "strict": restore_score(chosen, weights, strict=True),
         "unweighted": restore_score(chosen, weights, weighted=False),
     }
-    return {i: {"label": v.label, "evidence": v.evidence} for i, v in labels.items()}, scores
+    judged = {i: {"label": v.label, "evidence": v.evidence} for i, v in labels.items()}
+    if ctx.judge.shuffle:
+        for position, nugget in enumerate(shown, 1):
+            judged[nugget.id]["position"] = str(position)
+    return judged, scores
+
+
+def trace_name(record: Record) -> str:
+    """The trace's file name under traces/: readable where the id is plain, and unique by a
+    hash of the id, so that no id can leave the directory or collide with another on a
+    case-insensitive file system (`Q1` and `q1`), whatever validation let through."""
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", record.instance_id)[:60].lstrip(".") or "_"
+    digest = hashlib.sha256(record.instance_id.encode("utf-8", "surrogatepass")).hexdigest()
+    condition = record.condition.replace("@", "-")
+    return f"{condition}/{readable}-{digest[:12]}-seed{record.seed}.json"
 
 
 def _write_trace(trace_dir: Path, record: Record, trace: dict[str, Any]) -> str:
-    name = f"{record.condition.replace('@', '-')}/{record.instance_id}-seed{record.seed}.json"
-    path = trace_dir / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    # Tool errors in the trace quote what a backend said, which may hold a key.
-    partial.write_text(redact(json.dumps(trace, ensure_ascii=False, indent=1)))
-    partial.replace(path)
+    name = trace_name(record)
+    # Tool errors in the trace quote what a backend said, which may hold a key. A full disk
+    # raises StorageFull, which stops the run (see _stage). Compact: `cts view` reads it.
+    write_whole(trace_dir / name, redact(json.dumps(trace, ensure_ascii=False)))
     return name

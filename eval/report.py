@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eval.config import ALL_CONDITIONS, ExperimentConfig
 from eval.dataset import DatasetError, load_instances
@@ -34,6 +36,10 @@ from eval.diagnostics import (
 from eval.run_dir import RunDir
 from eval.runner import MergeReport, RecordStore, merge
 from eval.schema import Record
+from serving.disk import write_whole
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MAIN_COLUMNS: list[str] = list(ALL_CONDITIONS)
 
@@ -434,7 +440,6 @@ def figures(systems: list[tuple[str, dict[str, Any]]], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, summary in systems:
@@ -454,7 +459,7 @@ def figures(systems: list[tuple[str, dict[str, Any]]], out: Path) -> list[Path]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "score_vs_k.png")
-    fig.savefig(paths[-1], dpi=120)
+    _save(fig, paths[-1])
     plt.close(fig)
 
     for key, title, name in (
@@ -480,13 +485,82 @@ def figures(systems: list[tuple[str, dict[str, Any]]], out: Path) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(out / name)
-        fig.savefig(paths[-1], dpi=120)
+        _save(fig, paths[-1])
         plt.close(fig)
     return paths
 
 
-def to_html(markdown_text: str, images: list[Path]) -> str:
-    """A self-contained page: the Markdown tables as HTML tables, figures inlined as base64."""
+def _save(fig: Figure, path: Path) -> None:
+    """A PNG whole or not at all (a full disk: StorageFull)."""
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
+    write_whole(path, image.getvalue())
+
+
+#: Where report.html looks for a running `cts view` (the page's `?viewer=URL` overrides it).
+VIEWER_URL = "http://127.0.0.1:8765"
+
+#: Probes the viewer; only if it answers, links each system's row and cells into it. Offline,
+#: or with no viewer up, the page is unchanged. The run list is JSON data, never markup.
+_VIEWER_SCRIPT = """(function () {
+  var base = new URLSearchParams(location.search).get("viewer") || "%s";
+  base = base.replace(/\\/+$/, "");
+  if (!/^https?:\\/\\//.test(base) || !window.fetch) return;
+  var runs = JSON.parse(document.getElementById("cts-viewer-runs").textContent);
+  function link(text, query) {
+    var a = document.createElement("a");
+    a.href = base + "/#/?" + new URLSearchParams(query);
+    a.className = "viewer-link";
+    a.textContent = text;
+    return a;
+  }
+  fetch(base + "/api/ping", { mode: "no-cors", cache: "no-store" }).then(function () {
+    var list = document.getElementById("cts-viewer-links");
+    document.getElementById("cts-viewer-url").textContent = base;
+    runs.forEach(function (run) {
+      var item = document.createElement("li");
+      item.append(link(run.name, { runpath: run.path }), " · ",
+        link("failed records", { runpath: run.path, failed: "1" }));
+      list.append(item);
+    });
+    document.querySelectorAll("table").forEach(function (table) {
+      var head = Array.prototype.map.call(table.rows[0].cells, function (c) {
+        return c.textContent;
+      });
+      Array.prototype.slice.call(table.rows, 1).forEach(function (row) {
+        var run = runs.find(function (r) { return r.name === row.cells[0].textContent; });
+        if (!run) return;
+        Array.prototype.forEach.call(row.cells, function (cell, i) {
+          var query = { runpath: run.path };
+          if (i > 0 && head[i].indexOf("@") < 0 && ["blurred", "oracle"].indexOf(head[i]) < 0)
+            return;
+          if (i > 0) query.condition = head[i];
+          cell.append(" ", link("↗", query));
+        });
+      });
+    });
+    document.getElementById("cts-viewer").hidden = false;
+  }, function () {});
+})();"""
+
+
+def _viewer_block(runs: Sequence[tuple[str, Path]]) -> str:
+    listed = [{"name": name, "path": str(path)} for name, path in runs]
+    # JSON inside <script>: `<` escaped so that no text in it can close the element.
+    data = json.dumps(listed, ensure_ascii=False).replace("<", "\\u003c")
+    return (
+        '<div id="cts-viewer" class="viewer" hidden><p>The records behind these numbers, '
+        'in <code>cts view</code> at <span id="cts-viewer-url"></span>:</p>'
+        '<ul id="cts-viewer-links"></ul></div>'
+        f'<script type="application/json" id="cts-viewer-runs">{data}</script>'
+        f"<script>{_VIEWER_SCRIPT % VIEWER_URL}</script>"
+    )
+
+
+def to_html(markdown_text: str, images: list[Path], runs: Sequence[tuple[str, Path]] = ()) -> str:
+    """A self-contained page: the Markdown tables as HTML tables, figures inlined as base64.
+    With `runs` (each system's name and run directory), links into `cts view` appear when
+    one is running."""
     body: list[str] = []
     rows: list[list[str]] = []
 
@@ -516,6 +590,8 @@ def to_html(markdown_text: str, images: list[Path]) -> str:
             body.append(f"<h2>{html.escape(line[3:])}</h2>")
         elif line.startswith("# "):
             body.append(f"<h1>{html.escape(line[2:])}</h1>")
+            if runs:
+                body.append(_viewer_block(runs))
         elif line.strip():
             body.append(f"<p>{html.escape(line)}</p>")
     flush()
@@ -529,6 +605,10 @@ def to_html(markdown_text: str, images: list[Path]) -> str:
         "body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:"
         "collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:"
         "right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+        ".viewer{background:#eef4ff;padding:.2em 1em}"
+        # Printed (A4): no viewer links, and no figure or table row cut across two pages.
+        "@media print{.viewer,.viewer-link{display:none}body{margin:0;max-width:none}"
+        "figure,tr,img{break-inside:avoid}h1,h2{break-after:avoid}}"
     )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Clarify-Then-Search report"
@@ -582,7 +662,6 @@ def write_report(
         [(run.name, s) for run, s in zip(runs, scored, strict=True)], conditions
     )
     files = RunDir(out)  # a combined report is laid out like a run's own
-    out.mkdir(parents=True, exist_ok=True)
     document = {
         "report": {
             "runs": [str(d) for d in run_dirs],
@@ -593,11 +672,13 @@ def write_report(
         "systems": dict(systems),
         "comparisons": comparisons,
     }
-    files.summary.write_text(json.dumps(document, indent=2, ensure_ascii=False))
+    # Each file whole or absent: a full disk stops here with StorageFull naming the file.
+    write_whole(files.summary, json.dumps(document, indent=2, ensure_ascii=False))
     text = markdown(systems, comparisons, len(ids), policy)
-    files.report_md.write_text(text)
+    write_whole(files.report_md, text)
     images = figures(systems, files.figures)
-    files.report_html.write_text(to_html(text, images))
+    viewable = [(run.name, d.resolve()) for run, d in zip(runs, run_dirs, strict=True)]
+    write_whole(files.report_html, to_html(text, images, viewable))
     return {
         "summary": files.summary,
         "markdown": files.report_md,

@@ -16,15 +16,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
 from eval.config import ResolvedExperiment, Role
-from eval.dataset import DatasetError, load_instances
+from eval.dataset import DatasetError, DatasetSource, load_instances
 from eval.dialogue import Clarification, DialogueStore
 from eval.engines import open_engines
 from eval.fingerprint import fingerprint
 from eval.golden import GOLDEN, GoldenReport, golden_dataset
 from eval.pipeline import PipelineContext, clarify_turns, run_instance
+from eval.progress import ShowProgress, key_progress
 from eval.report import write_report
 from eval.run_dir import RunDir
 from eval.runner import (
@@ -36,7 +35,7 @@ from eval.runner import (
     run_keys,
     write_jsonl,
 )
-from eval.schema import Instance, Record
+from eval.schema import Instance
 from eval.search_agent import open_agent
 from serving.engine import EngineStats
 from serving.types import Sampling
@@ -102,7 +101,7 @@ async def _run(
     instances: list[Instance],
     keys: tuple[list[str], list[int]],
     shard: Shard,
-    show_progress: bool,
+    show_progress: ShowProgress,
     watch: Callable[[], None] | None,
     retry_failed: bool,
 ) -> tuple[RunOutcome, dict[str, EngineStats], dict[str, int] | None]:
@@ -130,31 +129,15 @@ async def _run(
             trace_dir=run.traces,
         )
         total = len(shard.select(instances)) * len(conditions) * len(seeds)
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("failed {task.fields[failed]}"),
-            TimeRemainingColumn(),
-            disable=not show_progress,
-        ) as progress:
-            bar = progress.add_task(experiment.name, total=total, failed=0)
-            # Done in any shard file of the run, as `run_keys` counts them (the shard count
-            # may have changed since).
-            mine = {i.id for i in shard.select(instances)}
-            already = sum(
-                not (retry_failed and r.error)
-                for key, r in store.completed_for(shard).items()
-                if key[0] in mine and key[1] in conditions and key[2] in seeds
-            )
-            progress.update(bar, completed=already)
-            failed = 0
-
-            def done(record: Record) -> None:
-                nonlocal failed
-                failed += record.error is not None
-                progress.update(bar, advance=1, failed=failed)
-
+        # Done in any shard file of the run, as `run_keys` counts them (the shard count may
+        # have changed since).
+        mine = {i.id for i in shard.select(instances)}
+        already = sum(
+            not (retry_failed and r.error)
+            for key, r in store.completed_for(shard).items()
+            if key[0] in mine and key[1] in conditions and key[2] in seeds
+        )
+        async with key_progress(experiment.name, total, already, show_progress) as done:
             try:
                 outcome = await until_signalled(
                     run_keys(
@@ -173,7 +156,39 @@ async def _run(
             finally:
                 await ctx.clarification.aclose()
         stats = {name: e.stats for name, e in engines.by_model.items()}
-        return outcome, stats, engines.cache.stats() if engines.cache else None
+        return outcome, stats, engines.cache.stats() if engines.cache is not None else None
+
+
+def instances_for(
+    resolved: ResolvedExperiment, conditions: Sequence[str]
+) -> tuple[list[Instance], list[Instance]]:
+    """The whole dataset (it is fingerprinted, so that a resume may raise or lower the limit)
+    and the instances the run covers, once the checks that refuse a run before any model is
+    called have passed (DatasetError, ConfigError)."""
+    dataset = resolved.experiment.dataset
+    everything = load_instances(dataset.model_copy(update={"limit": None}))
+    instances = everything[: dataset.limit] if dataset.limit else everything
+    if "oracle" in conditions:
+        _check_golden_seeds(resolved, instances)
+    if GOLDEN not in conditions:
+        unscorable = no_nuggets(dataset, instances)
+        if unscorable is not None:
+            raise DatasetError([unscorable])
+    return everything, instances
+
+
+def no_nuggets(dataset: DatasetSource, instances: list[Instance]) -> Problem | None:
+    """Evaluation scores against golden nuggets: without any, every model call is wasted."""
+    if any(i.golden and i.golden.nuggets for i in instances):
+        return None
+    return Problem(
+        dataset.path,
+        None,
+        "golden",
+        f"none of the {len(instances)} instance(s) has golden nuggets, so nothing could be "
+        "scored; give a dataset with golden nuggets (or dataset.gold, a gold table joined by "
+        "id), or build them with `cts golden build`",
+    )
 
 
 def _run_into(
@@ -181,33 +196,14 @@ def _run_into(
     run_dir: Path,
     keys: tuple[list[str], list[int]],
     shard: Shard,
-    show_progress: bool,
+    show_progress: ShowProgress,
     watch: Callable[[], None] | None,
     retry_failed: bool,
     report: bool,
 ) -> RunResult:
     """Record `keys` (conditions, seeds) for the shard's instances into `run_dir`; with
     `report`, a whole finished run also gets its summary and report."""
-    dataset = resolved.experiment.dataset
-    # The whole dataset is fingerprinted, so that a resume may raise or lower the limit.
-    everything = load_instances(dataset.model_copy(update={"limit": None}))
-    instances = everything[: dataset.limit] if dataset.limit else everything
-    if "oracle" in keys[0]:
-        _check_golden_seeds(resolved, instances)
-    if GOLDEN not in keys[0] and not any(i.golden and i.golden.nuggets for i in instances):
-        # Evaluation scores against golden nuggets: without any, every model call is wasted.
-        raise DatasetError(
-            [
-                Problem(
-                    dataset.path,
-                    None,
-                    "golden",
-                    f"none of the {len(instances)} instance(s) has golden nuggets, so nothing "
-                    "could be scored; give a dataset with golden nuggets (or dataset.gold, a gold "
-                    "table joined by id), or build them with `cts golden build`",
-                )
-            ]
-        )
+    everything, instances = instances_for(resolved, keys[0])
     run = RunDir(run_dir)
     run.write_config(resolved, fingerprint(everything))
     started = time.perf_counter()
@@ -252,7 +248,7 @@ def run_experiment(
     resolved: ResolvedExperiment,
     run_dir: Path,
     shard: Shard | None = None,
-    show_progress: bool = True,
+    show_progress: ShowProgress = True,
     watch: Callable[[], None] | None = None,
     retry_failed: bool = False,
 ) -> RunResult:
@@ -287,7 +283,7 @@ def build_golden(
     resolved: ResolvedExperiment,
     run_dir: Path,
     shard: Shard | None = None,
-    show_progress: bool = True,
+    show_progress: ShowProgress = True,
     watch: Callable[[], None] | None = None,
     retry_failed: bool = False,
 ) -> RunResult:

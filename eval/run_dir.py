@@ -8,11 +8,11 @@ frozen config.
     RUN_DIR/endpoints.json     written by `cts serve`
     RUN_DIR/slurm/             frozen experiment(s), sbatch scripts, logs/, jobs.json
     RUN_DIR/dataset.jsonl, golden_summary.json   golden construction's result
+    RUN_DIR/rejudge.json, cache/responses.sqlite  a rejudge's source run, its judge's answers
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from eval.config import ExperimentConfig, ResolvedExperiment
 from eval.fingerprint import changes, results_view
+from serving.disk import write_whole
 from serving.model_config import ModelConfig
 from serving.yaml_config import ConfigError, load_config
 
@@ -110,26 +111,42 @@ class RunDir:
     def golden_summary(self) -> Path:
         return self.root / "golden_summary.json"
 
+    @property
+    def provenance(self) -> Path:
+        """A rejudge's source run (path, config digest) and both judges (`cts rejudge`)."""
+        return self.root / "rejudge.json"
+
+    @property
+    def own_cache(self) -> Path:
+        """A response cache only this run writes: a rejudge's, so that it never replays the
+        judge answers its source run cached."""
+        return self.root / "cache" / "responses.sqlite"
+
     def write_config(
         self, resolved: ResolvedExperiment, fingerprint: dict[str, str] | None = None
     ) -> None:
         """Record the experiment the run uses. A run directory that already holds a config is
         resumed only with one its records could have come from (ConfigError listing what
         changed, before anything is written). Shards of one run write it at once: each
-        replaces the file whole, never half-written."""
+        replaces the file whole, never half-written (a full disk: StorageFull, and the file
+        stays as it was, or absent)."""
         text = resolved.to_yaml(fingerprint)
         if self.config.is_file():
             self._refuse_other_results(yaml.safe_load(text))
-        self.root.mkdir(parents=True, exist_ok=True)
-        partial = self.config.with_name(f"config.yaml.{os.getpid()}.partial")
-        partial.write_text(text)
-        partial.replace(self.config)
+        write_whole(self.config, text)
+
+    def check_resume(
+        self, resolved: ResolvedExperiment, fingerprint: dict[str, str] | None = None
+    ) -> None:
+        """What `write_config` refuses (the same ConfigError), checked writing nothing."""
+        if self.config.is_file():
+            self._refuse_other_results(yaml.safe_load(resolved.to_yaml(fingerprint)))
 
     def _refuse_other_results(self, new: dict[str, Any]) -> None:
         old = yaml.safe_load(self.config.read_text())
         if not isinstance(old, dict):
             raise ConfigError(f"{self.config}: not a run's config.yaml; move it aside")
-        changed = changes(results_view(old), results_view(new))
+        changed = changes(self._results_view_now(old), results_view(new))
         if changed:
             raise ConfigError(
                 f"{self.config}: this run directory holds records made with another "
@@ -137,6 +154,19 @@ class RunDir:
                 + "\n  ".join(changed)
                 + "\nRun into another --output-dir, or move this one aside."
             )
+
+    def _results_view_now(self, old: dict[str, Any]) -> dict[str, Any]:
+        """The old config's view with the keys this version added since it was written filled
+        in as this version reads it (their defaults), so that a new option whose default keeps
+        the old behaviour does not make every earlier run refuse to resume."""
+        view = results_view(old)
+        try:
+            now = self.read_config().to_yaml(old.get("fingerprint"))
+        except ConfigError:
+            return view  # it no longer loads: compare what it says
+        for key, value in results_view(yaml.safe_load(now)).items():
+            view.setdefault(key, value)
+        return view
 
     def read_config(self) -> ResolvedExperiment:
         """The experiment the records were made with; RunDirError when there is none,
@@ -171,8 +201,7 @@ class RunDir:
 
     def write_slurm_file(self, name: str, document: dict[str, Any]) -> Path:
         path = self.slurm / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+        write_whole(path, yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
         return path
 
 

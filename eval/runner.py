@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -23,6 +22,8 @@ from pydantic import ValidationError
 
 from eval.run_dir import RunDir
 from eval.schema import Instance, Record
+from eval.slots import KeySlots
+from serving.disk import append_line, write_whole
 
 Key = tuple[str, str, int]
 
@@ -90,14 +91,11 @@ class RecordStore:
         return self.root / condition / f"{shard.name}.jsonl"
 
     def append(self, record: Record, shard: Shard) -> None:
+        """One line, fsync'd. A full disk raises StorageFull and leaves no torn line: the run
+        stops, and the key runs again on resume."""
         path = self.path(record.condition, shard)
-        line = record.model_dump_json() + "\n"
         with self._lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+            append_line(path, (record.model_dump_json() + "\n").encode())
 
     def read(self, path: Path) -> list[Record]:
         """Every complete record of one file; a torn last line (a crash mid-write) is skipped.
@@ -189,10 +187,10 @@ async def run_keys(
     keys = [(inst, c, s) for inst in shard.select(instances) for c in conditions for s in seeds]
     todo = [(inst, c, s) for inst, c, s in keys if (inst.id, c, s) not in done]
     outcome = RunOutcome(skipped=len(keys) - len(todo))
-    semaphore = asyncio.Semaphore(concurrency)
+    slots = KeySlots(concurrency)
 
     async def one(instance: Instance, condition: str, seed: int) -> None:
-        async with semaphore:
+        async with slots.held():
             record = await run_one(instance, condition, seed)
         store.append(record, shard)
         outcome.ran += 1
@@ -204,11 +202,15 @@ async def run_keys(
     tasks = [asyncio.create_task(one(*key)) for key in todo]
     try:
         await asyncio.gather(*tasks)
-    except asyncio.CancelledError:
-        outcome.interrupted = True
+    except BaseException as e:
+        # Cancelled (a signal), or an error that stops the whole run (a dead server, a full
+        # disk): the keys in flight stop unrecorded and run again on resume.
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if not isinstance(e, asyncio.CancelledError):
+            raise
+        outcome.interrupted = True
     return outcome
 
 
@@ -243,9 +245,6 @@ def merge(
 
 
 def write_jsonl(path: Path, records: Iterable[Record]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    with partial.open("w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record.model_dump(mode="json"), ensure_ascii=False) + "\n")
-    partial.replace(path)
+    """Whole or not at all (a full disk raises StorageFull)."""
+    lines = (json.dumps(r.model_dump(mode="json"), ensure_ascii=False) + "\n" for r in records)
+    write_whole(path, "".join(lines))

@@ -50,14 +50,14 @@ class Golden(_Data):
     seed: int | None = None
 
 
-#: Trace files are named `<id>-seed<n>.json`; with this many bytes the name stays under the
-#: 255-byte limit of common file systems.
+#: Ids name records and dialogues, and are keys of every join; a bound keeps them sane.
 MAX_ID_BYTES = 200
 
 
 def _unsafe_id(value: str) -> str | None:
-    """Why `value` cannot name a file inside a run directory, or None. Ids become file names
-    (traces), so a separator, `.`/`..`, NUL or a control character could write elsewhere."""
+    """Why `value` is not a usable instance id, or None. Ids reach file names (traces, hashed
+    there) and every printed table, so separators, `.`/`..`, NUL and control characters are
+    refused at the door rather than escaped everywhere after it."""
     if "/" in value or "\\" in value:
         return "must not contain a path separator ('/' or '\\')"
     if value in (".", ".."):

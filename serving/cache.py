@@ -10,7 +10,8 @@ A stored answer is not trusted blindly: on every hit it is parsed again and, for
 request, re-validated against the request's output spec (its `parsed` value is recomputed from
 its text). A row that fails is a miss, counted as `invalid`: it is deleted and the model is
 asked again. A valid-but-wrong row (well-formed JSON edited to other values) cannot be told
-apart this way. A file that is not a readable SQLite database is a `CacheFileError`.
+apart this way. A file that is not a readable SQLite database is a `CacheFileError`; a full
+disk is `StorageFull`, and the cache stays consistent (each write is its own transaction).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from serving.disk import storage_errors, storage_full
 from serving.engine import ChatModel, EngineStats
 from serving.errors import ConstrainedOutputError
 from serving.outputs import validate_output
@@ -48,16 +50,21 @@ class CacheFileError(ConfigError):
 
 # Primary result codes (the low byte of extended ones) that mean the file itself is bad.
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+#: "database or disk is full": a write found no space (SQLite rolls the write back).
+_SQLITE_FULL = 13
 
 
 @contextmanager
 def guard_cache_file(path: Path) -> Iterator[None]:
     """Turn SQLite's "file is not a database" / "disk image is malformed" into a
-    CacheFileError naming the file and how to move it aside; other errors pass unchanged."""
+    CacheFileError naming the file and how to move it aside, and "database or disk is full"
+    into StorageFull (which stops a run); other errors pass unchanged."""
     try:
         yield
     except sqlite3.DatabaseError as e:
         code = getattr(e, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == _SQLITE_FULL:
+            raise storage_full(path) from e
         if code is None or code & 0xFF not in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
             raise
         raise CacheFileError(
@@ -72,7 +79,8 @@ def open_shared_sqlite(path: Path, schema: str) -> sqlite3.Connection:
     autocommit so that each write is its own short transaction and concurrent writers wait
     (busy_timeout) instead of failing. Callers guard it with a lock across threads.
     A file that is not a readable SQLite database raises CacheFileError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
     try:
         with guard_cache_file(path):

@@ -15,6 +15,12 @@ class EngineUnavailable(EngineError):
     kind = "engine_unavailable"
 
 
+class ServerUnreachable(Exception):
+    """Every attempt failed to connect: the server is down, not this request at fault. Not an
+    EngineError on purpose: no key may record it as its failure (resume would then skip the
+    key, and a dialogue would keep it); it stops the run, whose finished records stay."""
+
+
 class ConstrainedOutputError(EngineError):
     """A constrained answer that does not satisfy its output spec: an error, never a value."""
 

@@ -77,6 +77,10 @@ class ModelConfig(_Strict):
     max_batch_size: int = Field(8, ge=1)
     threads: int | None = None
     vllm: VllmServerArgs = VllmServerArgs()
+    #: Generated tokens per second one server of this model sustains while a run drives it
+    #: (measure it: `bench/pipeline.py`'s pipeline figure, or the server's log during a pilot
+    #: on your GPU), for `cts estimate`'s server- and GPU-hours; None: unknown, and it says so.
+    throughput_tokens_per_s: float | None = Field(None, gt=0)
 
     @property
     def is_tiny(self) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import httpx
 
 from serving.engine import Engine
-from serving.errors import EngineError, EngineUnavailable
+from serving.errors import EngineError, EngineUnavailable, ServerUnreachable
 from serving.secrets import redact, secret_from_env
 from serving.types import (
     ChatRequest,
@@ -124,6 +124,7 @@ class OpenAIEngine(Engine):
         self.last_body = body
         client, semaphore = self._session()
         last_error = "no attempt made"
+        refused = False
         for attempt in range(self.max_retries + 1):
             if attempt:
                 delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
@@ -134,7 +135,10 @@ class OpenAIEngine(Engine):
                     reply = await client.post(self.url, json=body)
             except (httpx.TransportError, httpx.TimeoutException) as e:
                 last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                # Nobody listening (or answering a connect): the server, not this request.
+                refused = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
                 continue
+            refused = False
             if reply.status_code in _RETRYABLE_STATUS:
                 # A server may echo the request's headers in its error body.
                 last_error = f"HTTP {reply.status_code}: {redact(reply.text[:300])}"
@@ -145,10 +149,11 @@ class OpenAIEngine(Engine):
                     f"HTTP {reply.status_code}: {redact(reply.text[:500])}"
                 )
             return self._response(reply.json(), time.perf_counter() - started)
-        raise EngineUnavailable(
+        message = (
             f"{self.url} (model {self.model}): {self.max_retries + 1} attempts failed; "
             f"last error: {last_error}"
         )
+        raise ServerUnreachable(message) if refused else EngineUnavailable(message)
 
     def _response(self, payload: dict[str, Any], latency: float) -> ChatResponse:
         try:

@@ -46,7 +46,13 @@ def validate_output(spec: OutputSpec, text: str) -> Any:
             value = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConstrainedOutputError(f"answer is not JSON ({e.msg} at {e.pos})", text) from e
+        except RecursionError as e:  # json.loads recurses per nesting level
+            raise ConstrainedOutputError("answer is not JSON (nested too deeply)", text) from e
+        except ValueError as e:  # an integer longer than int() converts (4300 digits)
+            raise ConstrainedOutputError("answer is not JSON (a number too long)", text) from e
         validator = _validators(json.dumps(spec.json_schema, sort_keys=True))
+        if validator.is_valid(value):  # the common case; best_match ranks errors
+            return value
         error = jsonschema.exceptions.best_match(validator.iter_errors(value))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "<root>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Annotated, Any, Literal
@@ -68,7 +69,15 @@ class JsonSchemaOutput(_Frozen):
 
     @classmethod
     def of(cls, model: type[BaseModel]) -> JsonSchemaOutput:
-        return cls(name=model.__name__, json_schema=model.model_json_schema())
+        return _schema_output(model)
+
+
+@functools.cache
+def _schema_output(model: type[BaseModel]) -> JsonSchemaOutput:
+    """Built once per model class: pydantic's schema generation was a visible share of the
+    pipeline's per-call overhead (every visit and every question asked for it again). Callers
+    only read the spec (it is frozen)."""
+    return JsonSchemaOutput(name=model.__name__, json_schema=model.model_json_schema())
 
 
 class ChoiceOutput(_Frozen):

@@ -55,10 +55,30 @@ def _refuse_aliases(text: str, path: Path) -> None:
             )
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose scalars that are no value of their type (`2026-13-45`, `!!int abc`,
+    `!!bool maybe`, an integer too long for int()) raise a YAMLError at their line: PyYAML's
+    constructors raise a bare ValueError, KeyError or AttributeError, with no line at all."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, LookupError, AttributeError, TypeError) as e:
+            value = str(node.value)
+            shown = repr(value if len(value) <= 40 else f"{value[:40]}…")
+            # A ValueError says why (`month must be in 1..12`); the others only say how.
+            why = f" ({str(e).split(';')[0]})" if isinstance(e, ValueError) else ""
+            message = f"{shown} is not a valid {node.tag.rsplit(':', 1)[-1]}{why}"
+            raise yaml.constructor.ConstructorError(None, None, message, node.start_mark) from e
+
+
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[Key, int]]:
-    if not path.is_file():
+    try:
+        raw = path.read_bytes() if path.is_file() else None
+    except OSError as e:  # a name too long for the file system, permission denied
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    if raw is None:
         raise ConfigError(f"{path}: config file not found")
-    raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -67,10 +87,13 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[Key, int]]:
         raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[e.start]:02x})") from e
     try:
         _refuse_aliases(text, path)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)
         node = yaml.compose(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    except RecursionError as e:
+        # PyYAML composes nested collections recursively (a few hundred levels is the limit).
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from e
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -96,7 +119,9 @@ def parse_override(override: str) -> Override:
     """`a.b.c=value` → the keys and the value parsed as a YAML scalar or flow collection."""
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. roles.clarifier.model=x")
+        raise ConfigError(
+            f"--set {_short(override)}: expected KEY=VALUE, e.g. roles.clarifier.model=x"
+        )
     keys = tuple(key.strip().split("."))
     if len(keys) > MAX_KEY_DEPTH:
         raise ConfigError(
@@ -104,12 +129,13 @@ def parse_override(override: str) -> Override:
             f"({len(keys)} levels; at most {MAX_KEY_DEPTH})"
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set {override!r}: value is not valid YAML: {e}") from e
+        raise ConfigError(f"--set {_short(override)}: value is not valid YAML: {e}") from e
     except (ValueError, RecursionError) as e:
-        # A date-like scalar that is no date (2026-13-45) raises from the date constructor.
-        raise ConfigError(f"--set {override!r}: value is not valid YAML: {e}") from e
+        # A value nested too deeply for PyYAML (a scalar that is no value of its type, such as
+        # 2026-13-45, is a YAMLError already: see _Loader).
+        raise ConfigError(f"--set {_short(override)}: value is not valid YAML: {e}") from e
     if isinstance(value, datetime.date):
         value = raw.strip()  # configs keep dates as text (`search.date=2026-11-30`)
     return Override(keys, value)

@@ -1,8 +1,9 @@
 """`cts slurm submit`: an array job (each task serves its models on its GPUs and runs shard
 $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT) and a final job that starts only when every
-task succeeded (`afterok`). Three kinds: evaluation (`cts run`, then `cts merge`), golden
-construction (`cts golden build`, then `cts golden merge`) and clarifier fine-tuning (`cts
-train sample`, then pairs and fit on GPUs).
+task succeeded (`afterok`). Four kinds: evaluation (`cts run`, then `cts merge`), golden
+construction (`cts golden build`, then `cts golden merge`), re-judging a finished run (`cts
+rejudge`, then `cts merge`) and clarifier fine-tuning (`cts train sample`, then pairs and fit
+on GPUs).
 
 Safety: sbatch options go to `sbatch` as separate arguments (never through a shell), and every
 value inside a rendered script is shell-quoted, so a partition, path or override containing
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from eval.config import ResolvedExperiment, load_experiment
+from eval.rejudge import rejudge_experiment
 from eval.run_dir import RunDir, RunDirError, frozen_experiment
 from train.config import load_train_config
 from train.sample import sampling_experiment
@@ -161,7 +163,7 @@ class Job:
     $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`), then final commands that start only when
     every task succeeded (afterok)."""
 
-    kind: Literal["eval", "golden", "train"]
+    kind: Literal["eval", "golden", "rejudge", "train"]
     run_dir: Path
     #: What the array and the final job are called in messages and job names.
     array_title: str
@@ -204,7 +206,7 @@ def _yaml_text(document: dict[str, Any]) -> str:
 
 
 def _experiment_job(
-    kind: Literal["eval", "golden"],
+    kind: Literal["eval", "golden", "rejudge"],
     resolved: ResolvedExperiment,
     run_dir: Path,
     options: SlurmOptions,
@@ -262,6 +264,24 @@ def golden_job(
     command, final = ["golden", "build"], ["golden", "merge"]
     return _experiment_job(
         "golden", resolved, run_dir, options, command, final, titles, 1, slurm_dir
+    )
+
+
+def rejudge_job(
+    resolved: ResolvedExperiment,
+    source: Path,
+    run_dir: Path,
+    options: SlurmOptions,
+    slurm_dir: Path | None = None,
+) -> Job:
+    """Re-judging: `cts rejudge SOURCE` per shard (only the judge's model is served), then
+    `cts merge` (summary, report). `resolved` is the rejudge's experiment
+    (eval.rejudge.rejudge_experiment), frozen like an evaluation's."""
+    keys = len(resolved.experiment.conditions) * len(resolved.experiment.seeds)
+    titles = ("rejudge", "merge")
+    command = ["rejudge", str(source)]
+    return _experiment_job(
+        "rejudge", resolved, run_dir, options, command, ["merge"], titles, keys, slurm_dir
     )
 
 
@@ -324,12 +344,25 @@ def plan_job(
     overrides: list[str],
     output_dir: Path | None,
     options: SlurmOptions,
+    source: Path | None = None,
 ) -> tuple[Job, str]:
-    """The job to submit and its name; SlurmOptionError/ConfigError for a bad kind or config."""
-    if kind not in ("eval", "golden", "train"):
-        raise SlurmOptionError(f"--job {kind!r}: expected eval, golden or train")
+    """The job to submit and its name; SlurmOptionError/ConfigError for a bad kind or config.
+    `source` is the run a `rejudge` job judges again (its --output-dir is required)."""
+    if kind not in ("eval", "golden", "rejudge", "train"):
+        raise SlurmOptionError(f"--job {kind!r}: expected eval, golden, rejudge or train")
+    if (source is not None) != (kind == "rejudge"):
+        raise SlurmOptionError(
+            "--source names the run a rejudge job judges again: give it with --job rejudge only"
+        )
     if kind == "train":
         return train_job(config, overrides, output_dir, options)
+    if source is not None:
+        if output_dir is None:
+            raise SlurmOptionError("--job rejudge needs --output-dir (a new run directory)")
+        run_dir = output_dir.resolve()
+        source = source.resolve()
+        resolved = rejudge_experiment(source, run_dir, config, overrides)
+        return rejudge_job(resolved, source, run_dir, options), resolved.experiment.name
     resolved = load_experiment(config, overrides)
     if kind == "golden":
         run_dir = (output_dir or resolved.golden_dir()).resolve()

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 from serving.engine import Engine
-from serving.errors import EngineError
+from serving.errors import EngineError, ServerUnreachable
 from serving.types import ChatRequest, ChatResponse, Usage
 
 Script = Callable[[ChatRequest], str | Exception]
@@ -29,7 +29,7 @@ class ScriptedEngine(Engine):
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         result = self.script(request)
-        if isinstance(result, EngineError):
+        if isinstance(result, (EngineError, ServerUnreachable)):
             raise result
         if isinstance(result, Exception):
             raise EngineError(str(result))
@@ -84,7 +84,11 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
         return _json.dumps({"types": ["numeric"]})
 
     def rewriter(request: ChatRequest) -> str:
-        return _json.dumps({"query": "rewritten " + request.messages[-1].content.split("\n")[0]})
+        """A query of its own for each number of answers, so that clarify@k keys never share a
+        search (whether a tool-cache entry is reused would depend on which key ran first)."""
+        content = request.messages[-1].content
+        turns = content.count("\nQ") + content.count("\n问")
+        return _json.dumps({"query": f"rewritten ({turns}) " + content.split("\n")[0]})
 
     def searcher(request: ChatRequest) -> str:
         if len(request.messages) == 2:

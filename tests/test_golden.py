@@ -12,7 +12,7 @@ import pytest
 from agents.nugget_builder import Evidence, evidence_text, nuggets_schema
 from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.golden import GOLDEN, golden_dataset, trace_evidence
-from eval.pipeline import run_instance
+from eval.pipeline import run_instance, trace_name
 from eval.schema import Nugget, Record
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
@@ -87,7 +87,8 @@ def test_the_golden_key_searches_the_fused_query_and_cites_only_its_trace(search
     cited = {i for n in record.nuggets for i in n.source_ids}
     assert cited and cited <= set(record.doc_ids)
     assert len(record.nuggets[1].source_ids) == 1  # a repeated id is cited once
-    assert record.trace_id == f"golden/{instance.id}-seed0.json"
+    assert record.trace_id == trace_name(record)
+    assert record.trace_id.startswith(f"golden/{instance.id}-")
     assert (tmp_path / "traces" / record.trace_id).is_file()
     prompt = roles["nugget_builder"].requests[0].messages[-1].content
     assert SENTINEL in prompt and all(f"[{i}]" in prompt for i in record.doc_ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -199,7 +200,9 @@ def test_a_failed_stage_is_the_error_and_what_came_before_it_stays(
     assert record.error is not None
     assert (record.error["kind"], record.error["stage"]) == (kind, stage)
     assert record.error["message"].endswith("down")
-    assert record.questions[:1] == ["Which year?"] and not record.scores and record.seconds > 0
+    assert record.questions[:1] == ["Which year?"] and not record.scores
+    # seconds are rounded to 1 ms and a scripted stage can fail faster than that
+    assert record.seconds >= 0
     if stage == "clarify":
         assert record.questions == ["Which year?"] and record.rewrite is None
         assert not record.search_query and not record.trace_id
@@ -327,3 +330,53 @@ def test_retry_failed_reruns_only_failures_and_the_success_counts(search, tmp_pa
     assert all(r.error is None for r in store.completed().values())
     merged = merge(store, data, ["blurred"], [0])
     assert merged.ok and all(r.error is None for r in merged.records.values())
+
+
+@pytest.mark.parametrize("role", ["clarifier", "user_answerer", "rewriter", "searcher", "judge"])
+def test_a_dead_server_stops_the_run_and_resume_finishes_it_as_if_uninterrupted(
+    search, tmp_path, role
+):
+    """Nobody listening (ServerUnreachable) is not a key's failure: no failure record, no
+    failed dialogue saved; the keys in flight stop unrecorded, the error reaches the caller,
+    and a resume with the server back gives the records an uninterrupted run gives."""
+    from eval.dialogue import DialogueStore
+    from serving.errors import ServerUnreachable
+
+    def run(root: Path, dead_after: int | None = None):
+        store = DialogueStore(root / "dialogues", "shard-0-of-1")
+        ctx, roles = context(search, root / "traces", store=store)
+        if dead_after is not None:
+            script = roles[role].script
+            answered: list[object] = []
+
+            def dying(request):
+                answered.append(request)
+                if len(answered) > dead_after:
+                    return ServerUnreachable("http://gpu7:8000/v1: 5 attempts failed")
+                return script(request)
+
+            roles[role].script = dying
+        keys = (instances(3), ["blurred", "clarify@1", "clarify@2"], [0])
+        return asyncio.run(
+            run_keys(*keys, lambda i, c, s: run_instance(i, c, s, ctx), RecordStore(root), **kw)
+        )
+
+    kw = {"concurrency": 3}
+    run(tmp_path / "whole")
+    with pytest.raises(ServerUnreachable, match="gpu7"):
+        run(tmp_path / "cut", dead_after=2)
+    cut = RecordStore(tmp_path / "cut").completed()
+    assert len(cut) < 9 and all(r.error is None for r in cut.values())
+    saved = tmp_path / "cut" / "dialogues" / "shard-0-of-1.jsonl"
+    lines = saved.read_text().splitlines() if saved.exists() else []
+    assert all(json.loads(line)["error"] is None for line in lines)
+    outcome = run(tmp_path / "cut")
+    assert outcome.ran == 9 - len(cut) and not outcome.failures
+
+    def comparable(root: Path) -> dict:
+        return {
+            key: (r.questions, r.answers, r.rewrite, r.answer, r.labels, r.scores)
+            for key, r in RecordStore(root).completed().items()
+        }
+
+    assert comparable(tmp_path / "cut") == comparable(tmp_path / "whole")

@@ -45,3 +45,22 @@ def test_an_unexpected_exception_is_one_internal_failure_and_the_run_goes_on(sea
     # Resuming does not repeat the failed key (it is done unless --retry-failed).
     again = asyncio.run(run_keys([good, bad], ["oracle"], [0], work, store))
     assert again.ran == 0 and again.skipped == 2
+
+
+def test_trace_names_stay_inside_and_never_collide():
+    """Trace names come from a hash of the id: ids differing only in case (one file on a
+    case-insensitive file system), or only in characters a file name cannot hold, get
+    different files, and no id — even one validation would refuse — names a path outside."""
+    from eval.pipeline import trace_name
+    from eval.schema import Record
+
+    ids = ["Q1", "q1", "a b", "a_b", "问题1", "问题2", "../../x", "..", ".hidden", "x" * 300]
+    names = [
+        trace_name(Record(instance_id=i, condition="clarify@2", seed=1, language="en")) for i in ids
+    ]
+    assert len({n.lower() for n in names}) == len(ids)
+    for name in names:
+        directory, file = name.split("/")
+        assert directory == "clarify-2" and file.endswith("-seed1.json")
+        assert not file.startswith(".") and len(file.encode()) < 100
+    assert names[0].startswith("clarify-2/Q1-")  # plain ids stay readable

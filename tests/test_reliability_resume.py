@@ -107,3 +107,19 @@ def test_cts_run_refuses_before_loading_any_model(tmp_path):
     assert result.exit_code == 2, result.output
     assert "roles.judge.sampling.temperature" in result.output
     assert not (run.root / "records").exists()
+
+
+def test_a_config_yaml_written_before_an_option_existed_resumes_at_its_default(tmp_path):
+    """Keys this version added (here `judge.shuffle`, `judge.batch_size`) are absent from an
+    older config.yaml; at their defaults they keep the old behaviour, so the run resumes.
+    Set to anything else, the resume is refused as any change is."""
+    run, _ = _start(tmp_path)
+    document = yaml.safe_load(run.config.read_text())
+    del document["experiment"]["judge"]["shuffle"]
+    del document["experiment"]["judge"]["batch_size"]
+    del document["models"]["smollm2-135m-instruct"]["max_retries"]  # a free key, too
+    run.config.write_text(yaml.safe_dump(document))
+    assert _refusal(run, []) is None
+    run.config.write_text(yaml.safe_dump(document))
+    refusal = _refusal(run, ["judge.shuffle=true"])
+    assert refusal is not None and "judge.shuffle: false → true" in refusal

@@ -9,7 +9,7 @@ doc ids and URLs it showed), token count and latency goes into the trace.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from serving.engine import ChatModel
@@ -91,7 +91,8 @@ class AgentResult:
         return sum(1 for step in self.steps if step["kind"] == "llm" and step["cached"])
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "doc_ids": self.doc_ids}
+        """A view for writing (shallow: `asdict` deep-copied every step of every trace)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "doc_ids": self.doc_ids}
 
 
 def _approx_tokens(text: str) -> int:

@@ -62,10 +62,14 @@ def check_corpus(path: Path) -> tuple[list[CorpusDocument], list[Problem]]:
     documents: list[CorpusDocument] = []
     problems: list[Problem] = []
     first_seen: dict[str, int] = {}
-    if not path.is_file():
+    try:
+        # surrogateescape: a bad byte is a problem on its line, not a UnicodeDecodeError.
+        f = path.open(encoding="utf-8", errors="surrogateescape") if path.is_file() else None
+    except OSError as e:  # a name too long for the file system, permission denied
+        return [], [Problem(str(path), None, "<file>", f"cannot read: {e.strerror or e}")]
+    if f is None:
         return [], [Problem(str(path), None, "<file>", "no such file")]
-    # surrogateescape: a bad byte is a problem on its line, not a UnicodeDecodeError.
-    with path.open(encoding="utf-8", errors="surrogateescape") as f:
+    with f:
         for line, text in enumerate(f, 1):
             if not text.strip():
                 continue
@@ -88,6 +92,13 @@ def check_corpus(path: Path) -> tuple[list[CorpusDocument], list[Problem]]:
                     Problem(str(path), line, "<row>", "malformed JSON: nested too deeply")
                 )
                 continue
+            except ValueError:  # ...and this for an integer longer than int() converts
+                problems.append(
+                    Problem(
+                        str(path), line, "<row>", "malformed JSON: a number with too many digits"
+                    )
+                )
+                continue
             if not isinstance(data, dict):
                 problems.append(Problem(str(path), line, "<row>", "expected a JSON object"))
                 continue
@@ -101,7 +112,8 @@ def check_corpus(path: Path) -> tuple[list[CorpusDocument], list[Problem]]:
                     Problem(
                         str(path),
                         line,
-                        ".".join(str(p) for p in err["loc"]),
+                        # A field named "" (unknown) would leave the problem nameless.
+                        ".".join(str(p) for p in err["loc"]) or "<row>",
                         "empty"
                         if err["type"] == "string_too_short"
                         else "missing"

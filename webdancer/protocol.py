@@ -97,11 +97,16 @@ def cut_hallucinated_observation(text: str) -> str:
 
 
 def loads_tolerant(raw: str) -> Any:
-    """JSON, then JSON5 (single quotes, trailing commas, unquoted keys, comments)."""
+    """JSON, then JSON5 (single quotes, trailing commas, unquoted keys, comments); ValueError
+    for anything else."""
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return json5.loads(raw)
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return json5.loads(raw)
+    except RecursionError as e:
+        # Both parsers recurse per nesting level; a model can write `[[[[...` past the limit.
+        raise ValueError("JSON nested too deeply") from e
 
 
 def parse_turn(text: str) -> Turn:

@@ -1,0 +1,67 @@
+"""`cts answerer …`: how far to trust the simulated user — the User Answerer against a careful
+person's answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from cts.common import CONFIG_OPTION, ENDPOINTS_OPTION, SET_OPTION, command
+from eval.answerer_calibration import calibrate_experiment, read_answer_labels, render
+from eval.config import load_experiment
+from eval.run import require_roles
+from serving.model_config import model_label
+from serving.serve import read_endpoints
+
+app = typer.Typer(
+    help="Trust the simulated user: the User Answerer against a careful person's answers.",
+    no_args_is_help=True,
+)
+
+
+@command(app, "calibrate")
+def calibrate(
+    labels: str = typer.Option(
+        "sample",
+        "--labels",
+        help="Labelled JSONL, one {fused_query, question, expected} per line (`expected`: the "
+        "value copied from the fused query, or `unknown`; optional id, language, "
+        "constraint_type, blurred_query, instance_id, note); `sample`: the set shipped with "
+        "the toolkit.",
+    ),
+    config: str | None = CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
+    out: Path | None = typer.Option(
+        None, "--out", help="Also write the figures and every answer as JSON here."
+    ),
+    cases: int = typer.Option(40, "--cases", help="List at most this many cases."),
+    endpoints: Path | None = ENDPOINTS_OPTION,
+) -> None:
+    """The simulated user against a careful person's answers.
+
+    The experiment's User Answerer (its model, sampling and clarification.answerer /
+    answer_span options, as `cts run` calls it, seeded with the first seed, response cache
+    off) answers every labelled question once. Printed, each with its n: exact and
+    containment match (normalised: case, whitespace, punctuation, full-/half-width); the
+    false-unknown rate (`unknown` where a value was expected); the false-answer rate (a value
+    where `unknown` was expected); the over-disclosure rate (a value answer that gives a
+    number, proper noun, quoted span or other labelled value of the fused query that the
+    expected answer, the question and the blurred query do not hold); all of them per
+    language and per constraint type; then the cases to look at."""
+    labelled = read_answer_labels(labels)  # a bad row is named before any model loads
+    resolved = load_experiment(config, set_)
+    require_roles(resolved, ["user_answerer"])
+    if endpoints is not None:
+        resolved = resolved.with_endpoints(read_endpoints(endpoints))
+    name = model_label(
+        resolved.experiment.roles["user_answerer"].model, resolved.model_for("user_answerer").name
+    )
+    result = calibrate_experiment(resolved, labelled)
+    typer.echo(render(result, name, cases))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        document = {"user_answerer": name, **result.as_dict()}
+        out.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+        typer.echo(f"figures: {out}")

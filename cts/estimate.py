@@ -1,0 +1,321 @@
+"""`cts estimate`: a sweep's model calls, tokens, tool calls, cost and hours, from a pilot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from cts.common import (
+    CONFIG_OPTION,
+    CPU_OPTION,
+    ENDPOINTS_OPTION,
+    GPUS_OPTION,
+    SERVE_OPTION,
+    SET_OPTION,
+    VLLM_PYTHON_OPTION,
+    command,
+    output_console,
+    output_dir_option,
+    run_keyed,
+    usage_error,
+)
+from eval.config import ResolvedExperiment, load_experiment
+from eval.estimate import Estimate, Figure, estimate_run
+from eval.run import require_roles, run_experiment
+from eval.run_dir import RunDir
+from eval.runner import Shard
+from serving.disk import write_whole
+from serving.serve import ServeOptions
+from serving.yaml_config import Override
+
+app = typer.Typer()
+
+#: Instances a pilot runs unless --pilot says otherwise.
+DEFAULT_PILOT = 5
+
+
+@command(app, "estimate")
+def estimate(
+    config: str | None = CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
+    pilot: int | None = typer.Option(
+        None,
+        "--pilot",
+        min=1,
+        help=f"Instances the pilot runs, every condition and seed (default {DEFAULT_PILOT}).",
+    ),
+    from_run: Path | None = typer.Option(
+        None,
+        "--from-run",
+        help="Estimate from this finished run (or earlier pilot) instead of running a pilot.",
+    ),
+    pilot_dir: Path | None = typer.Option(
+        None,
+        "--pilot-dir",
+        help="Run directory of the pilot (default: <output_dir>/estimate-pilot). An existing "
+        "pilot resumes: its keys are not run again.",
+    ),
+    target_hours: float = typer.Option(
+        24.0, "--target-hours", help="Wall time per shard the suggested --shards aims at."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Also write the estimate as JSON here."),
+    endpoints: Path | None = ENDPOINTS_OPTION,
+    serve: bool = SERVE_OPTION,
+    gpus: str | None = GPUS_OPTION,
+    cpu: bool = CPU_OPTION,
+    vllm_python: str | None = VLLM_PYTHON_OPTION,
+) -> None:
+    """Estimate a whole sweep — what `cts run -c X` would run: every instance of the dataset
+    × conditions × seeds — before submitting it.
+
+    Runs a pilot of N instances (all conditions and seeds) through the normal pipeline, with
+    its own response and tool caches so that every call is a real one (or reads a finished
+    run with --from-run), then extrapolates: model calls, prompt and generated tokens per role
+    and model, search and visit calls and their cost (search.price_per_call /
+    price_per_visit), server- and GPU-hours from each model's throughput_tokens_per_s ("unknown"
+    without it), and the --shards that keep each shard under --target-hours. Intervals are a
+    95% bootstrap over the pilot's instances: rough with a few instances."""
+    if not target_hours > 0:
+        raise usage_error(f"--target-hours {target_hours}: expected hours > 0, e.g. 24")
+    if from_run is not None and (pilot is not None or pilot_dir is not None):
+        raise usage_error("--from-run reads a finished run: give no --pilot or --pilot-dir")
+    sweep = load_experiment(config, set_)
+    console = output_console()
+    if from_run is None:
+        require_roles(sweep)  # before any server is started for the pilot
+        from_run = run_pilot(
+            sweep,
+            config,
+            set_,
+            pilot or DEFAULT_PILOT,
+            output_dir_option(pilot_dir) or default_pilot_dir(sweep),
+            ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
+            console,
+        )
+    found = estimate_run(from_run, sweep, target_hours)
+    print_estimate(console, found)
+    if out is not None:
+        write_whole(out, json.dumps(found.as_dict(), indent=1))
+        console.print(f"estimate: {out}", highlight=False)
+
+
+def default_pilot_dir(sweep: ResolvedExperiment) -> Path:
+    """Inside the sweep's run directory, so that one pilot serves every later estimate; not
+    beside it, where `cts report runs/<name>-*` would take it for a system."""
+    return sweep.output_dir() / "estimate-pilot"
+
+
+def pilot_overrides(sweep: ResolvedExperiment, instances: int, root: Path) -> list[Override]:
+    """The sweep's experiment cut to `instances`, with caches of the pilot's own: a shared
+    cache would answer earlier runs' calls, and those would count as no work. A replay-only
+    tool cache (`search.offline`) is kept: it is the only source of tool results."""
+    limit = sweep.experiment.dataset.limit
+    overrides = [
+        Override(("dataset", "limit"), min(instances, limit or instances), "--pilot"),
+        Override(("cache", "path"), str(RunDir(root.absolute()).own_cache), "--pilot"),
+    ]
+    if not sweep.experiment.search.offline:
+        tools = root.absolute() / "cache" / "tools.sqlite"
+        overrides.append(Override(("search", "tool_cache"), str(tools), "--pilot"))
+    return overrides
+
+
+def run_pilot(
+    sweep: ResolvedExperiment,
+    config: str | None,
+    set_: list[str],
+    instances: int,
+    root: Path,
+    options: ServeOptions,
+    console: Console,
+) -> Path:
+    """Run (or resume) the pilot into `root`; its directory."""
+    resolved = load_experiment(config, [*set_, *pilot_overrides(sweep, instances, root)])
+    run_dir = RunDir(root)
+    console.print(
+        f"pilot of [bold]{resolved.experiment.name}[/bold] on "
+        f"{resolved.experiment.dataset.limit} instance(s) → {root}",
+        highlight=False,
+    )
+    run_keyed(
+        resolved,
+        run_dir,
+        Shard(),
+        options,
+        lambda ready, part, watch, progress: run_experiment(
+            ready, root, part, progress, watch=watch
+        ),
+        console,
+        merge_with=f"cts merge {root}",
+    )
+    return root
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+def amount(value: float) -> str:
+    """A count as a reader takes it in: 950, 12.3k, 4.56M, 1.2B."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}" if value != int(value) else f"{value:.0f}"
+
+
+def per_key(value: float | None) -> str:
+    return "not recorded" if value is None else f"{value:.1f}"
+
+
+def mean_of(figure: Figure | None) -> float | None:
+    return None if figure is None else figure.per_key
+
+
+def total(figure: Figure | None, unit: str = "") -> str:
+    """The sweep's total with its 95% interval."""
+    if figure is None:
+        return "not recorded"
+    if figure.low == figure.high:
+        return f"{unit}{amount(figure.total)}"
+    return f"{unit}{amount(figure.total)} [{unit}{amount(figure.low)}–{unit}{amount(figure.high)}]"
+
+
+def hours(figure: Figure | None) -> str:
+    if figure is None:
+        return "unknown"
+    if figure.low == figure.high:
+        return f"{figure.total:.3g}"
+    return f"{figure.total:.3g} [{figure.low:.3g}–{figure.high:.3g}]"
+
+
+def add_row(table: Table, *cells: str) -> None:
+    """Cells as plain text: an interval's brackets are no markup."""
+    table.add_row(*(Text(c) for c in cells))
+
+
+def print_estimate(console: Console, found: Estimate) -> None:
+    seeds = len(found.seeds)
+    console.print(
+        f"estimate of {found.experiment}: {found.sweep_instances} instances × "
+        f"{len(found.conditions)} conditions × {seeds} seed(s) = {found.sweep_keys} keys, from "
+        f"a pilot of {found.pilot_instances} instance(s) ({found.pilot_keys} keys) in "
+        f"{found.pilot_dir}; [low–high]: 95% bootstrap interval over the pilot's instances",
+        highlight=False,
+        markup=False,
+    )
+    roles = Table(
+        "role",
+        "model",
+        "calls/key",
+        "prompt tok/key",
+        "generated tok/key",
+        f"calls ({found.sweep_keys} keys)",
+        "prompt tokens",
+        "generated tokens",
+        title="model calls and tokens, per key (pilot) and for the sweep",
+    )
+    for row in found.roles:
+        add_row(
+            roles,
+            row.role,
+            row.model_name,
+            per_key(mean_of(row.calls)),
+            per_key(mean_of(row.prompt_tokens)),
+            per_key(mean_of(row.completion_tokens)),
+            total(row.calls),
+            total(row.prompt_tokens),
+            total(row.completion_tokens),
+        )
+    roles.add_section()
+    add_row(
+        roles,
+        "all",
+        "",
+        per_key(mean_of(found.calls)),
+        per_key(mean_of(found.prompt_tokens)),
+        per_key(mean_of(found.completion_tokens)),
+        total(found.calls),
+        total(found.prompt_tokens),
+        total(found.completion_tokens),
+    )
+    console.print(roles)
+    conditions = Table(
+        "condition",
+        "keys (pilot → sweep)",
+        "calls/key",
+        "prompt tok/key",
+        "generated tok/key",
+        "search calls/key",
+        "visits/key",
+        title="per condition (pilot means)",
+    )
+    for c in found.by_condition:
+        add_row(
+            conditions,
+            c.condition,
+            f"{c.pilot_keys} → {c.sweep_keys}",
+            per_key(c.calls),
+            per_key(c.prompt_tokens),
+            per_key(c.completion_tokens),
+            per_key(c.search_calls),
+            per_key(c.visit_calls),
+        )
+    console.print(conditions)
+    servers = Table(
+        "model",
+        "roles",
+        "generated tokens",
+        "tok/s per server",
+        "server-hours",
+        "GPUs/server",
+        "GPU-hours",
+        f"shards for {found.target_hours:g} h",
+        title="servers",
+    )
+    for m in found.models:
+        add_row(
+            servers,
+            m.model_name,
+            ", ".join(m.roles),
+            total(m.completion_tokens),
+            "unknown" if m.throughput_tokens_per_s is None else f"{m.throughput_tokens_per_s:g}",
+            hours(m.server_hours),
+            str(m.gpus_per_server),
+            hours(m.gpu_hours),
+            "unknown" if m.shards is None else f"{m.shards} (≤ {m.shards_high})",
+        )
+    console.print(servers)
+    for tool in found.tools:
+        search = tool.tool == "search"
+        what = "search calls (one per query)" if search else "pages visited"
+        key = "search.price_per_call" if search else "search.price_per_visit"
+        cost = (
+            f"no price ({key})"
+            if tool.price is None
+            else f"cost {total(tool.cost, '$')} at ${tool.price:g} each"
+        )
+        console.print(f"{what}: {total(tool.calls)}; {cost}", highlight=False, markup=False)
+    if found.shards is None:
+        console.print(
+            "suggested --shards: unknown (no model has a throughput_tokens_per_s)",
+            highlight=False,
+            markup=False,
+        )
+    else:
+        high = max(m.shards_high for m in found.models if m.shards_high is not None)
+        partly = any(m.shards is None for m in found.models)
+        console.print(
+            f"suggested: --shards {found.shards} for about {found.target_hours:g} h of wall time "
+            f"per shard ({high} at the intervals' upper ends"
+            + ("; models without a throughput not counted" if partly else "")
+            + "): one server per model per shard, each sustaining its throughput_tokens_per_s, "
+            "the instances split evenly",
+            highlight=False,
+            markup=False,
+        )
+    for note in found.notes:
+        console.print(f"note: {note}", style="yellow", highlight=False, markup=False)

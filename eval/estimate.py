@@ -1,0 +1,606 @@
+"""`cts estimate`: what a whole sweep will cost, extrapolated from a pilot's records.
+
+A pilot is a run of the experiment on a few instances, every condition and seed of each. Each
+record carries its key's model calls and tokens per role (eval/usage.py); its trace carries the
+search agent's tool calls. A figure of the sweep is the pilot's mean per instance (its keys
+summed) times the sweep's instances — the same as each condition's per-key mean times that
+condition's keys in the sweep, since every pilot instance has every key. Summing per instance
+first keeps the keys of one instance together: they share a dialogue and a query, so they are
+not independent draws. The interval is a 95% percentile bootstrap over the pilot's instances:
+with five instances it is rough, and it says only how much the pilot's instances differ.
+
+Server-hours divide a model's generated tokens by its `throughput_tokens_per_s` (a figure
+measured under a pipeline's load, prefill included); GPU-hours multiply by the GPUs one server
+spans. Without a throughput the hours are unknown, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eval.config import ResolvedExperiment
+from eval.dataset import load_instances
+from eval.pipeline import clarify_turns
+from eval.run import CLARIFY_ROLES, SEARCH_ROLES
+from eval.run_dir import RunDir, RunDirError
+from eval.runner import RecordStore
+from eval.schema import Record
+from eval.usage import RoleUsage, role_usage
+from eval.view import MAX_TRACE_BYTES, inside
+from serving.yaml_config import ConfigError
+
+#: Bootstrap resamples of the pilot's instances (a fixed seed: the same pilot, the same
+#: interval).
+RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+#: Per role, the figures a table shows.
+ROLE_COLUMNS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
+
+
+class PilotError(RunDirError):
+    """A run directory whose records cannot give an estimate (exit 2, as a bad run dir)."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One quantity: the pilot's mean per key, the sweep's total, and the total's 95% interval
+    (a bootstrap over the pilot's instances)."""
+
+    per_key: float
+    total: float
+    low: float
+    high: float
+
+    def scaled(self, factor: float) -> Figure:
+        return Figure(
+            self.per_key * factor, self.total * factor, self.low * factor, self.high * factor
+        )
+
+
+@dataclass(frozen=True)
+class RoleRow:
+    role: str
+    #: The model config the role names in the sweep, and its served name.
+    model: str
+    model_name: str
+    #: None: the pilot's records do not say (made before per-role usage was recorded).
+    calls: Figure | None
+    prompt_tokens: Figure | None
+    completion_tokens: Figure | None
+    #: Requests of the pilot the response cache answered (no tokens counted for them).
+    pilot_cached_calls: int
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    model: str
+    model_name: str
+    roles: list[str]
+    completion_tokens: Figure | None
+    #: Generated tokens/s of one server (the model config's `throughput_tokens_per_s`).
+    throughput_tokens_per_s: float | None
+    gpus_per_server: int
+    server_hours: Figure | None
+    gpu_hours: Figure | None
+    #: Shards that bring this model's work under the target wall time (None: unknown).
+    shards: int | None
+    #: The same at the interval's upper end.
+    shards_high: int | None
+
+
+@dataclass(frozen=True)
+class ConditionRow:
+    condition: str
+    pilot_keys: int
+    sweep_keys: int
+    #: Per-key means over the pilot's keys of this condition (all roles together).
+    calls: float | None
+    prompt_tokens: float | None
+    completion_tokens: float | None
+    search_calls: float
+    visit_calls: float
+
+
+@dataclass(frozen=True)
+class ToolRow:
+    #: search: one call per query a search runs; visit: one per page fetched.
+    tool: str
+    calls: Figure
+    #: Tool calls of the pilot replayed from the tool cache (not counted in `calls`).
+    pilot_replayed: int
+    #: USD per call (`search.price_per_call` / `price_per_visit`); None: not configured.
+    price: float | None
+    cost: Figure | None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    experiment: str
+    pilot_dir: str
+    pilot_instances: int
+    pilot_keys: int
+    pilot_failed: int
+    sweep_instances: int
+    conditions: list[str]
+    seeds: list[int]
+    sweep_keys: int
+    roles: list[RoleRow]
+    models: list[ModelRow]
+    by_condition: list[ConditionRow]
+    tools: list[ToolRow]
+    #: All roles together (None: the pilot's records do not say).
+    calls: Figure | None
+    prompt_tokens: Figure | None
+    completion_tokens: Figure | None
+    target_hours: float
+    #: The suggested `--shards`: the most any model with a known throughput needs.
+    shards: int | None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def shards_for(server_hours: float, target_hours: float) -> int:
+    """Shards (one server of the model each) that do `server_hours` of its work in
+    `target_hours` of wall time, the work split evenly: at least one."""
+    if target_hours <= 0:
+        raise ValueError("target_hours must be > 0")
+    return max(1, math.ceil(server_hours / target_hours))
+
+
+# -- what one key cost ------------------------------------------------------------------------
+
+
+def search_queries(arguments: Mapping[str, Any], max_queries: int) -> int:
+    """Backend calls of one `search` tool call: its distinct non-empty queries, at most
+    `max_queries` (webdancer/tools.py runs exactly these; a malformed call runs none)."""
+    value = arguments.get("query", arguments.get("queries"))
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        return 0
+    return min(len({str(v).strip() for v in value if str(v).strip()}), max_queries)
+
+
+def tool_figures(trace: Mapping[str, Any] | None, max_queries: int) -> dict[str, float]:
+    """Search and visit calls of one search run, and those replayed from the tool cache."""
+    found = {"search:calls": 0.0, "search:replayed": 0.0, "visit:calls": 0.0, "visit:replayed": 0.0}
+    for step in (trace or {}).get("steps", []):
+        if not isinstance(step, dict) or step.get("kind") != "tool":
+            continue
+        tool = step.get("tool")
+        if tool not in ("search", "visit"):
+            continue
+        if step.get("cached"):
+            found[f"{tool}:replayed"] += 1
+            continue
+        arguments = step.get("arguments")
+        if tool == "search":
+            queries = search_queries(arguments if isinstance(arguments, dict) else {}, max_queries)
+            found["search:calls"] += queries
+        else:
+            found["visit:calls"] += len(step.get("urls") or [])
+    return found
+
+
+def _searcher_from_trace(record: Record, trace: Mapping[str, Any] | None) -> RoleUsage:
+    """The searcher's calls of a record made before per-role usage: its trace's model steps,
+    else the search agent's totals in the record (which count cached calls' tokens too)."""
+    steps = [s for s in (trace or {}).get("steps", []) if isinstance(s, dict)]
+    llm = [s for s in steps if s.get("kind") == "llm"]
+    if trace is not None:
+        fresh = [s for s in llm if not s.get("cached")]
+        return RoleUsage(
+            calls=len(fresh),
+            cached_calls=len(llm) - len(fresh),
+            prompt_tokens=sum(int(s.get("prompt_tokens", 0)) for s in fresh),
+            completion_tokens=sum(int(s.get("completion_tokens", 0)) for s in fresh),
+        )
+    usage = record.usage
+    cached = usage.get("search_cached_calls", 0)
+    return RoleUsage(
+        calls=usage.get("search_llm_calls", 0) - cached,
+        cached_calls=cached,
+        prompt_tokens=usage.get("search_prompt_tokens", 0),
+        completion_tokens=usage.get("search_completion_tokens", 0),
+    )
+
+
+def key_figures(
+    record: Record,
+    trace: Mapping[str, Any] | None,
+    roles: Mapping[str, str],
+    max_queries: int,
+    metered: bool,
+) -> dict[str, float]:
+    """Every figure of one key: per role (`<role>:<figure>`), per model
+    (`model:<ref>:completion_tokens`), all roles (`all:<figure>`) and tools. `roles` maps each
+    role to its model; without `metered` records only the searcher's calls are known."""
+    found = tool_figures(trace, max_queries)
+    for role, model in roles.items():
+        if metered:
+            used = role_usage(record.usage, role) or RoleUsage()
+        elif role == "searcher":
+            used = _searcher_from_trace(record, trace)
+        else:
+            continue
+        for name in ROLE_COLUMNS:
+            found[f"{role}:{name}"] = getattr(used, name)
+            found[f"all:{name}"] = found.get(f"all:{name}", 0) + getattr(used, name)
+        key = f"model:{model}:completion_tokens"
+        found[key] = found.get(key, 0) + used.completion_tokens
+    return found
+
+
+# -- the pilot --------------------------------------------------------------------------------
+
+
+def pilot_instances(
+    records: Sequence[Record], conditions: Sequence[str], seeds: Sequence[int], source: str
+) -> tuple[dict[str, list[Record]], int]:
+    """The pilot's instances that hold every key of the sweep (condition × seed), with their
+    records, and how many instances were left out for missing some. PilotError when a
+    condition or seed of the sweep has no record at all, or no instance is complete."""
+    wanted = {(c, s) for c in conditions for s in seeds}
+    keyed: dict[str, dict[tuple[str, int], Record]] = defaultdict(dict)
+    for r in records:
+        if (r.condition, r.seed) in wanted:
+            keyed[r.instance_id][(r.condition, r.seed)] = r
+    held = {key for keys in keyed.values() for key in keys}
+    missing = sorted({c for c, _ in wanted if not any(h[0] == c for h in held)})
+    missing_seeds = sorted({s for _, s in wanted if not any(h[1] == s for h in held)})
+    if missing or missing_seeds:
+        what = ", ".join([*missing, *(f"seed {s}" for s in missing_seeds)])
+        raise PilotError(
+            f"{source}: no records of {what}, which the sweep runs (conditions "
+            f"{', '.join(conditions)}; seeds {', '.join(map(str, seeds))}): estimate from a "
+            "pilot of the same experiment"
+        )
+    complete = {i: list(keys.values()) for i, keys in keyed.items() if set(keys) == wanted}
+    if not complete:
+        raise PilotError(
+            f"{source}: no instance has a record for every condition and seed of the sweep "
+            f"({len(wanted)} keys each): finish the pilot first (run the same command again)"
+        )
+    return complete, len(keyed) - len(complete)
+
+
+def read_traces(run_dir: Path, records: Sequence[Record]) -> tuple[dict[str, dict[str, Any]], int]:
+    """The traces the records name, by trace id, and how many could not be read (missing,
+    unreadable, or a path leaving the run's traces/)."""
+    traces_dir = RunDir(run_dir).traces
+    found: dict[str, dict[str, Any]] = {}
+    unread = 0
+    for r in records:
+        if not r.trace_id or r.trace_id in found:
+            continue
+        path = inside(traces_dir, r.trace_id)
+        try:
+            if path is None or path.stat().st_size > MAX_TRACE_BYTES:
+                raise ValueError(r.trace_id)
+            loaded = json.loads(path.read_bytes())
+            if not isinstance(loaded, dict):
+                raise ValueError(r.trace_id)
+        except (OSError, ValueError):
+            unread += 1
+            continue
+        found[r.trace_id] = loaded
+    return found, unread
+
+
+def sweep_size(resolved: ResolvedExperiment) -> int:
+    """The instances `cts run -c X` would run: the dataset, with its `limit`."""
+    return len(load_instances(resolved.experiment.dataset))
+
+
+# -- extrapolation ----------------------------------------------------------------------------
+
+
+def _bootstrap(
+    per_instance: np.ndarray, sweep_instances: int, resamples: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of `per_instance` (instances × figures): the 2.5% and 97.5% points of the
+    sweep's total over resamples of the instances."""
+    n = per_instance.shape[0]
+    if n < 2:
+        total = per_instance.mean(axis=0) * sweep_instances
+        return total, total
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    weights = rng.multinomial(n, np.full(n, 1.0 / n), size=resamples)
+    totals = weights @ per_instance / n * sweep_instances
+    low, high = np.percentile(totals, [2.5, 97.5], axis=0)
+    return low, high
+
+
+def roles_shown(sweep: ResolvedExperiment, pilot_roles: set[str]) -> list[str]:
+    """The roles the sweep's conditions use, in the pipeline's order, then any other role the
+    pilot called."""
+    experiment = sweep.experiment
+    needed: list[str] = []
+    if any(clarify_turns(c) is not None for c in experiment.conditions):
+        clarifier, user_answerer, rewriter = CLARIFY_ROLES
+        needed = [clarifier, user_answerer]
+        if experiment.clarification.question_types == "llm":
+            needed.append("question_classifier")
+        needed.append(rewriter)
+    needed.extend(SEARCH_ROLES)
+    extra = sorted(pilot_roles - set(needed))
+    return [r for r in [*needed, *extra] if r in experiment.roles]
+
+
+def estimate(
+    records: Sequence[Record],
+    traces: Mapping[str, Mapping[str, Any]],
+    sweep: ResolvedExperiment,
+    sweep_instances: int,
+    *,
+    source: str,
+    target_hours: float = 24.0,
+    resamples: int = RESAMPLES,
+) -> Estimate:
+    """The sweep of `sweep` (its conditions and seeds on `sweep_instances` instances)
+    extrapolated from the pilot's `records` and their `traces` (by trace id)."""
+    if target_hours <= 0:
+        raise ValueError("target_hours must be > 0")
+    experiment = sweep.experiment
+    conditions = [str(c) for c in experiment.conditions]
+    seeds = list(experiment.seeds)
+    complete, incomplete = pilot_instances(records, conditions, seeds, source)
+    pilot = [r for rs in complete.values() for r in rs]
+    all_roles = {str(role): rc.model for role, rc in experiment.roles.items()}
+    metered = any(role_usage(r.usage, role) is not None for r in pilot for role in all_roles)
+    called = {
+        role
+        for r in pilot
+        for role in all_roles
+        if (used := role_usage(r.usage, role)) is not None and used.calls + used.cached_calls
+    }
+    shown = roles_shown(sweep, called)
+    roles = {role: all_roles[role] for role in shown}
+    max_queries = experiment.search.max_queries
+
+    keyed = {
+        r.key: key_figures(r, traces.get(r.trace_id or ""), roles, max_queries, metered)
+        for r in pilot
+    }
+    names = sorted({name for figures in keyed.values() for name in figures})
+    ids = sorted(complete)
+    column = {name: j for j, name in enumerate(names)}
+    per_instance = np.zeros((len(ids), len(names)))
+    for i, instance_id in enumerate(ids):
+        for r in complete[instance_id]:
+            for name, value in keyed[r.key].items():
+                per_instance[i, column[name]] += value
+    low, high = _bootstrap(per_instance, sweep_instances, resamples)
+    keys_per_instance = len(conditions) * len(seeds)
+    pilot_keys = len(ids) * keys_per_instance
+    sweep_keys = sweep_instances * keys_per_instance
+
+    def figure(name: str) -> Figure | None:
+        if name not in column:
+            return None
+        j = column[name]
+        mean = float(per_instance[:, j].mean())
+        return Figure(
+            mean / keys_per_instance, mean * sweep_instances, float(low[j]), float(high[j])
+        )
+
+    def zero_or(name: str) -> Figure:
+        return figure(name) or Figure(0.0, 0.0, 0.0, 0.0)
+
+    role_rows = [
+        RoleRow(
+            role,
+            model,
+            sweep.model_configs[model].name,
+            figure(f"{role}:calls"),
+            figure(f"{role}:prompt_tokens"),
+            figure(f"{role}:completion_tokens"),
+            int(sum(keyed[r.key].get(f"{role}:cached_calls", 0) for r in pilot)),
+        )
+        for role, model in roles.items()
+    ]
+    model_rows = []
+    for model in dict.fromkeys(roles.values()):
+        config = sweep.model_configs[model]
+        generated = figure(f"model:{model}:completion_tokens")
+        throughput = config.throughput_tokens_per_s
+        hours = generated.scaled(1 / throughput / 3600) if generated and throughput else None
+        gpus = config.vllm.tensor_parallel_size
+        model_rows.append(
+            ModelRow(
+                model,
+                config.name,
+                [role for role, m in roles.items() if m == model],
+                generated,
+                throughput,
+                gpus,
+                hours,
+                hours.scaled(gpus) if hours else None,
+                shards_for(hours.total, target_hours) if hours else None,
+                shards_for(hours.high, target_hours) if hours else None,
+            )
+        )
+    by_condition = []
+    for condition in conditions:
+        rows = [r for r in pilot if r.condition == condition]
+
+        def mean(name: str, rows: list[Record] = rows) -> float:
+            return sum(keyed[r.key].get(name, 0.0) for r in rows) / len(rows)
+
+        by_condition.append(
+            ConditionRow(
+                condition,
+                len(rows),
+                sweep_instances * len(seeds),
+                mean("all:calls") if metered else None,
+                mean("all:prompt_tokens") if metered else None,
+                mean("all:completion_tokens") if metered else None,
+                mean("search:calls"),
+                mean("visit:calls"),
+            )
+        )
+    prices = {
+        "search": experiment.search.price_per_call,
+        "visit": experiment.search.price_per_visit,
+    }
+    tools = []
+    for tool, price in prices.items():
+        calls = zero_or(f"{tool}:calls")
+        tools.append(
+            ToolRow(
+                tool,
+                calls,
+                int(sum(keyed[r.key].get(f"{tool}:replayed", 0) for r in pilot)),
+                price,
+                calls.scaled(price) if price is not None else None,
+            )
+        )
+    known = [m.shards for m in model_rows if m.shards is not None]
+    return Estimate(
+        experiment=experiment.name,
+        pilot_dir=source,
+        pilot_instances=len(ids),
+        pilot_keys=pilot_keys,
+        pilot_failed=sum(r.error is not None for r in pilot),
+        sweep_instances=sweep_instances,
+        conditions=conditions,
+        seeds=seeds,
+        sweep_keys=sweep_keys,
+        roles=role_rows,
+        models=model_rows,
+        by_condition=by_condition,
+        tools=tools,
+        calls=figure("all:calls") if metered else None,
+        prompt_tokens=figure("all:prompt_tokens") if metered else None,
+        completion_tokens=figure("all:completion_tokens") if metered else None,
+        target_hours=target_hours,
+        shards=max(known) if known else None,
+        notes=_notes(sweep, pilot, keyed, incomplete, metered, model_rows, tools, len(ids)),
+    )
+
+
+def _notes(
+    sweep: ResolvedExperiment,
+    pilot: list[Record],
+    keyed: Mapping[tuple[str, str, int], Mapping[str, float]],
+    incomplete: int,
+    metered: bool,
+    models: list[ModelRow],
+    tools: list[ToolRow],
+    instances: int,
+) -> list[str]:
+    """What a reader must know to trust the numbers as far as they go."""
+    notes = []
+    if instances < 2:
+        notes.append("a pilot of 1 instance gives no interval: pilot more (--pilot N)")
+    if incomplete:
+        notes.append(f"{incomplete} instance(s) of the pilot miss some keys and were left out")
+    if not metered:
+        notes.append(
+            "the pilot's records were made before each role's calls were recorded: only the "
+            "searcher's are known (from the traces); run a new pilot for every role"
+        )
+    failed = sum(r.error is not None for r in pilot)
+    if failed:
+        notes.append(
+            f"{failed} of the pilot's {len(pilot)} keys failed; their calls count, and a "
+            "failed key usually stops early, so a sweep with fewer failures costs more"
+        )
+    requests = sum(v.get("all:calls", 0) + v.get("all:cached_calls", 0) for v in keyed.values())
+    cached = sum(v.get("all:cached_calls", 0) for v in keyed.values())
+    if cached:
+        notes.append(
+            f"{cached:.0f} of the pilot's {requests:.0f} model requests were answered by the "
+            "response cache (a request another key made too, or an earlier run's): they count "
+            "as no model work"
+        )
+    replayed = sum(t.pilot_replayed for t in tools)
+    if replayed:
+        notes.append(
+            f"{replayed} tool call(s) of the pilot were replayed from the tool cache: not "
+            "counted (nor the summarizer calls of replayed visits)"
+        )
+    clarify = [c for c in sweep.experiment.conditions if clarify_turns(c) is not None]
+    if len(clarify) > 1 and sweep.experiment.clarification.mode == "sequential":
+        notes.append(
+            f"{', '.join(clarify)} share one dialogue per instance and seed, each turn "
+            "charged to the first key that takes it: their per-condition calls are uneven, "
+            "the totals are not"
+        )
+    unknown = [m.model for m in models if m.throughput_tokens_per_s is None]
+    if unknown:
+        notes.append(
+            f"hours unknown for {', '.join(unknown)}: set throughput_tokens_per_s in its "
+            "model config (generated tokens/s of one server under a run's load: measure it "
+            "with bench/pipeline.py, or from the server's log during a pilot on your GPU)"
+        )
+    unpriced = [t.tool for t in tools if t.price is None and t.calls.total]
+    if unpriced:
+        notes.append(
+            f"no API cost for {' and '.join(unpriced)}: set search.price_per_call / "
+            "search.price_per_visit (USD) for a paid backend"
+        )
+    return notes
+
+
+def model_changes(pilot: ResolvedExperiment, sweep: ResolvedExperiment) -> list[str]:
+    """Roles the pilot ran on another model than the sweep names: their figures are the
+    pilot's model's."""
+    changed = []
+    for role, config in sweep.experiment.roles.items():
+        ran = pilot.experiment.roles.get(role)
+        if ran is None:
+            continue
+        before, after = pilot.model_for(role).name, sweep.model_for(role).name
+        if before != after:
+            changed.append(
+                f"roles.{role}: the pilot ran it on {before}, the sweep on {after} "
+                f"({config.model}): its figures are {before}'s"
+            )
+    return changed
+
+
+def estimate_run(
+    run_dir: Path,
+    sweep: ResolvedExperiment,
+    target_hours: float = 24.0,
+    sweep_instances: int | None = None,
+) -> Estimate:
+    """The sweep of `sweep` extrapolated from the records and traces of the finished run (or
+    pilot) in `run_dir`. RunDirError without a run there, PilotError without the keys."""
+    run = RunDir(run_dir)
+    try:
+        ran: ResolvedExperiment | None = run.read_config()
+    except ConfigError as e:
+        # The records still count; only the models they were made with cannot be compared.
+        ran, unreadable = None, str(e).splitlines()[-1]
+    records = list(RecordStore(run_dir).completed().values())
+    traces, unread = read_traces(run_dir, records)
+    found = estimate(
+        records,
+        traces,
+        sweep,
+        sweep_size(sweep) if sweep_instances is None else sweep_instances,
+        source=str(run_dir),
+        target_hours=target_hours,
+    )
+    extra = (
+        model_changes(ran, sweep)
+        if ran is not None
+        else [f"{run.config} does not load ({unreadable}): its models are not compared"]
+    )
+    if unread:
+        extra.append(f"{unread} trace(s) could not be read: their tool calls are not counted")
+    found.notes.extend(extra)
+    return found

@@ -1,0 +1,116 @@
+"""The HTTP side of `cts view` (eval/view.py): three static files and a JSON API, GET only.
+
+GET /                          the page (eval/view_static/index.html)
+GET /static/app.js, style.css
+GET /api/ping                  {"ok": true}: what report.html probes
+GET /api/runs                  the run directories served, and the index's filter values
+GET /api/records?…             one page of the index (see eval.view.parse_query)
+GET /api/instance?instance=ID  every record of one instance, in every run
+GET /api/sample?run&instance&condition&seed   one record with its trace and nuggets
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from eval.view import STATIC, NotFound, Viewer, ViewError, parse_query
+
+#: The page runs only its own script and style, and loads nothing from elsewhere: text that
+#: escaped escaping still could not run.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+
+
+def _json(content: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(content, status_code=status, headers=SECURITY_HEADERS)
+
+
+def _params(request: Request) -> dict[str, list[str]]:
+    return {k: request.query_params.getlist(k) for k in request.query_params}
+
+
+def _required(request: Request, name: str) -> str:
+    value = request.query_params.get(name)
+    if value is None:
+        raise ViewError(f"{name}: missing")
+    return value
+
+
+def _whole(request: Request, name: str) -> int:
+    value = _required(request, name)
+    try:
+        return int(value)
+    except ValueError:
+        raise ViewError(f"{name}: expected a whole number, got {value!r}") from None
+
+
+def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
+    files = {path: ((STATIC / name).read_bytes(), kind) for path, (name, kind) in _FILES.items()}
+
+    async def static(request: Request) -> Response:
+        body, kind = files[request.url.path]
+        return Response(body, media_type=kind, headers=SECURITY_HEADERS)
+
+    async def ping(request: Request) -> Response:
+        return _json({"ok": True})
+
+    async def runs(request: Request) -> Response:
+        return _json({"runs": viewer.describe_runs(), "facets": viewer.facets()})
+
+    async def records(request: Request) -> Response:
+        query = parse_query(_params(request))
+        return _json(await run_in_threadpool(viewer.index, query))
+
+    async def instance(request: Request) -> Response:
+        return _json({"records": viewer.keys(_required(request, "instance"))})
+
+    async def sample(request: Request) -> Response:
+        # Reads a trace and maybe the dataset: off the event loop.
+        found = await run_in_threadpool(
+            viewer.sample,
+            _whole(request, "run"),
+            _required(request, "instance"),
+            _required(request, "condition"),
+            _whole(request, "seed"),
+        )
+        return _json(found)
+
+    async def bad_request(request: Request, exc: Exception) -> Response:
+        return _json({"error": str(exc)}, 400)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _json({"error": str(exc)}, 404)
+
+    routes = [Route(path, static, methods=["GET"]) for path in files]
+    routes += [
+        Route("/api/ping", ping, methods=["GET"]),
+        Route("/api/runs", runs, methods=["GET"]),
+        Route("/api/records", records, methods=["GET"]),
+        Route("/api/instance", instance, methods=["GET"]),
+        Route("/api/sample", sample, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)],
+        exception_handlers={ViewError: bad_request, NotFound: not_found},
+    )

@@ -1,0 +1,92 @@
+"""Writes that leave a file whole or absent, and a full disk as one clear error.
+
+A full disk (or a spent quota, or a file system remounted read-only) is not one key's failure:
+every later write would fail too. `storage_errors` turns the OSError into `StorageFull`, naming
+the file, which stops the run (exit 1); what was written whole is kept, and running the same
+command again once there is space resumes. Neither helper below leaves a complete-looking
+partial file behind: `write_whole` renames a finished temporary over the file, and
+`append_line` cuts off a line it could not finish.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+#: What a write fails with when the disk, not the data, is the problem.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+class StorageFull(OSError):
+    """A write that failed for want of space (or of a writable file system)."""
+
+    def __str__(self) -> str:
+        return (
+            f"{self.filename}: {self.strerror}; stopped, keeping what was finished: free some "
+            "space, then run the same command again (a run resumes where it stopped)"
+        )
+
+
+def storage_full(path: Path | str, code: int = errno.ENOSPC) -> StorageFull:
+    return StorageFull(code, os.strerror(code), str(path))
+
+
+@contextmanager
+def storage_errors(path: Path | str) -> Iterator[None]:
+    """Raise an OSError of a full disk, a quota or a read-only file system met in the block as
+    StorageFull naming `path` (the file being written, not its temporary); others pass."""
+    try:
+        yield
+    except StorageFull:
+        raise
+    except OSError as e:
+        if e.errno not in STORAGE_ERRNOS:
+            raise
+        raise storage_full(path, e.errno) from e
+
+
+def write_whole(path: Path, data: str | bytes) -> None:
+    """Write `path` whole or not at all: a temporary beside it is written, fsync'd and renamed
+    over it, and removed when anything fails (the old file, if any, stays as it was)."""
+    raw = data.encode() if isinstance(data, str) else data
+    # Unique per process and thread: shards of one run write the same config.yaml at once.
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with partial.open("wb") as f:
+                f.write(raw)
+                f.flush()
+                os.fsync(f.fileno())
+            partial.replace(path)
+        except BaseException:
+            with suppress(OSError):
+                partial.unlink()
+            raise
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Append one line to a file this process alone writes, fsync'd. A failed append is cut
+    off again, so that the next line cannot complete its torn start into a corrupt line."""
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            end = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except BaseException:
+                # Shrinking needs no space; should it fail anyway, the torn line is still cut
+                # by this file's next writer on resume.
+                with suppress(OSError):
+                    os.ftruncate(fd, end)
+                raise
+        finally:
+            os.close(fd)

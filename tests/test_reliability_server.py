@@ -1,0 +1,160 @@
+"""The real vLLM-CPU server SIGKILLed in the middle of a `cts run` (issue 13 §2): the run
+retries, then stops with a clear message and exit 1, its finished records kept and nothing
+recorded for the keys the dead server cut; the server is restarted on the same port and the
+same command resumes to records equal to an uninterrupted run's.
+
+Equality across two server processes needs the server to compute each request alone and
+from scratch: `--max-num-seqs 1` (no batch whose make-up could change the float sums) and no
+prefix cache (a cached prefix is computed in other chunks than a fresh one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eval.runner import RecordStore
+from serving.vllm_server import VllmServer, free_port
+from tests.conftest import VLLM_CPU_ARGS, vllm_python
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+NAME = "smollm2-135m-instruct"
+EXPERIMENT = """
+name: server-kill
+roles:
+  clarifier: {{model: tiny}}
+  user_answerer: {{model: tiny}}
+  rewriter: {{model: tiny}}
+  searcher: {{model: tiny}}
+  summarizer: {{model: tiny}}
+  judge: {{model: tiny}}
+models:
+  tiny:
+    name: {name}
+    path: "tiny:{name}"
+    engine: openai
+    endpoint: {url}
+    dtype: float32
+    sampling: {{temperature: 0.0, max_tokens: 160}}
+    max_retries: 3
+dataset: {{path: sample, split: dev, limit: 2}}
+search: {{backend: local, corpus: sample, top_k: 2, max_page_tokens: 300}}
+budgets: {{max_llm_calls: 2, max_context_tokens: 3500}}
+conditions: [blurred, clarify@1]
+seeds: [0]
+concurrency: 1
+"""
+
+
+def server(model_path: str, port: int, log: Path) -> VllmServer:
+    return VllmServer(
+        model_path=model_path,
+        served_name=NAME,
+        log_path=log,
+        port=port,
+        python=vllm_python(),
+        args=[
+            *VLLM_CPU_ARGS,
+            "--max-model-len",
+            "4096",
+            "--max-num-seqs",
+            "1",
+            "--no-enable-prefix-caching",
+        ],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    ).start()
+
+
+def cts_run(config: Path, run_dir: Path, home: Path) -> list[str]:
+    """The command line of a run with its own response and tool caches, so that no run
+    answers another's requests from a cache."""
+    return [
+        *(sys.executable, "-m", "cts", "run", "-c", str(config)),
+        *("--output-dir", str(run_dir)),
+        *("--set", f"cache.path={home}/responses.sqlite"),
+        *("--set", f"search.tool_cache={home}/tools.sqlite"),
+    ]
+
+
+def comparable(run_dir: Path) -> dict:
+    return {
+        key: (r.error, r.questions, r.answers, r.rewrite, r.answer, r.labels, r.scores)
+        for key, r in RecordStore(run_dir).completed().items()
+    }
+
+
+def record_lines(run_dir: Path) -> list[str]:
+    return [
+        line
+        for path in sorted(run_dir.glob("records/*/shard-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+
+
+def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path, tmp_path):
+    port = free_port()
+    config = tmp_path / "experiment.yaml"
+    config.write_text(EXPERIMENT.format(name=NAME, url=f"http://127.0.0.1:{port}/v1"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    first = server(tiny_path, port, tmp_path / "server-1.log")
+    try:
+        first.wait_ready(deadline_s=600)
+        whole = tmp_path / "whole"
+        done = subprocess.run(
+            cts_run(config, whole, tmp_path / "home-whole"),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert len(comparable(whole)) == 4
+
+        cut = tmp_path / "cut"
+        home = tmp_path / "home-cut"
+        running = subprocess.Popen(
+            cts_run(config, cut, home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        deadline = time.monotonic() + 900
+        while not record_lines(cut):
+            assert running.poll() is None, running.communicate()
+            assert time.monotonic() < deadline, "no record written"
+            time.sleep(0.2)
+        assert first.process is not None
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
+        _, err = running.communicate(timeout=300)
+    finally:
+        first.stop()
+
+    assert running.returncode == 1, err[-3000:]
+    assert "server unreachable: " in err and "4 attempts failed" in err
+    assert "run the same command to resume" in err
+    assert "Traceback" not in err
+    lines = record_lines(cut)
+    assert 1 <= len(lines) < 4  # the finished ones kept, the cut ones not recorded
+    records = [json.loads(line) for line in lines]
+    assert all(r["error"] is None for r in records)
+
+    second = server(tiny_path, port, tmp_path / "server-2.log")
+    try:
+        second.wait_ready(deadline_s=600)
+        resumed = subprocess.run(
+            cts_run(config, cut, home), capture_output=True, text=True, env=env, timeout=900
+        )
+    finally:
+        second.stop()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{4 - len(lines)} records written, {len(lines)} already done" in resumed.stdout
+    assert comparable(cut) == comparable(whole)
