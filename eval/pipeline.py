@@ -87,13 +87,15 @@ def _stage(name: str) -> Iterator[None]:
         # Not a failure the protocol knows (a bug, a corrupt cache row, a parser's recursion
         # limit on a hostile page). One key must not cancel the keys in flight, nor every
         # resume (its cached inputs would replay it): it is recorded, loudly, as `internal`.
-        logger.exception("internal error at stage %s", name)
+        # The log is a Slurm log on a cluster: it gets the redacted traceback, never the raw one.
+        trace = redact("".join(traceback.format_exception(e)))
+        logger.error("internal error at stage %s\n%s", name, trace)
         raise StageFailed(
             {
                 "kind": "internal",
                 "stage": name,
                 "message": redact(f"{type(e).__name__}: {e}")[:500],
-                "traceback": redact("".join(traceback.format_exception(e)))[-4000:],
+                "traceback": trace[-4000:],
             }
         ) from e
 

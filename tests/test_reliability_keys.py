@@ -64,3 +64,32 @@ def test_trace_names_stay_inside_and_never_collide():
         assert directory == "clarify-2" and file.endswith("-seed1.json")
         assert not file.startswith(".") and len(file.encode()) < 100
     assert names[0].startswith("clarify-2/Q1-")  # plain ids stay readable
+
+
+def test_the_logged_traceback_of_an_internal_failure_is_redacted(
+    search, tmp_path, monkeypatch, caplog
+):
+    """On a cluster the log is the Slurm log: a key quoted by an unexpected exception is
+    redacted there as in the record."""
+    from serving.secrets import secret_from_env
+
+    key = "sk-live-internal-0123456789"
+    monkeypatch.setenv("CTS_TEST_KEY", key)
+    secret_from_env("CTS_TEST_KEY")
+    ctx, roles = context(search, tmp_path / "traces")
+    (instance,) = instances(1)
+
+    def judge(request):
+        raise RuntimeError(f"header Authorization: Bearer {key}")
+
+    roles["judge"].script = judge
+    store = RecordStore(tmp_path / "run")
+    with caplog.at_level("ERROR"):
+        outcome = asyncio.run(
+            run_keys([instance], ["oracle"], [0], lambda i, c, s: run_instance(i, c, s, ctx), store)
+        )
+    assert dict(outcome.failures) == {"internal": 1}
+    assert "internal error at stage judge" in caplog.text and "RuntimeError" in caplog.text
+    assert key not in caplog.text and "Bearer [redacted]" in caplog.text
+    (record,) = store.completed().values()
+    assert key not in record.error["message"] and key not in record.error["traceback"]

@@ -15,6 +15,7 @@ import pytest
 
 from serving.types import ChatRequest, Sampling
 from tests.scripted import ScriptedEngine
+from tests.test_pipeline import search as search  # the fixture
 from webdancer.agent import AgentBudget, WebDancerAgent, searcher_sampling
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch
 from webdancer.protocol import FORCE_ANSWER, ToolCall
@@ -191,3 +192,38 @@ def test_a_backend_that_always_fails_ends_at_the_budget(server):
     tools = [s for s in result.steps if s["kind"] == "tool"]
     assert len(tools) == 3 and all(s["errors"] for s in tools)
     assert reply.requests == 3
+
+
+def test_a_url_httpx_refuses_is_a_failed_visit_not_a_failed_key():
+    """httpx.InvalidURL is no HTTPError: a URL that urlsplit accepts and httpx refuses is
+    reported to the agent like any unreachable page."""
+    import httpx
+
+    class RefusingPages:
+        name = "http"
+
+        async def fetch(self, url: str):
+            raise httpx.InvalidURL("Invalid non-printable ASCII character in URL")
+
+    summarizer = ScriptedEngine(lambda r: json.dumps({"evidence": "e", "summary": "s"}))
+    tools = Tools(None, Visitor(RefusingPages(), summarizer, Sampling()), None, top_k=5)
+    result = asyncio.run(
+        tools.call(ToolCall("visit", {"url": ["http://a.example/\x7f"], "goal": "g"}))
+    )
+    assert "non-printable" in str(result.errors) and not summarizer.requests
+
+
+def test_a_lone_surrogate_in_tool_arguments_reaches_the_cache_and_backend_as_u_fffd(
+    search, tmp_path
+):
+    """A model can write `\\ud800` in a JSON string; no cache key or request can encode it."""
+    from webdancer.protocol import parse_turn
+
+    turn = parse_turn(
+        '<tool_call>{"name": "search", "arguments": {"query": ["alpha \\ud800 beta"]}}</tool_call>'
+    )
+    assert turn == ToolCall("search", {"query": ["alpha \ufffd beta"]})
+    cache = ToolCache(tmp_path / "tools.sqlite")
+    result = asyncio.run(tools_for(search, cache).call(turn))
+    assert not result.errors
+    assert asyncio.run(tools_for(search, cache).call(turn)).text == result.text  # cached

@@ -109,6 +109,21 @@ def loads_tolerant(raw: str) -> Any:
         raise ValueError("JSON nested too deeply") from e
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_unicode(value: Any) -> Any:
+    """`value` with every lone surrogate (a JSON escape such as `\\ud800`) made U+FFFD: no
+    tool, cache key or backend request can encode one."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_valid_unicode(v) for v in value]
+    if isinstance(value, dict):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+    return value
+
+
 def parse_turn(text: str) -> Turn:
     """Read one assistant turn. Only the first tool call is executed; a turn that calls a tool
     before answering is a tool call (it has not seen the result yet)."""
@@ -128,6 +143,10 @@ def parse_turn(text: str) -> Turn:
             with contextlib.suppress(ValueError):
                 arguments = loads_tolerant(arguments)
         if not isinstance(arguments, dict):
+            return ProtocolError(INVALID_TOOL_CALL)
+        try:
+            arguments = _valid_unicode(arguments)
+        except RecursionError:
             return ProtocolError(INVALID_TOOL_CALL)
         if payload["name"] not in TOOL_NAMES:
             return ProtocolError(f"Error: Tool {payload['name']} not found")

@@ -223,7 +223,15 @@ class Visitor:
     ) -> tuple[str, Page | None, str | None]:
         try:
             page = await self.pages.fetch(url)
-        except (BlockedURL, LookupError, ValueError, RuntimeError, httpx.HTTPError) as e:
+        # InvalidURL is not an HTTPError: a URL that urlsplit accepts but httpx refuses.
+        except (
+            BlockedURL,
+            LookupError,
+            ValueError,
+            RuntimeError,
+            httpx.HTTPError,
+            httpx.InvalidURL,
+        ) as e:
             return render_visit(url, goal, FALLBACK_EVIDENCE, FALLBACK_SUMMARY), None, str(e)
         prompt = summarizer_prompt(
             page.title, truncate_tokens(page.text, self.max_page_tokens), goal
