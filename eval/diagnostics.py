@@ -359,6 +359,11 @@ def failures(records: list[Record]) -> dict[str, Any]:
         "by_condition": dict(Counter(r.condition for r in failed)),
         "by_stage": dict(Counter(r.error["stage"] for r in failed if r.error)),
         "by_kind": dict(Counter(r.error["kind"] for r in failed if r.error)),
+        # Failed searches and visits inside the search runs (each one an error observation).
+        "tool_errors": {
+            "total": sum(r.usage.get("search_tool_errors", 0) for r in records),
+            "records": sum(1 for r in records if r.usage.get("search_tool_errors", 0)),
+        },
     }
 
 

@@ -183,6 +183,11 @@ def _keep_search(record: Record, result: AgentResult, trace_dir: Path | None) ->
         "search_cached_calls": result.cached_llm_calls,
         "search_prompt_tokens": result.prompt_tokens,
         "search_completion_tokens": result.completion_tokens,
+        # A failed query or visit is an observation the agent reads, not a failed key: it is
+        # counted here so that a flaky backend shows in the summary, not only in the traces.
+        "search_tool_errors": sum(
+            len(step["errors"]) for step in result.steps if step["kind"] == "tool"
+        ),
     }
     if trace_dir is not None:
         record.trace_id = _write_trace(trace_dir, record, result.as_dict())

@@ -143,6 +143,13 @@ def warnings(name: str, summary: dict[str, Any]) -> list[str]:
             f"WARNING {name}: {f['total']} of {summary['records']} records failed "
             f"(by stage: {by_stage}; by kind: {by_kind}); {treated}."
         )
+    tools = f.get("tool_errors", {"total": 0})  # summaries written before it was counted
+    if tools["total"]:
+        found.append(
+            f"WARNING {name}: {tools['total']} searches or visits failed inside the search runs "
+            f"of {tools['records']} of {summary['records']} records (the agent read an error "
+            "observation; see the traces' tool steps)."
+        )
     mixed = summary["clarification"]["dialogue_mismatches"]
     if mixed:
         found.append(

@@ -227,3 +227,28 @@ def test_a_lone_surrogate_in_tool_arguments_reaches_the_cache_and_backend_as_u_f
     result = asyncio.run(tools_for(search, cache).call(turn))
     assert not result.errors
     assert asyncio.run(tools_for(search, cache).call(turn)).text == result.text  # cached
+
+
+def test_failed_searches_are_counted_in_the_record_summary_and_report(server, search):
+    """The agent goes on after a failed search; the run's summary still says it happened."""
+    from eval.diagnostics import failures, judge_labels
+    from eval.pipeline import run_instance
+    from eval.report import warnings
+    from tests.test_pipeline import context, instances
+
+    url, reply = server
+    set_fault(reply, "retrieval", "http_500")
+    ctx, _ = context(search)
+    ctx.agent.tools.search = backend("retrieval", url)  # every search answers HTTP 500
+    records = [asyncio.run(run_instance(i, "oracle", 0, ctx)) for i in instances(2)]
+    assert all(r.error is None for r in records)
+    counted = [r.usage["search_tool_errors"] for r in records]
+    assert all(n >= 1 for n in counted)
+    summary = {"records": 2, "failure_policy": "exclude", "failures": failures(records)}
+    assert summary["failures"]["tool_errors"] == {"total": sum(counted), "records": 2}
+    summary["clarification"] = {"dialogue_mismatches": 0}
+    summary["judge"] = judge_labels(records)
+    assert any(
+        f"{sum(counted)} searches or visits failed inside the search runs of 2 of 2" in w
+        for w in warnings("sys", summary)
+    )
