@@ -1,9 +1,9 @@
 """Writes that leave a file whole or absent, and a full disk as one clear error.
 
-A full disk (or a spent quota, or a file system remounted read-only) is not one key's failure:
-every later write would fail too. `storage_errors` turns the OSError into `StorageFull`, naming
-the file, which stops the run (exit 1); what was written whole is kept, and running the same
-command again once there is space resumes. Neither helper below leaves a complete-looking
+A full disk (or a spent quota, a read-only file system, a directory one may not write) is not
+one key's failure: every later write would fail too. `storage_errors` turns the OSError into
+`StorageFull`, naming the file, which stops the run (exit 1); what was written whole is kept,
+and running the same command again once there is space (or write access) resumes. Neither helper below leaves a complete-looking
 partial file behind: `write_whole` renames a finished temporary over the file, and
 `append_line` cuts off a line it could not finish.
 """
@@ -18,16 +18,25 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 #: What a write fails with when the disk, not the data, is the problem.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: A read-only file system, or a directory the user may not write (EPERM: e.g. an immutable file).
+_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+STORAGE_ERRNOS = _NO_SPACE | _NOT_WRITABLE
 
 
 class StorageFull(OSError):
-    """A write that failed for want of space (or of a writable file system)."""
+    """A write that failed for want of space, or of a place it may write: every later write
+    would fail too, so the run stops once, at the first."""
 
     def __str__(self) -> str:
+        remedy = (
+            "make it writable (or choose another --output-dir or cache path)"
+            if self.errno in _NOT_WRITABLE
+            else "free some space"
+        )
         return (
-            f"{self.filename}: {self.strerror}; stopped, keeping what was finished: free some "
-            "space, then run the same command again (a run resumes where it stopped)"
+            f"{self.filename}: {self.strerror}; stopped, keeping what was finished: {remedy}, "
+            "then run the same command again (a run resumes where it stopped)"
         )
 
 

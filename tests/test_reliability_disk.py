@@ -368,3 +368,41 @@ def test_a_full_disk_inside_a_key_stops_the_run_and_records_nothing_for_it(
     mounted.make_room()
     again = asyncio.run(run_keys(instances(2), ["oracle"], [0], work, store))
     assert again.ran == 2 and not again.failures
+
+
+def test_a_run_into_a_read_only_file_system_stops_at_its_first_write(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """One clear stop naming the file and saying what to do, not a traceback, nor an
+    `internal` failure per key."""
+    if ran_in_a_namespace(request, tmp_path):
+        return
+    root = tmp_path / "ro"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)], check=True)
+    try:
+        stopped = cts(run_args(root / "run", tmp_path / "cache"), tmp_path / "home")
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
+    assert stopped.returncode == 1, stopped.stdout[-2000:] + stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stdout + stopped.stderr
+    message = stopped.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"storage error: {root}/run"), message
+    assert "Read-only file system" in message and "make it writable" in message
+
+
+def test_a_directory_one_may_not_write_is_a_storage_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EACCES, as a user who does not own the run directory meets it (root never does, so the
+    refusal is injected where the write opens its file)."""
+    import errno
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(StorageFull) as stopped:
+        append_line(tmp_path / "records.jsonl", b"{}\n")
+    assert str(stopped.value).startswith(f"{tmp_path / 'records.jsonl'}: Permission denied")
+    assert "make it writable" in str(stopped.value)
