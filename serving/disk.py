@@ -3,9 +3,9 @@
 A full disk (or a spent quota, a read-only file system, a directory one may not write) is not
 one key's failure: every later write would fail too. `storage_errors` turns the OSError into
 `StorageFull`, naming the file, which stops the run (exit 1); what was written whole is kept,
-and running the same command again once there is space (or write access) resumes. Neither helper below leaves a complete-looking
-partial file behind: `write_whole` renames a finished temporary over the file, and
-`append_line` cuts off a line it could not finish.
+and running the same command again once there is space (or write access) resumes. Neither
+helper below leaves a complete-looking partial file behind: `write_whole` renames a finished
+temporary over the file, and `append_line` cuts off a line it could not finish.
 """
 
 from __future__ import annotations
