@@ -114,9 +114,7 @@ def load_model_config(path: Path, overrides: list[str] | None = None) -> ModelCo
 def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> ChatModel:
     """The engine a model config asks for, behind the response cache when one is given."""
     engine: Engine
-    dtype = (
-        "float32" if config.dtype == "auto" and config.engine == "transformers" else config.dtype
-    )
+    dtype = config.dtype
     if config.engine == "transformers":
         from serving.transformers_engine import TransformersEngine
 

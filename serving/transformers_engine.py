@@ -32,6 +32,33 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
+def native_bf16() -> bool:
+    """Whether bfloat16 runs natively here: a CUDA GPU, or a CPU with AVX512-BF16 or AMX. A CPU
+    without them emulates it: measured on a 2-core AVX2 EPYC, a 4 x 1,000-token prefill of the
+    tiny model took 83 s in bfloat16 against 13 s in float32."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = {flag for line in f if line.startswith("flags") for flag in line.split()}
+    except OSError:  # not Linux: no way to tell, so the safe choice
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_dtype(dtype: str) -> str:
+    """`auto`: bfloat16 where it is native (`native_bf16`), float32 elsewhere."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if native_bf16() else "float32"
+
+
+#: A batch's padded prompt tokens may exceed its real ones by this factor (see `_buckets`).
+PADDING_SLACK = 1.25
+
+
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet: the printable character that stands for each byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
@@ -134,7 +161,7 @@ class TransformersEngine(BatchingEngine):
             tokenizer.padding_side = "left"
             if tokenizer.pad_token_id is None:
                 tokenizer.pad_token = tokenizer.eos_token
-            dtype = getattr(torch, _DTYPES.get(self.dtype, "float32"))
+            dtype = getattr(torch, _DTYPES.get(resolve_dtype(self.dtype), "float32"))
             hf = AutoModelForCausalLM.from_pretrained(
                 self.path, revision=self.revision, dtype=dtype
             )
@@ -184,10 +211,42 @@ class TransformersEngine(BatchingEngine):
             s = requests[i].sampling
             groups.setdefault((s.temperature, s.top_p, s.repetition_penalty, s.seed), []).append(i)
         for indices in groups.values():
-            rows = [(requests[i], processors[i]) for i in indices]
-            for i, response in zip(indices, self._generate(rows), strict=True):
-                results[i] = response
+            for bucket in self._buckets(requests, indices):
+                rows = [(requests[i], processors[i]) for i in bucket]
+                for i, response in zip(bucket, self._generate(rows), strict=True):
+                    results[i] = response
         return [r for r in results if r is not None]  # every slot is filled by now
+
+    def _buckets(self, requests: list[ChatRequest], indices: list[int]) -> list[list[int]]:
+        """`indices` split into generate() calls of similar prompt lengths. A batch is padded to
+        its longest prompt, and on a CPU the prefill of padding costs as much as real tokens: a
+        searcher turn of 2,300 tokens batched with a 125-token clarifier question made that
+        question cost 2,300. Longest first; a bucket takes the next prompt while its padded
+        tokens stay within PADDING_SLACK of its real ones."""
+        if len(indices) < 2:
+            return [indices]
+        lengths = {i: len(self._prompt_ids(requests[i])) for i in indices}
+        buckets: list[list[int]] = []
+        for i in sorted(indices, key=lambda i: -lengths[i]):
+            if buckets:
+                bucket = buckets[-1]
+                longest = lengths[bucket[0]]
+                real = sum(lengths[j] for j in bucket) + lengths[i]
+                if longest * (len(bucket) + 1) <= PADDING_SLACK * real:
+                    bucket.append(i)
+                    continue
+            buckets.append([i])
+        return buckets
+
+    def _prompt_ids(self, request: ChatRequest) -> list[int]:
+        tok = self._tokenizer
+        text = tok.apply_chat_template(
+            [m.model_dump() for m in request.messages],
+            tokenize=False,
+            add_generation_prompt=True,
+            **self.chat_template_kwargs,
+        )
+        return list(tok(text, add_special_tokens=False)["input_ids"])
 
     # -- the batched generate call ---------------------------------------------------------------
 

@@ -19,7 +19,7 @@ def tiny_path() -> str:
 def tiny_engine(tiny_path: str):
     from serving.transformers_engine import TransformersEngine
 
-    engine = TransformersEngine("smollm2-135m-instruct", tiny_path, dtype="bfloat16")
+    engine = TransformersEngine("smollm2-135m-instruct", tiny_path, dtype="auto")
     engine.load()
     return engine
 

@@ -215,7 +215,8 @@ def test_user_answerer_applies_its_limits_to_the_regex_and_the_recheck():
 
 
 @pytest.mark.slow
-def test_user_answerer_is_extractive_on_100_random_cases(tiny_engine):
+def test_user_answerer_is_extractive_on_random_cases(tiny_engine):
+    # 30 cases on the real model; the regex itself is checked exhaustively above, without one.
     instances = load_instances(DatasetSource(path="sample", split=None))
     questions = [
         "Which year do you mean?",
@@ -230,8 +231,8 @@ def test_user_answerer_is_extractive_on_100_random_cases(tiny_engine):
         "在哪个城市？",
     ]
     rng = random.Random(100)
-    cases = [(rng.choice(instances), rng.choice(questions)) for _ in range(100)]
-    sampling = Sampling(max_tokens=64, temperature=0.7, seed=7)
+    cases = [(rng.choice(instances), rng.choice(questions)) for _ in range(30)]
+    sampling = Sampling(max_tokens=32, temperature=0.7, seed=7)
 
     async def go():
         return await asyncio.gather(
