@@ -51,8 +51,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from eval.config import ALL_CONDITIONS
 from eval.dataset import DatasetError, DatasetSource, Row, load_instances, read_rows
 from eval.fingerprint import dataset_digest
@@ -60,6 +58,7 @@ from eval.run_dir import RunDir
 from eval.runner import RecordStore
 from eval.schema import Golden, Instance, Nugget, Record
 from serving.disk import write_whole
+from serving.yaml_config import read_yaml
 from webdancer.corpus import Problem
 
 VITAL, OKAY = "vital", "okay"
@@ -594,8 +593,8 @@ def run_instances(run: RunDir, dataset: str | None = None) -> list[Instance]:
     if dataset is not None:
         source = source.model_copy(update={"path": dataset})
     instances = load_instances(source)
-    document = yaml.safe_load(run.config.read_text())
-    ran_on = ((document or {}).get("fingerprint") or {}).get("dataset")
+    document, _ = read_yaml(run.config)
+    ran_on = (document.get("fingerprint") or {}).get("dataset")
     if ran_on is not None and ran_on != dataset_digest(instances):
         raise _refuse(
             source.path,

@@ -59,7 +59,7 @@ from eval.schema import Instance, Record
 from serving.disk import write_whole
 from serving.engine import ChatModel, EngineStats
 from serving.model_config import model_label
-from serving.yaml_config import ConfigError, Override, parse_override
+from serving.yaml_config import ConfigError, Override, parse_override, read_yaml
 from webdancer.agent import WebDancerAgent
 
 #: Keys of a run's config (as `results_view` names them) a rejudge may change.
@@ -90,8 +90,8 @@ class Source:
 def load_source(path: Path) -> Source:
     run = RunDir(path)
     resolved = run.read_config()  # RunDirError without config.yaml
-    document = yaml.safe_load(run.config.read_text())
-    return Source(run, resolved, document if isinstance(document, dict) else {})
+    document, _ = read_yaml(run.config)
+    return Source(run, resolved, document)
 
 
 def rejudge_experiment(

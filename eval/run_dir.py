@@ -24,7 +24,7 @@ from eval.config import ExperimentConfig, ResolvedExperiment
 from eval.fingerprint import changes, results_view
 from serving.disk import write_whole
 from serving.model_config import ModelConfig
-from serving.yaml_config import ConfigError, load_config
+from serving.yaml_config import ConfigError, load_config, read_yaml
 
 if TYPE_CHECKING:  # the runner keeps its records here: it imports this module
     from eval.runner import Shard
@@ -143,9 +143,8 @@ class RunDir:
             self._refuse_other_results(yaml.safe_load(resolved.to_yaml(fingerprint)))
 
     def _refuse_other_results(self, new: dict[str, Any]) -> None:
-        old = yaml.safe_load(self.config.read_text())
-        if not isinstance(old, dict):
-            raise ConfigError(f"{self.config}: not a run's config.yaml; move it aside")
+        # The one config reader: a garbage, non-UTF-8 or aliased file is a ConfigError naming it.
+        old, _ = read_yaml(self.config)
         changed = changes(self._results_view_now(old), results_view(new))
         if changed:
             raise ConfigError(

@@ -115,8 +115,14 @@ def test_report_out_that_is_a_file_exits_2(tmp_path):
 
 @pytest.mark.parametrize(
     "text",
-    ["experiment: [unclosed\n", "- just\n- a list\n", "models: {}\n", "\xff\xfe bad bytes\n"],
-    ids=["not-yaml", "not-a-mapping", "no-experiment", "not-utf8"],
+    [
+        "experiment: [unclosed\n",
+        "- just\n- a list\n",
+        "models: {}\n",
+        "\xff\xfe bad bytes\n",
+        "experiment: &a {name: x}\nagain: *a\n",
+    ],
+    ids=["not-yaml", "not-a-mapping", "no-experiment", "not-utf8", "alias"],
 )
 def test_garbage_run_config_is_a_config_error_naming_the_file(tmp_path, text):
     run_dir = tmp_path / "run"
@@ -128,6 +134,8 @@ def test_garbage_run_config_is_a_config_error_naming_the_file(tmp_path, text):
     for command in (
         ["merge", str(run_dir)],
         ["report", str(run_dir), "--out", str(tmp_path / "r")],
+        # Resuming into it is refused before any model loads (the tiny model is never read).
+        ["run", "--output-dir", str(run_dir), "--set", "models.smollm2-135m-instruct.path=/no"],
     ):
         result = runner.invoke(app, command)
         assert result.exit_code == 2, (command, result.output)
