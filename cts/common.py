@@ -24,7 +24,7 @@ from eval.progress import ProgressLog, ShowProgress
 from eval.report import MAIN_COLUMNS, report_cell, warnings
 from eval.run import RunResult
 from eval.run_dir import RunDir, RunDirError
-from eval.runner import RecordFileError, Shard, ShardError
+from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
 from serving.disk import StorageFull
 from serving.errors import ServerUnreachable
 from serving.serve import EndpointsError, PlanError, ServeOptions, Stopped, served
@@ -61,6 +61,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (ToolCacheMiss, "tool cache miss: ", 1),
     (ServerError, "server error: ", 1),
     (StorageFull, "storage error: ", 1),
+    (ShardBusy, "", 1),
     (ServerUnreachable, "server unreachable: ", 1),
     (Stopped, "", 130),
 ]

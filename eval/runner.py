@@ -11,10 +11,13 @@ exactly once across shards.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from pydantic import ValidationError
 from eval.run_dir import RunDir
 from eval.schema import Instance, Record
 from eval.slots import KeySlots
-from serving.disk import append_line, write_whole
+from serving.disk import append_line, storage_errors, write_whole
 
 Key = tuple[str, str, int]
 
@@ -57,6 +60,39 @@ class ShardError(ValueError):
 
 class RecordFileError(ValueError):
     """A complete line of a records file is not a record (file:line: why)."""
+
+
+class ShardBusy(RuntimeError):
+    """Another live process is running this shard of this run directory."""
+
+
+@contextmanager
+def shard_lock(root: Path, shard: Shard) -> Iterator[None]:
+    """Hold the shard's lock while running it. Two writers of one shard (a requeued Slurm task
+    that starts while the old one still runs, a command typed twice) would each repair the
+    other's torn lines and write each key twice. The lock is the kernel's (flock): a killed
+    holder releases it, so a crash never leaves a stale lock behind."""
+    path = root / f".{shard.name}.lock"
+    with storage_errors(path):
+        root.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ShardBusy(
+                f"{path}: shard {shard.index}/{shard.count} of this run is being run by another "
+                f"process (pid {holder}); two writers would mix their records: wait for it to "
+                "end, or stop it, then run the same command again"
+            ) from None
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
 
 
 def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
@@ -173,7 +209,25 @@ async def run_keys(
     """Run every key of this shard not recorded yet (and, with `retry_failed`, every key whose
     record is a failure); return counts. Cancelling (Ctrl-C, SIGTERM) stops in-flight keys;
     finished ones are already on disk. A key recorded in any shard file that can hold it counts
-    as done, so a run resumed with another shard count re-runs nothing."""
+    as done, so a run resumed with another shard count re-runs nothing. Another live process
+    running the same shard is refused (ShardBusy)."""
+    with shard_lock(store.root, shard):
+        return await _run_keys(
+            instances, conditions, seeds, run_one, store, shard, concurrency, on_done, retry_failed
+        )
+
+
+async def _run_keys(
+    instances: list[Instance],
+    conditions: Iterable[str],
+    seeds: Iterable[int],
+    run_one: RunOne,
+    store: RecordStore,
+    shard: Shard,
+    concurrency: int,
+    on_done: Callable[[Record], None] | None,
+    retry_failed: bool,
+) -> RunOutcome:
     conditions, seeds = list(conditions), list(seeds)
     # This process is the only writer of its shard's files: it alone repairs a torn tail
     # left by its crashed predecessor, before appending after it.

@@ -182,3 +182,38 @@ def test_output_dir_templates_allow_only_the_documented_fields(tmp_path):
     )
     train = load_train_config("quickstart", [Override(("output_dir",), "out/{name}")])
     assert train.resolved_output_dir() == Path(f"out/{train.name}")
+
+
+def test_a_shard_another_live_process_runs_is_refused_and_free_once_it_ends(tmp_path):
+    """Two writers of one shard would repair each other's lines and write keys twice: the
+    second is refused naming the holder's pid; a killed holder leaves no stale lock."""
+    import subprocess
+    import sys
+
+    from eval.runner import ShardBusy, shard_lock
+
+    store = RecordStore(tmp_path / "run")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from eval.runner import Shard, shard_lock\n"
+            "with shard_lock(Path(sys.argv[1]), Shard(0, 2)):\n"
+            "    print('held', flush=True); time.sleep(60)",
+            str(store.root),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(ShardBusy, match=f"shard 0/2 .* \\(pid {holder.pid}\\)"):
+            asyncio.run(run_keys([], ["oracle"], [0], None, store, Shard(0, 2)))  # type: ignore[arg-type]
+        with shard_lock(store.root, Shard(1, 2)):  # another shard of the run is free
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    outcome = asyncio.run(run_keys([], ["oracle"], [0], None, store, Shard(0, 2)))  # type: ignore[arg-type]
+    assert outcome.ran == 0
