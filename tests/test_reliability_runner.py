@@ -197,7 +197,8 @@ def test_a_shard_another_live_process_runs_is_refused_and_free_once_it_ends(tmp_
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from eval.runner import Shard, shard_lock\n"
+            "import sys, time; from pathlib import Path\n"
+            "from eval.runner import Shard, shard_lock\n"
             "with shard_lock(Path(sys.argv[1]), Shard(0, 2)):\n"
             "    print('held', flush=True); time.sleep(60)",
             str(store.root),
