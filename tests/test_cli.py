@@ -91,6 +91,8 @@ def test_run_end_to_end_on_the_tiny_model_resumes_and_reruns_from_the_cache(tmp_
         "--set",
         "search.max_page_tokens=300",
         "--set",
+        "models.smollm2-135m-instruct.sampling.max_tokens=128",
+        "--set",
         f"cache.path={tmp_path / 'responses.sqlite'}",
         "--set",
         f"search.tool_cache={tmp_path / 'tools.sqlite'}",

@@ -73,6 +73,7 @@ def test_a_failure_excludes_its_instance_from_every_comparison():
         "by_condition": {"clarify@1": 1},
         "by_stage": {"rewrite": 1},
         "by_kind": {"engine_unavailable": 1},
+        "tool_errors": {"total": 0, "records": 0},
     }
 
 

@@ -42,9 +42,9 @@ models:
     engine: openai
     endpoint: {url}
     dtype: float32
-    sampling: {{temperature: 0.0, max_tokens: 160}}
+    sampling: {{temperature: 0.0, max_tokens: 96}}
     max_retries: 3
-dataset: {{path: sample, split: dev, limit: 2}}
+dataset: {{path: sample, split: dev, limit: 1}}
 search: {{backend: local, corpus: sample, top_k: 2, max_page_tokens: 300}}
 budgets: {{max_llm_calls: 2, max_context_tokens: 3500}}
 conditions: [blurred, clarify@1]
@@ -115,7 +115,7 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path,
             timeout=900,
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        assert len(comparable(whole)) == 4
+        assert len(comparable(whole)) == 2
 
         cut = tmp_path / "cut"
         home = tmp_path / "home-cut"
@@ -143,7 +143,7 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path,
     assert "run the same command to resume" in err
     assert "Traceback" not in err
     lines = record_lines(cut)
-    assert 1 <= len(lines) < 4  # the finished ones kept, the cut ones not recorded
+    assert len(lines) == 1  # the finished one kept, the cut one not recorded
     records = [json.loads(line) for line in lines]
     assert all(r["error"] is None for r in records)
 
@@ -156,5 +156,5 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path,
     finally:
         second.stop()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"{4 - len(lines)} records written, {len(lines)} already done" in resumed.stdout
+    assert "1 records written, 1 already done" in resumed.stdout
     assert comparable(cut) == comparable(whole)

@@ -25,6 +25,9 @@ SMALL = [
     "dataset.limit=3",
     "conditions=[blurred, clarify@1]",
     "budgets.max_llm_calls=2",
+    # Short turns and pages: the tests are about Slurm, and the model's decoding is their cost.
+    "models.smollm2-135m-instruct.sampling.max_tokens=96",
+    "search.max_page_tokens=200",
     "search.top_k=3",
     "search.date=2026-11-30",
     "cache.enabled=false",
