@@ -16,7 +16,7 @@ from eval.config import ExperimentConfig, load_experiment
 from eval.dataset import DatasetError
 from eval.report import load_run
 from eval.run_dir import RunDir, RunDirError
-from eval.runner import RecordFileError, ShardError
+from eval.runner import RecordFileError, ShardBusy, ShardError
 from serving.model_config import ModelConfig
 from serving.serve import EndpointsError, Stopped
 from serving.vllm_server import ServerError
@@ -136,6 +136,7 @@ def test_a_broken_config_yaml_names_its_line(tmp_path):
         (RunDirError("not a run directory (no config.yaml): x"), "not a run directory", 2),
         (RecordFileError("r.jsonl:2: bad"), "records error: r.jsonl:2", 1),
         (ServerError("model judge died"), "server error: model judge died", 1),
+        (ShardBusy("r/.shard-0-of-2.lock: shard 0/2 of this run is being run"), "r/.shard", 1),
         (Stopped("SIGTERM"), "SIGTERM while starting the servers", 130),
     ],
 )
