@@ -17,7 +17,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,9 +87,10 @@ def shard_lock(root: Path, shard: Shard) -> Iterator[None]:
                 f"process (pid {holder}); two writers would mix their records: wait for it to "
                 "end, or stop it, then run the same command again"
             ) from None
-        handle.truncate(0)
-        handle.write(str(os.getpid()))
-        handle.flush()
+        with suppress(OSError):  # the pid only names the holder; a full disk must not stop here
+            handle.truncate(0)
+            handle.write(str(os.getpid()))
+            handle.flush()
         yield
     finally:
         handle.close()  # releases the lock
