@@ -27,6 +27,11 @@ class ConfigError(ValueError):
     """A config problem; the message names the file (and line) and the dotted key."""
 
 
+#: libyaml's parser where PyYAML was built with it (several times faster than the pure-Python one,
+#: same events and marks); the constructors stay Python, so _Loader's checks apply to both.
+_Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _key_lines(node: yaml.Node, prefix: Key = ()) -> dict[Key, int]:
     """Map each dotted key path to its 1-based line in the YAML source."""
     lines: dict[Key, int] = {}
@@ -47,7 +52,7 @@ def _refuse_aliases(text: str, path: Path) -> None:
     """ConfigError at the first alias (`*name`). Configs never need anchors, and an alias
     "bomb" (anchors referenced many times per level) makes the composed tree exponential to
     walk; the event stream is scanned before anything is composed, so it stays linear."""
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in yaml.parse(text, Loader=_Base):
         if isinstance(event, yaml.AliasEvent):
             line = event.start_mark.line + 1 if event.start_mark else "?"
             raise ConfigError(
@@ -55,7 +60,7 @@ def _refuse_aliases(text: str, path: Path) -> None:
             )
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(_Base):  # type: ignore[valid-type,misc]
     """SafeLoader whose scalars that are no value of their type (`2026-13-45`, `!!int abc`,
     `!!bool maybe`, an integer too long for int()) raise a YAMLError at their line: PyYAML's
     constructors raise a bare ValueError, KeyError or AttributeError, with no line at all."""
@@ -87,8 +92,12 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[Key, int]]:
         raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[e.start]:02x})") from e
     try:
         _refuse_aliases(text, path)
-        data = yaml.load(text, Loader=_Loader)
-        node = yaml.compose(text)
+        loader = _Loader(text)
+        try:  # composed once: the tree gives both the data and each key's line
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     except RecursionError as e:

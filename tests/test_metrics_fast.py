@@ -370,6 +370,9 @@ def awkward_columns(rng: random.Random) -> list[list[float]]:
     columns = [[rng.choice(pool) * rng.choice([1, 1.5, -1]) for _ in range(9)] for _ in range(400)]
     columns += [[-0.0] * 5, [0.0, -0.0], [1e308, 1e308, -1e308], [math.inf, 1.0, -math.inf]]
     columns += [[math.nan, 1.0], [1.0, 1e100, 1.0, -1e100], [0.1] * 10]
+    # Long columns, alone and side by side: where numpy's own sum would switch to pairwise.
+    columns += [[rng.choice(pool) * rng.random() for _ in range(518)] for _ in range(3)]
+    columns += [[rng.choice(pool) * rng.random() for _ in range(700)]]
     return columns
 
 
