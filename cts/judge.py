@@ -13,7 +13,15 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from cts.common import CONFIG_OPTION, ENDPOINTS_OPTION, SET_OPTION, command, usage_error
+from cts.common import (
+    CONFIG_OPTION,
+    ENDPOINTS_OPTION,
+    SET_OPTION,
+    command,
+    output_console,
+    progress_for,
+    usage_error,
+)
 from eval.agreement import (
     AgreementReport,
     Kappa,
@@ -61,7 +69,7 @@ def calibrate(
     if endpoints is not None:
         resolved = resolved.with_endpoints(read_endpoints(endpoints))
     name = model_label(resolved.experiment.roles["judge"].model, resolved.model_for("judge").name)
-    result = calibrate_experiment(resolved, labelled)
+    result = calibrate_experiment(resolved, labelled, progress_for(output_console()))
     typer.echo(render(result, name))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from eval.config import JudgeConfig, ResolvedExperiment
 from eval.dataset import SAMPLE_DIR, DatasetError, read_rows
 from eval.engines import open_engines
 from eval.metrics import Label
+from eval.progress import ShowProgress, progress
 from serving.engine import ChatModel
 from serving.errors import EngineError
 from serving.types import Sampling
@@ -344,8 +345,10 @@ async def _pass(
     answers: Sequence[LabelledAnswer],
     order: Callable[[LabelledAnswer], Sequence[LabelledNugget]],
     concurrency: int,
+    done: Callable[[bool], None],
 ) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
-    """(group, nugget id) → the judge's label for every answer, and the failed answers."""
+    """(group, nugget id) → the judge's label for every answer, and the failed answers;
+    `done(failed)` after each answer."""
     limit = asyncio.Semaphore(concurrency)
     labels: dict[tuple[str, str], str] = {}
     failed: dict[str, str] = {}
@@ -356,7 +359,9 @@ async def _pass(
                 got = await call(answer, order(answer))
             except EngineError as e:
                 failed[answer.group] = f"{type(e).__name__}: {e}"[:300]
+                done(True)
                 return
+        done(False)
         labels.update({(answer.group, i): label for i, label in got.items()})
 
     await asyncio.gather(*(one(a) for a in answers))
@@ -370,16 +375,30 @@ def _changed(
     return Changed(len(both), sum(first[k] != second[k] for k in both))
 
 
+def reorderable(answers: Sequence[LabelledAnswer]) -> list[LabelledAnswer]:
+    """The answers the order flip judges again: one nugget has no other order."""
+    return [a for a in answers if len(a.nuggets) > 1]
+
+
+def judged_batches(labels: LabelSet) -> int:
+    """Answers judged by `calibrate` over its three passes (what its progress counts)."""
+    return 2 * len(labels.answers) + len(reorderable(labels.answers))
+
+
 async def calibrate(
-    call: JudgeCall, labels: LabelSet, batch_size: int = judge.BATCH, concurrency: int = 4
+    call: JudgeCall,
+    labels: LabelSet,
+    batch_size: int = judge.BATCH,
+    concurrency: int = 4,
+    done: Callable[[bool], None] = lambda failed: None,
 ) -> Calibration:
     """The three passes (listed, shuffled, listed again), one after the other so that the
     rerun repeats requests already answered, and every figure from them."""
     answers = labels.answers
-    listed, failed_listed = await _pass(call, answers, lambda a: a.nuggets, concurrency)
-    several = [a for a in answers if len(a.nuggets) > 1]  # one nugget has no other order
-    shuffled, failed_shuffled = await _pass(call, several, flipped, concurrency)
-    again, failed_again = await _pass(call, answers, lambda a: a.nuggets, concurrency)
+    listed, failed_listed = await _pass(call, answers, lambda a: a.nuggets, concurrency, done)
+    several = reorderable(answers)
+    shuffled, failed_shuffled = await _pass(call, several, flipped, concurrency, done)
+    again, failed_again = await _pass(call, answers, lambda a: a.nuggets, concurrency, done)
 
     length_of = length_quartiles(answers)
     people: list[str] = []
@@ -401,7 +420,7 @@ async def calibrate(
             positions.append((str(k % batch_size + 1), nugget.label, got))
             lengths.append((bucket, nugget.label, got))
     every = {(a.group, n.id) for a in answers for n in a.nuggets}
-    reorderable = {(a.group, n.id) for a in several for n in a.nuggets}
+    flippable = {(a.group, n.id) for a in several for n in a.nuggets}
     return Calibration(
         labels_file=labels.path,
         answers=len(answers),
@@ -409,7 +428,7 @@ async def calibrate(
         batch_size=batch_size,
         agreement=agreement(people, judged),
         by_language={lang: agreement(*pair) for lang, pair in sorted(languages.items())},
-        order_flip=_changed(listed, shuffled, reorderable),
+        order_flip=_changed(listed, shuffled, flippable),
         rerun=_changed(listed, again, every),
         by_position=rate_table(positions, [str(p) for p in range(1, batch_size + 1)]),
         by_length=rate_table(
@@ -446,7 +465,9 @@ def judge_call(engine: ChatModel, sampling: Sampling, options: JudgeConfig) -> J
     return call
 
 
-def calibrate_experiment(resolved: ResolvedExperiment, labels: LabelSet) -> Calibration:
+def calibrate_experiment(
+    resolved: ResolvedExperiment, labels: LabelSet, show_progress: ShowProgress = False
+) -> Calibration:
     """The experiment's judge role on `labels`, with the response cache off: a rerun must
     reach the model, and a cached answer would hide what the judge does today."""
 
@@ -454,9 +475,12 @@ def calibrate_experiment(resolved: ResolvedExperiment, labels: LabelSet) -> Cali
         async with open_engines(resolved, roles=["judge"], use_cache=False) as engines:
             options = resolved.experiment.judge
             call = judge_call(engines.roles["judge"], resolved.sampling_for("judge"), options)
-            return await calibrate(
-                call, labels, options.batch_size, resolved.experiment.concurrency
-            )
+            total = judged_batches(labels)
+            title = "judge calibration (3 passes)"
+            async with progress(title, total, 0, show_progress, unit="answers") as done:
+                return await calibrate(
+                    call, labels, options.batch_size, resolved.experiment.concurrency, done
+                )
 
     return asyncio.run(go())
 

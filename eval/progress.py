@@ -47,8 +47,11 @@ class ProgressLines:
     """The counts behind the lines: keys done (those already recorded included), failed (of
     this run's), and the rate of this run's keys, from which the ETA of the rest follows."""
 
-    def __init__(self, name: str, total: int, already: int, log: ProgressLog) -> None:
+    def __init__(
+        self, name: str, total: int, already: int, log: ProgressLog, unit: str = "keys"
+    ) -> None:
         self.name = name
+        self.unit = unit
         self.total = total
         self.already = already
         self.ran = 0
@@ -67,12 +70,12 @@ class ProgressLines:
             tail = "finishing"
         elif self.ran == 0 or elapsed <= 0:
             # No rate to go by yet; the time says the job is alive (a first key can take long).
-            tail = f"ETA ?, no key finished in {_duration(elapsed)}"
+            tail = f"ETA ?, no {self.unit.removesuffix('s')} finished in {_duration(elapsed)}"
         else:
             tail = f"ETA {_duration(left / per_min * 60)}"
         return (
             f"{self.name}: {self.already + self.ran}/{self.total} done ({self.already} already), "
-            f"{self.failed} failed, {per_min:.1f} keys/min, {tail}"
+            f"{self.failed} failed, {per_min:.1f} {self.unit}/min, {tail}"
         )
 
     def emit(self, final: bool = False) -> None:
@@ -85,9 +88,9 @@ class ProgressLines:
             return 0.0
         return self.last_emitted + self.log.every_s - self.log.clock()
 
-    def advance(self, record: Record) -> None:
+    def advance(self, failed: bool = False) -> None:
         self.ran += 1
-        self.failed += record.error is not None
+        self.failed += failed
         if self.due_in() <= 0:
             self.emit()
 
@@ -105,8 +108,18 @@ async def key_progress(
 ) -> AsyncIterator[Callable[[Record], None]]:
     """For the block, a function to call with each record a key finishes with; the progress is
     shown as `show` says (`already`: keys recorded before, counted as done)."""
+    async with progress(name, total, already, show) as advance:
+        yield lambda record: advance(record.error is not None)
+
+
+@asynccontextmanager
+async def progress(
+    name: str, total: int, already: int, show: ShowProgress, unit: str = "keys"
+) -> AsyncIterator[Callable[[bool], None]]:
+    """For the block, a function to call each time one of `total` things is done (True: it
+    failed); shown as `show` says."""
     if isinstance(show, ProgressLog):
-        lines = ProgressLines(name, total, already, show)
+        lines = ProgressLines(name, total, already, show, unit)
         lines.emit()
         ticker = asyncio.create_task(lines.tick()) if show.every_s > 0 else None
         try:
@@ -129,9 +142,9 @@ async def key_progress(
         bar = progress.add_task(name, total=total, completed=already, failed=0)
         failed = 0
 
-        def done(record: Record) -> None:
+        def done(failed_one: bool = False) -> None:
             nonlocal failed
-            failed += record.error is not None
+            failed += failed_one
             progress.update(bar, advance=1, failed=failed)
 
         yield done

@@ -1,6 +1,6 @@
 """`python -m tests.scripted_cts ARGS…`: the real `cts` command line, with every role on a
 scripted engine (tests/scripted.py) behind the real response cache. For subprocess tests of
-whole runs (a full disk, shards sharing files) that finish in seconds.
+whole runs (a full disk, shards sharing files, a preempted Slurm task) that finish in seconds.
 
 $CTS_SCRIPTED_DELAY_S (default 0) delays each model call by up to that many seconds, drawn
 from $CTS_SCRIPTED_TIMING (a seed): the answers never depend on it, only the interleaving of
@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import eval.run
+import slurm.submit
 from cts.cli import app
 from eval.config import ResolvedExperiment, Role
 from eval.engines import Engines
@@ -83,4 +84,6 @@ async def scripted_engines(
 
 if __name__ == "__main__":
     eval.run.open_engines = scripted_engines  # type: ignore[assignment]
+    # Slurm jobs submitted from here run this wrapper too, so their roles are scripted as well.
+    slurm.submit.cts_command = lambda: [sys.executable, "-m", "tests.scripted_cts"]
     app(prog_name="cts")

@@ -238,7 +238,12 @@ def test_a_failed_judge_call_is_left_out_and_listed(shipped):
             return EngineError("invalid JSON")
         return people(request)
 
-    result = run(script, shipped)
+    options = JudgeConfig()
+    call = judge_call(ScriptedEngine(script, name="judge"), Sampling(), options)
+    finished: list[bool] = []
+    result = asyncio.run(calibrate(call, shipped, options.batch_size, done=finished.append))
+    # Every answer of the three passes reported done, the broken one failed in each pass.
+    assert (len(finished), sum(finished)) == (eval.calibration.judged_batches(shipped), 3)
     lost = len(broken.nuggets)
     assert result.agreement.n == result.rerun.n == result.order_flip.n == 118 - lost
     assert set(result.failed) == {"listed", "shuffled", "rerun"}
@@ -339,8 +344,10 @@ def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):
     requests = opened["engine"].requests  # type: ignore[attr-defined]
     # The judge's own sampling, as `cts run` sends it: temperature 0, fixed seed.
     assert {(r.sampling.temperature, r.sampling.seed) for r in requests} == {(0.0, 0)}
-    # 22 answers listed + 22 shuffled + 22 again.
+    # 22 answers listed + 22 shuffled + 22 again, shown as they go (not a terminal: lines).
     assert len(requests) == 66
+    assert "judge calibration (3 passes): 0/66 done (0 already), 0 failed" in done.output
+    assert "judge calibration (3 passes): 66/66 done (0 already), 0 failed" in done.output
     assert "| Cohen's κ, full / partial / none | 0.621 | 118 |" in done.output
     assert "| Cohen's κ, strict (full vs rest) | 0.570 | 118 |" in done.output
     assert (

@@ -25,7 +25,6 @@ import tests.scripted_cts
 from cts.cli import app
 from cts.common import print_summary, progress_for
 from eval.progress import ProgressLines, ProgressLog
-from eval.schema import Record
 from tests.scripted import ScriptedEngine, scripted_roles
 from tests.scripted_cts import ROOT, scripted_engines, start
 
@@ -157,14 +156,13 @@ def test_progress_lines_are_throttled_and_give_rate_and_eta():
     printed: list[str] = []
     lines = ProgressLines("exp", 12, 2, ProgressLog(printed.append, 30, clock=lambda: now[0]))
     lines.emit()
-    ok = Record(instance_id="a", condition="blurred", seed=0)
     for t in (110.0, 125.0):  # within 30 s of the first line: nothing printed
         now[0] = t
-        lines.advance(ok)
+        lines.advance()
     now[0] = 130.0
-    lines.advance(ok.model_copy(update={"error": {"stage": "judge", "kind": "x", "message": "m"}}))
+    lines.advance(failed=True)
     now[0] = 150.0
-    lines.advance(ok)
+    lines.advance()
     now[0] = 160.0
     lines.emit(final=True)
     assert printed == [

@@ -1,6 +1,7 @@
 """`cts slurm submit` on a real single-node Slurm cluster (scripts/slurm_cluster.sh up): a
-3-shard array run of a small quickstart on the tiny model plus the merge job; and a failing
-shard that cancels the merge and is reported by `cts slurm status`."""
+3-shard array run of a small quickstart on the tiny model plus the merge job, and a training
+job on it; on scripted engines, a failing shard that cancels the merge and is reported by `cts
+slurm status`, and a requeued task that resumes."""
 
 from __future__ import annotations
 
@@ -48,10 +49,18 @@ def cluster_up() -> None:
         pytest.skip("no Slurm cluster: bash scripts/slurm_cluster.sh up")
 
 
-def cts(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def cts(*args: str, scripted: bool = False) -> subprocess.CompletedProcess[str]:
+    """`cts ARGS`; `scripted`: every role on a scripted engine (tests/scripted_cts.py), in the
+    jobs it submits too, each model call taking up to a second: for the tests whose fault (a
+    corrupt file, a preemption) is the point and the model's decoding only their cost."""
+    module, env = "cts", dict(os.environ)
+    if scripted:
+        module = "tests.scripted_cts"
+        env |= {"PYTHONPATH": str(ROOT), "CTS_SCRIPTED_DELAY_S": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "cts", *args], cwd=cwd, capture_output=True, text=True, timeout=900
-    )
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
 
 
 def overrides(tmp_path: Path, extra: Sequence[str] = ()) -> list[str]:
@@ -97,12 +106,12 @@ def slurm_status(run_dir: Path) -> dict:
 
 
 def submit(
-    run_dir: Path, shards: int, tmp_path: Path, extra: Sequence[str] = ()
+    run_dir: Path, shards: int, tmp_path: Path, extra: Sequence[str] = (), scripted: bool = False
 ) -> tuple[str, str]:
     """`cts slurm submit` the small quickstart; (evaluation job id, merge job id)."""
     result = cts(
         "slurm", "submit", "--shards", str(shards), "--output-dir", str(run_dir), *TASK,
-        *overrides(tmp_path, extra),
+        *overrides(tmp_path, extra), scripted=scripted,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("submitted evaluation job"))
@@ -115,12 +124,15 @@ def submit(
 def test_three_shard_array_run_and_merge_equal_an_unsharded_run(tmp_path, tiny_path):
     cluster_up()
     run_dir = tmp_path / "sharded run"
-    eval_job, merge_job = submit(run_dir, 3, tmp_path)
+    # One condition: a key per task is enough to show the shards and the merge; the tiny
+    # model's decoding is the cost (the CLI end-to-end test covers clarify@k).
+    one = ["conditions=[blurred]"]
+    eval_job, merge_job = submit(run_dir, 3, tmp_path, one)
     wait_for([eval_job, merge_job], 1200)
     status = slurm_status(run_dir)
     assert [s["job"]["state"] for s in status["shards"]] == ["COMPLETED"] * 3, status
     assert status["final"]["state"] == "COMPLETED", status
-    assert sum(s["records"] for s in status["shards"]) == 6
+    assert sum(s["records"] for s in status["shards"]) == 3
     for i in range(3):
         assert (run_dir / "records" / "blurred" / f"shard-{i}-of-3.jsonl").is_file()
     assert (run_dir / "summary.json").is_file() and (run_dir / "report.html").is_file()
@@ -128,12 +140,12 @@ def test_three_shard_array_run_and_merge_equal_an_unsharded_run(tmp_path, tiny_p
     assert [j["array_job"] for j in jobs] == [eval_job]
 
     reference = tmp_path / "unsharded run"
-    run = cts("run", "--output-dir", str(reference), *overrides(tmp_path))
+    run = cts("run", "--output-dir", str(reference), *overrides(tmp_path, one))
     assert run.returncode == 0, run.stderr
     expected = {}
     for f in sorted(reference.glob("records/*/shard-0-of-1.jsonl")):
         expected.update(records(f))
-    assert len(expected) == 6
+    assert len(expected) == 3
     assert merged(run_dir) == expected
 
 
@@ -146,7 +158,7 @@ def test_a_failing_shard_cancels_the_merge_and_is_reported(tmp_path, tiny_path):
     corrupt = run_dir / "records" / "blurred" / "shard-1-of-3.jsonl"
     corrupt.parent.mkdir(parents=True)
     corrupt.write_text('{"not": "a record"}\n')
-    eval_job, merge_job = submit(run_dir, 3, tmp_path, ["conditions=[blurred]"])
+    eval_job, merge_job = submit(run_dir, 3, tmp_path, ["conditions=[blurred]"], scripted=True)
     wait_for([eval_job, merge_job], 900)
     status = slurm_status(run_dir)
     states = [s["job"]["state"] for s in status["shards"]]
@@ -171,8 +183,9 @@ def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
     the merge still finds every key exactly once."""
     cluster_up()
     run_dir = tmp_path / "run"
-    extra = ["conditions=[blurred, oracle]", "dataset.limit=2"]
-    eval_job, merge_job = submit(run_dir, 1, tmp_path, extra)
+    # One key at a time, so that the requeue comes with keys still to do.
+    extra = ["conditions=[blurred, oracle]", "dataset.limit=2", "concurrency=1"]
+    eval_job, merge_job = submit(run_dir, 1, tmp_path, extra, scripted=True)
     records_file = run_dir / "records" / "blurred" / "shard-0-of-1.jsonl"
     deadline = time.monotonic() + 600
     while not (records_file.is_file() and records_file.read_text().count("\n") >= 1):
