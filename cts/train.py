@@ -30,9 +30,10 @@ from train.pairs import PairsResult, build_pairs, no_data_message
 from train.sample import sampling_experiment
 
 app = typer.Typer(
-    help="Fine-tune a clarifier against restore scores: sample scored questions (an evaluation "
-    "run of clarify@1, one seed per candidate), turn them into DPO pairs or SFT examples, train "
-    "a LoRA adapter with TRL. The result is a model config to swap in with one --set.",
+    help="Fine-tune a clarifier against restore scores: sample scored dialogues (an evaluation "
+    "run of clarify@k, one seed per candidate), credit each turn's question with a reward, turn "
+    "them into DPO pairs or SFT examples, train a LoRA adapter with TRL. The result is a model "
+    "config to swap in with one --set.",
     no_args_is_help=True,
 )
 
@@ -52,14 +53,14 @@ SET_OPTION = typer.Option(
 def _sample(
     train: TrainConfig, shard: str | None = None, options: ServeOptions | None = None
 ) -> None:
-    """Run the sampling: an evaluation run of the derived clarify@1 experiment."""
+    """Run the sampling: an evaluation run of the derived clarify@k experiment."""
     resolved = sampling_experiment(train)
     part = shard_of(shard)
     run = RunDir(train.samples_dir())
     console = Console()
     dataset = resolved.experiment.dataset
     console.print(
-        f"sampling {train.candidates} clarify@1 questions per instance at temperature "
+        f"sampling {train.candidates} clarify@{train.turns} dialogues per instance at temperature "
         f"{train.temperature:g}: experiment [bold]{resolved.experiment.name}[/bold], "
         f"{dataset.path} split {dataset.split} → {run.root}",
         highlight=False,
@@ -138,12 +139,13 @@ def sample_command(
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
 ) -> None:
-    """Sample and score candidate questions: an evaluation run into OUTPUT_DIR/samples.
+    """Sample and score candidate dialogues: an evaluation run into OUTPUT_DIR/samples.
 
-    The train config's experiment runs only clarify@1, on its `split`, with one seed per
-    candidate and the clarifier at the config's temperature: each record is one question with
-    the restore score its search reached. Like `cts run` it resumes, survives SIGTERM, shards
-    with --shard (then `cts merge OUTPUT_DIR/samples`) and serves models with --serve."""
+    The train config's experiment runs clarify@k (k = `turns`, sequential) on its `split`, with
+    one seed per candidate and the clarifier at the config's temperature: each record is one
+    dialogue with the restore score its search reached; with `reward.baseline: blurred` the
+    blurred condition runs under the same seeds. Like `cts run` it resumes, survives SIGTERM,
+    shards with --shard (then `cts merge OUTPUT_DIR/samples`) and serves models with --serve."""
     options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
     _sample(load_train_config(config, set_), shard, options)
 
@@ -152,12 +154,15 @@ def sample_command(
 def pairs_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION) -> None:
     """Turn the scored samples into training data: OUTPUT_DIR/pairs.jsonl (DPO) or sft.jsonl.
 
-    Failed or unscored records are skipped and counted; the same question under several seeds
-    is one candidate with its mean score. DPO pairs the best question of an instance with the
-    worst (or every other: `pairing`), when at least `min_margin` points apart; SFT keeps the
-    best question when it scored above `sft_min_score`. Prompts are exactly the clarifier's
-    first-turn messages. pairs_stats.json counts instances, candidates, pairs and skips; no
-    data at all exits 1 with the reason."""
+    A dialogue's reward is its restore gain over the instance's blurred score less
+    `reward.question_cost` per question and `reward.unknown_cost` per `unknown` answer. Each
+    turn's action (a question, or a stop with `allow_stop`) is a candidate of its state (the
+    turns before it) with the mean reward of the dialogues through it; the same question under
+    several seeds is one candidate. DPO pairs the best action of a state with the worst (or
+    every other: `pairing`) when at least `min_margin` apart; SFT keeps each state's best
+    action when its reward is above `sft_min_score`. Prompts are exactly the clarifier's
+    messages at that turn. candidates.jsonl lists every candidate with its reward's parts;
+    pairs_stats.json counts states, candidates, pairs and skips; no data exits 1 with why."""
     _pairs(load_train_config(config, set_))
 
 

@@ -17,6 +17,7 @@ import hashlib
 import json
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -49,6 +50,18 @@ class Turn(BaseModel):
         return QA(question=self.question, answer=self.answer)
 
 
+class Asked(NamedTuple):
+    """clarify@k's view of a dialogue."""
+
+    turns: list[Turn]
+    #: The Clarifier stopped before k questions (only with `allow_stop`) ...
+    stopped: bool
+    #: ... writing this question beside its stop (what a fine-tuned clarifier learns to output).
+    stop_question: str
+    #: What kept the dialogue from k turns (None when turns k and below all succeeded).
+    error: dict[str, str] | None
+
+
 class Dialogue(BaseModel):
     instance_id: str
     seed: int
@@ -56,8 +69,10 @@ class Dialogue(BaseModel):
     #: the same, never mixed into a run with another clarifier.
     fingerprint: str = ""
     turns: list[Turn] = []
-    #: The Clarifier chose to stop after these turns (only with `allow_stop`).
+    #: The Clarifier chose to stop after these turns (only with `allow_stop`) ...
     stopped: bool = False
+    #: ... and wrote this question beside its `stop: true` (sequential mode).
+    stop_question: str = ""
     #: {kind, stage, message} when the turn after the last one failed.
     error: dict[str, str] | None = None
 
@@ -65,12 +80,12 @@ class Dialogue(BaseModel):
         """Whether nothing more can be asked for a k-turn condition."""
         return self.stopped or len(self.turns) >= k
 
-    def first(self, k: int) -> tuple[list[Turn], bool, dict[str, str] | None]:
-        """clarify@k's view: its turns, whether the Clarifier stopped before k questions, and
-        the error that kept it from k turns (None when turns k and below all succeeded)."""
-        turns = self.turns[:k]
+    def first(self, k: int) -> Asked:
+        """clarify@k's view: its turns, whether (and with what question) the Clarifier stopped
+        before k questions, and the error that kept it from k turns."""
+        stopped = self.stopped and len(self.turns) < k
         failed = self.error if not self.done(k) else None
-        return turns, self.stopped and len(self.turns) < k, failed
+        return Asked(self.turns[:k], stopped, self.stop_question if stopped else "", failed)
 
 
 def _progress(dialogue: Dialogue) -> tuple[int, bool]:
@@ -184,9 +199,7 @@ class Clarification:
         self._saved = store.load(self.fingerprint) if store else {}
         self._running: dict[tuple[str, int], _Shared] = {}
 
-    async def turns(
-        self, instance: Instance, k: int, seed: int
-    ) -> tuple[list[Turn], bool, dict[str, str] | None]:
+    async def turns(self, instance: Instance, k: int, seed: int) -> Asked:
         """clarify@k's turns, whether the Clarifier stopped early, and a failure if any."""
         if self.options.mode == "all_at_once":
             return (await self._all_at_once(instance, k, seed)).first(k)
@@ -201,6 +214,9 @@ class Clarification:
             # One task per (instance, seed) that every clarify@j of it waits on: a waiter
             # that is cancelled does not cancel the others' dialogue.
             shared.task = asyncio.ensure_future(self._sequential(instance, shared))
+            # Its error reaches the keys that wait (task.result() below); when none is left
+            # (the run stopped on a dead server), asyncio would log it as never retrieved.
+            shared.task.add_done_callback(lambda t: t.cancelled() or t.exception())
         if not shared.ready(k):
             # clarify@j goes on as soon as its j turns are there, not when all k_max are;
             # meanwhile this key gives its slot to a key with requests to send.
@@ -256,7 +272,7 @@ class Clarification:
                         allow_stop=self.options.allow_stop,
                     )
                     if asked.stop:
-                        dialogue.stopped = True
+                        dialogue.stopped, dialogue.stop_question = True, asked.question
                         break
                     stage = "answer"
                     turn = await self._answer(instance, asked.question, dialogue.seed)

@@ -138,14 +138,15 @@ async def _stages(
         query = instance.fused_query if fused else instance.blurred_query
     else:
         with _stage("clarify"):
-            turns, record.stopped_early, failed = await ctx.clarification.turns(instance, k, seed)
-        _keep_turns(record, turns)
-        if failed is not None:
+            asked = await ctx.clarification.turns(instance, k, seed)
+        record.stopped_early, record.stop_question = asked.stopped, asked.stop_question
+        _keep_turns(record, asked.turns)
+        if asked.error is not None:
             # Already the record's error: the dialogue names the turn's own stage (clarify,
             # answer or classify), and a saved dialogue carries it across runs.
-            raise StageFailed(failed)
+            raise StageFailed(asked.error)
         with _stage("rewrite"):
-            query = await _rewrite(instance, turns, seed, ctx)
+            query = await _rewrite(instance, asked.turns, seed, ctx)
         record.rewrite = query
     record.search_query = query
     with _stage("search"):

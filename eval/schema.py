@@ -135,6 +135,8 @@ class Record(BaseModel):
     #: Abstractive User Answerer only: per answer, content words not in the fused query.
     unsupported_words: list[list[str]] = []
     stopped_early: bool = False
+    #: The question the Clarifier wrote beside its stop (sequential mode, `allow_stop`).
+    stop_question: str = ""
     rewrite: str | None = None
     search_query: str = ""
     answer: str = ""

@@ -309,7 +309,7 @@ def train_job(
         # The derived sampling experiment loads the frozen one from disk: a scratch copy.
         scratch_experiment = RunDir(Path(scratch)).freeze(base, base.output_dir())
         texts = {experiment_file.name: scratch_experiment.read_text()}
-        # What the samples cover (the derived clarify@1 experiment), for `cts slurm status`.
+        # What the samples cover (the derived clarify@k experiment), for `cts slurm status`.
         sampling = sampling_experiment(
             frozen.model_copy(update={"experiment": str(scratch_experiment)})
         )

@@ -116,6 +116,25 @@ def test_all_at_once_asks_k_questions_in_one_call(search):
     assert roles["clarifier"].requests[0].sampling.max_tokens == 3 * 64
 
 
+def test_a_sequential_stop_keeps_the_question_written_beside_it(search):
+    """What a fine-tuned clarifier learns to output when it stops (train/pairs.py)."""
+    (instance,) = instances(1)
+    ctx, roles = context(search, options=ClarificationConfig(allow_stop=True))
+
+    def stop_at_turn_two(request):
+        if "\nQ1" in request.messages[-1].content:
+            return json.dumps({"question": "Nothing more to ask.", "stop": True})
+        return json.dumps({"question": "Which year?", "stop": False})
+
+    roles["clarifier"].script = stop_at_turn_two
+    two = asyncio.run(run_instance(instance, "clarify@2", 0, ctx))
+    assert (two.questions, two.stopped_early) == (["Which year?"], True)
+    assert two.stop_question == "Nothing more to ask."
+    # clarify@1 took its one question before the stop: no stop of its own.
+    one = asyncio.run(run_instance(instance, "clarify@1", 0, ctx))
+    assert (one.questions, one.stopped_early, one.stop_question) == (["Which year?"], False, "")
+
+
 def test_abstractive_answers_are_post_checked_and_counted(search):
     (instance,) = instances(1)
     ctx, _ = context(

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from agents import clarifier
 from agents.clarifier import ClarifyingQuestion
+from agents.types import QA
 from cts.cli import app
 from eval.config import load_experiment
 from eval.dataset import SAMPLE_DIR
@@ -26,13 +27,14 @@ from serving.model_config import ModelConfig, load_model_config
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
 from tests.scripted import ScriptedEngine
-from train.config import load_train_config
+from train.config import RewardSettings, load_train_config
 from train.fit import fine_tuned_config
 from train.pairs import (
     collect,
     dpo_pairs,
     dpo_row,
     normalise,
+    prompt_messages,
     read_records,
     sft_examples,
     sft_row,
@@ -158,7 +160,7 @@ def test_sft_keeps_the_best_question_above_the_bar():
         ("C", "When?", 40.0),
     ]
     a = examples[0]
-    assert a.mean_score == pytest.approx((80 + 60 + 20 + 50) / 4)
+    assert a.mean_reward == pytest.approx((80 + 60 + 20 + 50) / 4)
     # Above the mean: C's only question is its mean, so it taught nothing about asking.
     above = sft_examples(collected.candidates, min_score=0.0, above_mean=True)
     assert [e.instance_id for e in above] == ["A", "B"]
@@ -257,6 +259,11 @@ def test_pairs_command_writes_trl_rows_and_stats(tmp_path):
             rec("A-train-02", 0, "When?", 0.0),
             rec("A-train-02", 1, "Where?", 0.0),
             rec("A-train-03", 0, "Which airline?", None, error="search_error"),
+            # The baseline: not asking scored 20 and 40 on A-train-01, 10 on A-train-02.
+            rec("A-train-01", 0, None, 20.0, condition="blurred"),
+            rec("A-train-01", 1, None, 40.0, condition="blurred"),
+            rec("A-train-02", 0, None, 10.0, condition="blurred"),
+            rec("A-train-02", 1, None, None, error="timeout", condition="blurred"),
         ],
     )
     result = cts("train", "pairs", "-c", str(config))
@@ -266,9 +273,19 @@ def test_pairs_command_writes_trl_rows_and_stats(tmp_path):
     assert set(row) >= {"instance_id", "prompt", "chosen", "rejected", "margin"}
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     assert row["chosen"] == [{"role": "assistant", "content": '{"question": "Which year?"}'}]
+    # Rewards are gains over the blurred mean (30 on A-train-01): 45 and −5.
+    assert (row["chosen_reward"], row["rejected_reward"], row["margin"]) == (45.0, -5.0, 50.0)
+    assert (row["chosen_score"], row["turn"]) == (75.0, 1)
     summary = json.loads((tmp_path / "out" / "pairs_stats.json").read_text())
     assert summary["pairs"] == 1 and summary["all_equal"] == 1
-    assert summary["skipped"] == {"error:search_error": 1}
+    assert summary["skipped"] == {"blurred:error:timeout": 1, "error:search_error": 1}
+    candidates = [json.loads(x) for x in (tmp_path / "out" / "candidates.jsonl").open()]
+    assert [(c["question"], c["baseline"], c["gain"], c["reward"]) for c in candidates] == [
+        ("Which year?", 30.0, 45.0, 45.0),
+        ("Which colour?", 30.0, -5.0, -5.0),
+        ("When?", 10.0, -10.0, -10.0),
+        ("Where?", 10.0, -10.0, -10.0),
+    ]
 
     sft = cts("train", "pairs", "-c", str(config), "--set", "method=sft")
     assert sft.exit_code == 0, sft.output
@@ -277,7 +294,7 @@ def test_pairs_command_writes_trl_rows_and_stats(tmp_path):
 
 
 def test_no_pairs_exits_1_and_says_why(tmp_path):
-    config = train_yaml(tmp_path)
+    config = train_yaml(tmp_path, reward={"baseline": "none"})
     write_samples(
         config,
         [
@@ -385,6 +402,7 @@ def test_shipped_train_configs_load_and_derive_the_sampling_experiment():
     assert quick.name == "quickstart"
     resolved = sampling_experiment(quick)
     experiment = resolved.experiment
+    # The tiny quickstart goes without the blurred baseline (its judge scores every run 0).
     assert experiment.conditions == ["clarify@1"]
     assert experiment.seeds == list(range(quick.candidates))
     assert experiment.dataset.split == "train" and experiment.dataset.limit == quick.limit
@@ -394,9 +412,10 @@ def test_shipped_train_configs_load_and_derive_the_sampling_experiment():
     resolved = sampling_experiment(real)
     assert resolved.model_for("clarifier").name == "Qwen/Qwen3-8B"
     assert len(resolved.experiment.seeds) == real.candidates
+    assert resolved.experiment.conditions == ["blurred", "clarify@1"]
 
 
-def test_sampling_forces_first_turn_sequential_questions(tmp_path):
+def test_sampling_forces_sequential_dialogues_of_the_configured_turns(tmp_path):
     config = train_yaml(
         tmp_path,
         experiment_overrides=["clarification.mode=all_at_once", "clarification.allow_stop=true"],
@@ -405,6 +424,144 @@ def test_sampling_forces_first_turn_sequential_questions(tmp_path):
     experiment = sampling_experiment(load_train_config(config)).experiment
     assert experiment.clarification.mode == "sequential"
     assert experiment.clarification.allow_stop is False
+    assert experiment.conditions == ["blurred", "clarify@1"]
+    deeper = load_train_config(config, ["turns=3", "allow_stop=true", "reward.baseline=none"])
+    experiment = sampling_experiment(deeper).experiment
+    assert experiment.conditions == ["clarify@3"]
+    assert experiment.clarification.allow_stop is True
+
+
+# -- dialogues: every turn credited by where the dialogues through it ended --------------------
+
+
+def dialogue(
+    instance_id: str,
+    seed: int,
+    turns: list[tuple[str, str]],
+    score: float,
+    stop: str | None = None,
+    condition: str = "clarify@2",
+) -> Record:
+    return Record(
+        instance_id=instance_id,
+        condition=condition,
+        seed=seed,
+        questions=[q for q, _ in turns],
+        answers=[a for _, a in turns],
+        stopped_early=stop is not None,
+        stop_question=stop or "",
+        scores={"restore_score_100": score},
+    )
+
+
+def two_turn_dialogues() -> list[Record]:
+    """Four 2-turn dialogues of one instance: three start with "Which year?" (answered 2024,
+    or `unknown` once), one with "Which city?"; one stops after its first question."""
+    return [
+        dialogue("A", 0, [("Which year?", "2024"), ("Which city?", "Oslo")], 90.0),
+        dialogue("A", 1, [("Which  year?", "2024"), ("Which model?", "unknown")], 30.0),
+        dialogue("A", 2, [("Which year?", "2024")], 60.0, stop="No more questions."),
+        dialogue("A", 3, [("Which city?", "Oslo"), ("Which year?", "unknown")], 20.0),
+        dialogue("A", 0, [], 10.0, condition="blurred"),
+        dialogue("A", 1, [], 30.0, condition="blurred"),
+    ]
+
+
+def test_each_turn_is_credited_with_the_mean_of_the_dialogues_through_it():
+    reward = RewardSettings(baseline="blurred", question_cost=5.0, unknown_cost=10.0)
+    collected = collect(two_turn_dialogues(), reward=reward, condition="clarify@2")
+    assert collected.used == 4 and not collected.skipped
+    found = {(c.turn, c.state, c.question, c.stop): c for c in collected.candidates["A"]}
+    # By hand: baseline = (10 + 30) / 2 = 20. Rewards: seed 0: 90 − 20 − 2·5 = 60;
+    # seed 1: 30 − 20 − 2·5 − 10 = −10; seed 2: 60 − 20 − 5 = 35; seed 3: 20 − 20 − 10 − 10 = −20.
+    year = found[(1, (), "Which year?", False)]
+    assert year.seeds == (0, 1, 2) and year.score == 60.0
+    assert year.reward == pytest.approx((60 - 10 + 35) / 3)
+    assert year.parts == pytest.approx(
+        {"baseline": 20.0, "gain": 40.0, "question_cost": 25 / 3, "unknown_cost": 10 / 3}
+    )
+    assert found[(1, (), "Which city?", False)].reward == -20.0
+    after_year = (("Which year?", "2024"),)
+    assert found[(2, after_year, "Which city?", False)].reward == 60.0
+    assert found[(2, after_year, "Which model?", False)].reward == -10.0
+    stop = found[(2, after_year, "No more questions.", True)]
+    assert (stop.reward, stop.seeds) == (35.0, (2,))
+    # The turn-2 state after "Which city?" has one action: nothing to compare there.
+    assert found[(2, (("Which city?", "Oslo"),), "Which year?", False)].samples == 1
+    assert len(found) == 6
+
+    pairs = dpo_pairs(collected.candidates, min_margin=10.0, pairing="best_vs_rest")
+    assert [(p.chosen.turn, p.chosen.question, p.rejected.question, p.margin) for p in pairs] == [
+        (1, "Which year?", "Which city?", pytest.approx(85 / 3 + 20)),
+        (2, "Which city?", "Which model?", 70.0),
+        (2, "Which city?", "No more questions.", 25.0),
+    ]
+    # SFT: each state's best action above 0 reward.
+    examples = sft_examples(collected.candidates, min_score=0.0)
+    assert [(e.best.turn, e.best.question) for e in examples] == [
+        (1, "Which year?"),
+        (2, "Which city?"),
+    ]
+
+
+def test_a_stop_costs_no_further_question_and_can_be_preferred():
+    """Same restore score with or without the second question: the price on asking makes the
+    stop the better action, and its row is the stop JSON the clarifier's schema gives."""
+    records = [
+        dialogue("A", 0, [("Which year?", "2024"), ("Which city?", "unknown")], 50.0),
+        dialogue("A", 1, [("Which year?", "2024")], 50.0, stop="Nothing else to ask."),
+    ]
+    reward = RewardSettings(baseline="none", question_cost=3.0, unknown_cost=4.0)
+    collected = collect(records, reward=reward, condition="clarify@2")
+    (pair,) = dpo_pairs(collected.candidates, min_margin=5.0)
+    assert (pair.chosen.stop, pair.rejected.question, pair.margin) == (True, "Which city?", 7.0)
+    instance = sample_instance("A-train-01")
+    row = dpo_row(pair, instance, allow_stop=True)
+    assert row["turn"] == 2
+    assert json.loads(row["chosen"][0]["content"]) == {
+        "question": "Nothing else to ask.",
+        "stop": True,
+    }
+    assert json.loads(row["rejected"][0]["content"]) == {"question": "Which city?", "stop": False}
+    assert row["prompt"] == prompt_messages(instance, [QA(question="Which year?", answer="2024")])
+
+
+async def test_a_later_turns_prompt_is_what_clarifier_ask_sends_at_that_turn():
+    instance = sample_instance("A-train-01")
+    history = [QA(question="Which year?", answer="2024")]
+    engine = ScriptedEngine(lambda request: json.dumps({"question": "Which city?", "stop": False}))
+    await clarifier.ask(
+        engine, instance.blurred_query, history, instance.language, Sampling(), allow_stop=True
+    )
+    sent = [m.model_dump() for m in engine.requests[0].messages]
+    records = [
+        dialogue("A-train-01", 0, [("Which year?", "2024"), ("Which city?", "Oslo")], 80.0),
+        dialogue("A-train-01", 1, [("Which year?", "2024"), ("Which model?", "x")], 10.0),
+    ]
+    collected = collect(records, condition="clarify@2")
+    (pair,) = dpo_pairs(collected.candidates, min_margin=10.0)
+    row = dpo_row(pair, instance, allow_stop=True)
+    assert row["prompt"] == sent and "2024" in sent[1]["content"]
+    assert row["chosen"][0]["content"] == json.dumps({"question": "Which city?", "stop": False})
+
+
+def test_dialogues_without_a_blurred_score_are_named_when_nothing_is_left(tmp_path):
+    config = train_yaml(tmp_path, turns=2)
+    write_samples(
+        config,
+        [
+            dialogue("A-train-01", 0, [("Which year?", "2024"), ("Which city?", "x")], 80.0),
+            dialogue("A-train-01", 1, [("Which city?", "x"), ("Which year?", "y")], 10.0),
+        ],
+    )
+    result = runner.invoke(app, ["train", "pairs", "-c", str(config)])
+    assert result.exit_code == 1
+    assert "2 sampled dialogue(s) have no scored blurred run of their instance" in result.output
+    assert "reward.baseline=none" in result.output
+    loose = runner.invoke(
+        app, ["train", "pairs", "-c", str(config), "--set", "reward.baseline=none"]
+    )
+    assert loose.exit_code == 0, loose.output
 
 
 def test_fine_tuned_model_configs_swap_in_with_one_set(tmp_path):

@@ -35,6 +35,21 @@ class LoraSettings(_Strict):
     target_modules: str | list[str] = "all-linear"
 
 
+class RewardSettings(_Strict):
+    """What a sampled dialogue earns: its restore gain over the instance's blurred score, less
+    a price on each question asked and on each `unknown` answer, so that (with `allow_stop`)
+    not asking can win. `reward = gain − question_cost × questions − unknown_cost × unknowns`,
+    in restore-score points (0–100)."""
+
+    #: blurred: gain over the instance's mean blurred score (sampling also runs the blurred
+    #: condition, one search per candidate seed); none: the restore score itself (no blurred
+    #: runs: cheaper, and pairs within one instance are the same, but SFT's bar is then on the
+    #: score, not on the gain).
+    baseline: Literal["blurred", "none"] = "blurred"
+    question_cost: float = Field(0.0, ge=0.0)
+    unknown_cost: float = Field(0.0, ge=0.0)
+
+
 class TrainConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     description: str = ""
@@ -51,25 +66,32 @@ class TrainConfig(_Strict):
     split: str | None = "train"
     #: Only the first N instances of the split.
     limit: int | None = Field(None, ge=1)
-    #: Questions sampled per instance (one seed each); preference needs at least two.
+    #: Dialogues sampled per instance (one seed each); preference needs at least two.
     candidates: int = Field(4, ge=2)
+    #: Turns of each sampled dialogue (clarify@turns, sequential). 1: first questions only;
+    #: above, every turn's question is credited by the dialogues that continue from it.
+    turns: int = Field(1, ge=1, le=10)
+    #: Let the clarifier stop before `turns` questions; a stop is then an action that can be
+    #: chosen or rejected like a question (its reward pays no further question cost).
+    allow_stop: bool = False
+    reward: RewardSettings = RewardSettings()
     #: The clarifier's sampling temperature for the candidates: above 0, or every seed asks
     #: the same question and nothing can be preferred.
     temperature: float = Field(1.0, gt=0.0)
     #: dpo: preference pairs (best vs worst question of an instance); sft: fine-tune on each
     #: instance's best question (rejection sampling / best-of-N).
     method: Literal["dpo", "sft"] = "dpo"
-    #: Restore-score points (0–100) the chosen question must beat the rejected one by: the
+    #: Reward points (0–100 scale) the chosen action must beat the rejected one by: the
     #: search and judge are noisy, small differences are not a preference.
     min_margin: float = Field(10.0, ge=0.0)
     #: best_worst: one pair per instance, so every query weighs the same; best_vs_rest: the
     #: best against every candidate at least min_margin below it (more pairs, but instances
     #: with many distinct questions dominate).
     pairing: Literal["best_worst", "best_vs_rest"] = "best_worst"
-    #: SFT keeps an instance's best question when it scored above this (0: the question led
-    #: to a search that restored something) ...
+    #: SFT keeps the best action of a dialogue state when its reward is above this (0 with
+    #: the blurred baseline: asking did better than not asking) ...
     sft_min_score: float = 0.0
-    #: ... and, with this on, only when it beat the instance's mean score (the question, not
+    #: ... and, with this on, only when it beat the state's mean reward (the question, not
     #: the query, made the difference).
     sft_above_mean: bool = False
     lora: LoraSettings = LoraSettings()

@@ -2,10 +2,16 @@
 
 Pure functions over `Record`s (collect → rank → pairs/examples → rows), plus the file reading and
 writing around them. What a row trains on is exactly what the clarifier is asked and answers at
-evaluation time: the prompt is `agents.clarifier.messages` for turn 1, the completion the JSON
-its constrained output produces. A question's score is its clarify@1 restore score; the same
-question sampled under several seeds (whitespace aside) is one candidate with the mean score,
-since the search and judge after it are noisy too.
+evaluation time: the prompt is `agents.clarifier.messages` at that turn (the blurred query and
+the dialogue so far), the completion the JSON its constrained output produces.
+
+A sampled dialogue earns a reward (train/config.py `RewardSettings`): its restore gain over the
+instance's blurred score, less a price per question and per `unknown` answer. Every turn's
+action (the question asked there, or with `allow_stop` the stop) is credited with the mean
+reward of the sampled dialogues that took it from the same state (the same earlier questions
+and answers), whatever they did after: a question is worth what it leads to, several turns on.
+Actions of one state are compared with each other; the same question sampled under several
+seeds (whitespace aside) is one candidate, since the search and judge after it are noisy too.
 """
 
 from __future__ import annotations
@@ -20,14 +26,19 @@ from statistics import mean
 from typing import Any
 
 from agents import clarifier
+from agents.types import QA, UNKNOWN
 from eval.dataset import load_instances
 from eval.run_dir import RunDir
 from eval.runner import RecordFileError, counts_over, parse_records
 from eval.schema import Instance, Record
-from train.config import TrainConfig
+from train.config import RewardSettings, TrainConfig
+from train.sample import dialogue_condition
 
 SCORE = "restore_score_100"
 CONDITION = "clarify@1"
+BASELINE = "blurred"
+#: A state: the earlier turns, questions normalised (what makes two dialogues the same so far).
+State = tuple[tuple[str, str], ...]
 
 
 class PairsError(ValueError):
@@ -35,23 +46,58 @@ class PairsError(ValueError):
 
 
 @dataclass(frozen=True)
+class Reward:
+    """What one sampled dialogue earned, in restore-score points."""
+
+    score: float
+    #: The instance's mean blurred score (0 without a baseline).
+    baseline: float
+    question_cost: float
+    unknown_cost: float
+
+    @property
+    def gain(self) -> float:
+        return self.score - self.baseline
+
+    @property
+    def value(self) -> float:
+        return self.gain - self.question_cost - self.unknown_cost
+
+
+@dataclass(frozen=True)
 class Candidate:
-    """One distinct question of an instance with the mean restore score of its samples."""
+    """One distinct action of an instance at one state: the question asked at turn
+    `len(history) + 1`, or (`stop`) the clarifier stopping there. Score, reward and its parts
+    are means over the sampled dialogues that took it."""
 
     question: str
     score: float
     seeds: tuple[int, ...]
+    reward: float = 0.0
+    #: The turns before it as the clarifier saw them (from the first dialogue that took it).
+    history: tuple[QA, ...] = ()
+    stop: bool = False
+    #: Mean baseline, gain, question_cost and unknown_cost of its dialogues.
+    parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def samples(self) -> int:
         return len(self.seeds)
 
+    @property
+    def turn(self) -> int:
+        return len(self.history) + 1
+
+    @property
+    def state(self) -> State:
+        return tuple((normalise(t.question), t.answer) for t in self.history)
+
 
 @dataclass
 class Collected:
-    #: Instance id → its distinct questions, in the order of their first seed.
+    #: Instance id → its candidates at every state, by turn, then in the order of first seed.
     candidates: dict[str, list[Candidate]] = field(default_factory=dict)
-    #: Records used as samples.
+    #: Dialogue records used as samples.
     used: int = 0
     #: Why the other records were left out (error:<kind>, no_scores, no_question, ...).
     skipped: Counter[str] = field(default_factory=Counter)
@@ -65,49 +111,106 @@ class Pair:
 
     @property
     def margin(self) -> float:
-        return self.chosen.score - self.rejected.score
+        return self.chosen.reward - self.rejected.reward
 
 
 @dataclass(frozen=True)
 class Example:
     instance_id: str
     best: Candidate
-    #: The mean score of all the instance's samples (what the clarifier gets on average).
-    mean_score: float
+    #: The mean reward of all the state's samples (what the clarifier gets there on average).
+    mean_reward: float
 
 
 def normalise(question: str) -> str:
     return " ".join(question.split())
 
 
-def collect(records: Iterable[Record], known_ids: set[str] | None = None) -> Collected:
-    """Usable samples grouped by instance; every other record is counted with its reason."""
+def states(found: list[Candidate]) -> list[list[Candidate]]:
+    """An instance's candidates grouped by state (the actions compared with each other)."""
+    groups: dict[State, list[Candidate]] = {}
+    for candidate in found:
+        groups.setdefault(candidate.state, []).append(candidate)
+    return list(groups.values())
+
+
+def collect(
+    records: Iterable[Record],
+    known_ids: set[str] | None = None,
+    reward: RewardSettings | None = None,
+    condition: str = CONDITION,
+) -> Collected:
+    """Usable dialogues credited to every action they took; every other record is counted
+    with its reason. Without `reward`, a dialogue's reward is its restore score."""
+    settings = reward or RewardSettings(baseline="none")
     out = Collected()
-    scores: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    blurred: dict[str, list[float]] = {}
+    dialogues: list[Record] = []
     for record in sorted(records, key=lambda r: (r.instance_id, r.seed)):
-        reason = _unusable(record, known_ids)
+        if record.condition == BASELINE and settings.baseline == BASELINE:
+            reason = _unscored(record, known_ids)
+            if reason:
+                out.skipped[f"blurred:{reason}"] += 1
+            else:
+                blurred.setdefault(record.instance_id, []).append(record.scores[SCORE])
+            continue
+        reason = _unusable(record, known_ids, condition)
         if reason:
             out.skipped[reason] += 1
+        else:
+            dialogues.append(record)
+    taken: dict[str, dict[tuple[State, str, bool], list[tuple[Record, Reward, tuple[QA, ...]]]]]
+    taken = {}
+    for record in dialogues:
+        if settings.baseline == BASELINE and record.instance_id not in blurred:
+            out.skipped["no_blurred_score"] += 1
             continue
-        question = normalise(record.questions[0])
-        by_question = scores.setdefault(record.instance_id, {})
-        by_question.setdefault(question, []).append((record.seed, record.scores[SCORE]))
+        earned = Reward(
+            record.scores[SCORE],
+            mean(blurred[record.instance_id]) if settings.baseline == BASELINE else 0.0,
+            settings.question_cost * len(record.questions),
+            settings.unknown_cost * sum(a == UNKNOWN for a in record.answers),
+        )
         out.used += 1
-    for instance_id, by_question in scores.items():
-        out.candidates[instance_id] = [
-            Candidate(q, mean(s for _, s in samples), tuple(seed for seed, _ in samples))
-            for q, samples in by_question.items()
-        ]
+        asked = zip(record.questions, record.answers, strict=True)
+        history = tuple(QA(question=q, answer=a) for q, a in asked)
+        actions = [(history[:t], q, False) for t, q in enumerate(record.questions)]
+        if record.stopped_early:
+            actions.append((history, record.stop_question, True))
+        by_action = taken.setdefault(record.instance_id, {})
+        for before, question, stop in actions:
+            state = tuple((normalise(t.question), t.answer) for t in before)
+            key = (state, normalise(question), stop)
+            by_action.setdefault(key, []).append((record, earned, before))
+    for instance_id, by_action in taken.items():
+        found = [_candidate(key[1], key[2], took) for key, took in by_action.items()]
+        out.candidates[instance_id] = sorted(found, key=lambda c: (c.turn, c.seeds[0]))
     return out
 
 
-def _unusable(record: Record, known_ids: set[str] | None) -> str | None:
-    if record.condition != CONDITION:
-        return "other_condition"
+def _candidate(
+    question: str, stop: bool, took: list[tuple[Record, Reward, tuple[QA, ...]]]
+) -> Candidate:
+    rewards = [r for _, r, _ in took]
+    return Candidate(
+        question=question,
+        score=mean(r.score for r in rewards),
+        seeds=tuple(record.seed for record, _, _ in took),
+        reward=mean(r.value for r in rewards),
+        history=took[0][2],
+        stop=stop,
+        parts={
+            "baseline": mean(r.baseline for r in rewards),
+            "gain": mean(r.gain for r in rewards),
+            "question_cost": mean(r.question_cost for r in rewards),
+            "unknown_cost": mean(r.unknown_cost for r in rewards),
+        },
+    )
+
+
+def _unscored(record: Record, known_ids: set[str] | None) -> str | None:
     if record.error:
         return f"error:{record.error.get('kind', 'unknown')}"
-    if not record.questions or not normalise(record.questions[0]):
-        return "no_question"
     if SCORE not in record.scores:
         return "no_scores"  # no golden nuggets to judge against
     if known_ids is not None and record.instance_id not in known_ids:
@@ -115,87 +218,126 @@ def _unusable(record: Record, known_ids: set[str] | None) -> str | None:
     return None
 
 
+def _unusable(record: Record, known_ids: set[str] | None, condition: str) -> str | None:
+    if record.condition != condition:
+        return "other_condition"
+    if record.error:
+        return f"error:{record.error.get('kind', 'unknown')}"
+    asked = [normalise(q) for q in record.questions]
+    if not record.stopped_early and (not asked or not all(asked)):
+        return "no_question"
+    if len(record.answers) != len(asked):
+        return "unanswered_question"
+    return _unscored(record, known_ids)
+
+
 def best(candidates: list[Candidate]) -> Candidate:
-    """Highest score; among equals the one with more samples (a steadier mean), then the
+    """Highest reward; among equals the one with more samples (a steadier mean), then the
     earliest seed, so the choice never depends on file order."""
-    return min(candidates, key=lambda c: (-c.score, -c.samples, c.seeds[0]))
+    return min(candidates, key=lambda c: (-c.reward, -c.samples, c.seeds[0]))
 
 
 def worst(candidates: list[Candidate]) -> Candidate:
-    return min(candidates, key=lambda c: (c.score, -c.samples, c.seeds[0]))
+    return min(candidates, key=lambda c: (c.reward, -c.samples, c.seeds[0]))
 
 
 def dpo_pairs(
     candidates: dict[str, list[Candidate]], min_margin: float, pairing: str = "best_worst"
 ) -> list[Pair]:
-    """best_worst: the best against the worst question of each instance; best_vs_rest: the
-    best against every other question. Only pairs at least `min_margin` apart and never equal
-    (a tie is no preference, even with min_margin 0)."""
+    """Per state, best_worst: the best against the worst action; best_vs_rest: the best
+    against every other action. Only pairs at least `min_margin` apart and never equal (a tie
+    is no preference, even with min_margin 0)."""
     pairs: list[Pair] = []
     for instance_id, found in candidates.items():
-        if len(found) < 2:
-            continue
-        top = best(found)
-        others = (
-            [worst(found)]
-            if pairing == "best_worst"
-            else sorted((c for c in found if c is not top), key=lambda c: c.seeds[0])
-        )
-        for other in others:
-            pair = Pair(instance_id, top, other)
-            if pair.margin > 0 and pair.margin >= min_margin:
-                pairs.append(pair)
+        for group in states(found):
+            if len(group) < 2:
+                continue
+            top = best(group)
+            others = (
+                [worst(group)]
+                if pairing == "best_worst"
+                else sorted((c for c in group if c is not top), key=lambda c: c.seeds[0])
+            )
+            for other in others:
+                pair = Pair(instance_id, top, other)
+                if pair.margin > 0 and pair.margin >= min_margin:
+                    pairs.append(pair)
     return pairs
 
 
 def sft_examples(
     candidates: dict[str, list[Candidate]], min_score: float = 0.0, above_mean: bool = False
 ) -> list[Example]:
-    """Each instance's best question when it scored above `min_score` (by default: its search
-    restored something) and, with `above_mean`, beat the instance's mean score."""
+    """Each state's best action when its reward is above `min_score` and, with `above_mean`,
+    above the state's mean reward."""
     examples = []
     for instance_id, found in candidates.items():
-        top = best(found)
-        average = sum(c.score * c.samples for c in found) / sum(c.samples for c in found)
-        if top.score > min_score and (not above_mean or top.score > average):
-            examples.append(Example(instance_id, top, average))
+        for group in states(found):
+            top = best(group)
+            average = sum(c.reward * c.samples for c in group) / sum(c.samples for c in group)
+            if top.reward > min_score and (not above_mean or top.reward > average):
+                examples.append(Example(instance_id, top, average))
     return examples
 
 
 # -- rows in TRL's conversational formats ---------------------------------------------------------
 
 
-def prompt_messages(instance: Instance) -> list[dict[str, str]]:
-    """The clarifier's first-turn messages, from the same function `clarifier.ask` uses."""
-    messages = clarifier.messages(instance.blurred_query, [], instance.language)
+def prompt_messages(instance: Instance, history: Iterable[QA] = ()) -> list[dict[str, str]]:
+    """The clarifier's messages at the turn after `history`, from the function `clarifier.ask`
+    uses."""
+    messages = clarifier.messages(instance.blurred_query, list(history), instance.language)
     return [m.model_dump() for m in messages]
 
 
-def completion(question: str) -> list[dict[str, str]]:
-    """The assistant turn: the JSON the clarifier's constrained output gives for a question."""
-    return [
-        {"role": "assistant", "content": json.dumps({"question": question}, ensure_ascii=False)}
-    ]
+def completion(candidate: Candidate, allow_stop: bool = False) -> list[dict[str, str]]:
+    """The assistant turn: the JSON the clarifier's constrained output gives for the action
+    (with `allow_stop`, its schema has the `stop` field too)."""
+    answer: dict[str, Any] = {"question": candidate.question}
+    if allow_stop:
+        answer["stop"] = candidate.stop
+    return [{"role": "assistant", "content": json.dumps(answer, ensure_ascii=False)}]
 
 
-def dpo_row(pair: Pair, instance: Instance) -> dict[str, Any]:
+def dpo_row(pair: Pair, instance: Instance, allow_stop: bool = False) -> dict[str, Any]:
     return {
         "instance_id": pair.instance_id,
-        "prompt": prompt_messages(instance),
-        "chosen": completion(pair.chosen.question),
-        "rejected": completion(pair.rejected.question),
+        "turn": pair.chosen.turn,
+        "prompt": prompt_messages(instance, pair.chosen.history),
+        "chosen": completion(pair.chosen, allow_stop),
+        "rejected": completion(pair.rejected, allow_stop),
         "chosen_score": pair.chosen.score,
         "rejected_score": pair.rejected.score,
+        "chosen_reward": pair.chosen.reward,
+        "rejected_reward": pair.rejected.reward,
         "margin": pair.margin,
     }
 
 
-def sft_row(example: Example, instance: Instance) -> dict[str, Any]:
+def sft_row(example: Example, instance: Instance, allow_stop: bool = False) -> dict[str, Any]:
+    top = example.best
     return {
         "instance_id": example.instance_id,
-        "messages": prompt_messages(instance) + completion(example.best.question),
-        "score": example.best.score,
-        "mean_score": example.mean_score,
+        "turn": top.turn,
+        "messages": prompt_messages(instance, top.history) + completion(top, allow_stop),
+        "score": top.score,
+        "reward": top.reward,
+        "mean_reward": example.mean_reward,
+    }
+
+
+def candidate_row(instance_id: str, candidate: Candidate) -> dict[str, Any]:
+    """candidates.jsonl: every action with its reward and what the reward is made of."""
+    return {
+        "instance_id": instance_id,
+        "turn": candidate.turn,
+        "history": [qa.model_dump() for qa in candidate.history],
+        "question": candidate.question,
+        "stop": candidate.stop,
+        "seeds": list(candidate.seeds),
+        "score": candidate.score,
+        **candidate.parts,
+        "reward": candidate.reward,
     }
 
 
@@ -207,21 +349,27 @@ def stats(
     read_skipped: Counter[str] | None = None,
 ) -> dict[str, Any]:
     """What pairs_stats.json holds; also the explanation when there is no training data."""
-    groups = list(collected.candidates.values())
-    spread = [max(c.score for c in g) - min(c.score for c in g) for g in groups if len(g) > 1]
+    groups = [g for found in collected.candidates.values() for g in states(found)]
+    spread = [max(c.reward for c in g) - min(c.reward for c in g) for g in groups if len(g) > 1]
     margins = [r["margin"] for r in rows if "margin" in r]
     skipped = Counter(read_skipped or {}) + collected.skipped
+    every = [c for g in groups for c in g]
     return {
         "method": method,
-        "instances": len(groups),
+        "instances": len(collected.candidates),
+        # A state: an instance and the turns before an action (one per instance at turn 1).
+        "states": len(groups),
         "candidates": collected.used,
-        "distinct_questions": sum(len(g) for g in groups),
-        # Why instances give no pair: one question only, all scored equal, or too close.
+        "distinct_questions": sum(not c.stop for c in every),
+        "stops": sum(c.stop for c in every),
+        # Why states give no pair: one action only, all rewarded equal, or too close.
         "single_question": sum(len(g) == 1 for g in groups),
         "all_equal": sum(s == 0 for s in spread),
         "below_margin": sum(0 < s < min_margin for s in spread),
-        "mean_score": round(mean(c.score for g in groups for c in g), 3) if groups else None,
+        "mean_score": round(mean(c.score for c in every), 3) if every else None,
+        "mean_reward": round(mean(c.reward for c in every), 3) if every else None,
         "pairs" if method == "dpo" else "examples": len(rows),
+        "by_turn": dict(sorted(Counter(str(r["turn"]) for r in rows).items())),
         "mean_margin": round(mean(margins), 3) if margins else None,
         "skipped": dict(sorted(skipped.items())),
     }
@@ -229,20 +377,32 @@ def stats(
 
 def no_data_message(summary: dict[str, Any], config: TrainConfig) -> str:
     """Why there is nothing to train on, in numbers, with the knob to turn."""
+    unscored = summary["skipped"].get("no_blurred_score", 0)
+    if unscored:
+        # Before the per-state reasons: with no baseline there may be no state at all.
+        return (
+            f"{unscored} sampled dialogue(s) have no scored blurred run of their instance, the "
+            "reward's baseline (reward.baseline: blurred): sample with this config (it runs "
+            "the blurred condition), or set reward.baseline=none; " + _per_state(summary, config)
+        )
+    return _per_state(summary, config)
+
+
+def _per_state(summary: dict[str, Any], config: TrainConfig) -> str:
     if config.method == "dpo":
         return (
-            f"no preference pairs: of {summary['instances']} instance(s), {summary['all_equal']} "
-            f"had all candidates scoring equal, {summary['single_question']} got one distinct "
-            f"question only and {summary['below_margin']} differed by less than "
-            f"min_margin={config.min_margin:g}; min_margin may be too high (or sample more "
-            "candidates, at a higher temperature)"
+            f"no preference pairs: of {summary['states']} dialogue state(s) over "
+            f"{summary['instances']} instance(s), {summary['all_equal']} had all candidates "
+            f"scoring equal, {summary['single_question']} got one distinct question only and "
+            f"{summary['below_margin']} differed by less than min_margin={config.min_margin:g}; "
+            "min_margin may be too high (or sample more candidates, at a higher temperature)"
         )
-    rule = f"score above sft_min_score={config.sft_min_score:g}" + (
-        " and above the instance's mean" if config.sft_above_mean else ""
+    rule = f"reward above sft_min_score={config.sft_min_score:g}" + (
+        " and above the state's mean" if config.sft_above_mean else ""
     )
     return (
-        f"no SFT examples: no best question of {summary['instances']} instance(s) had a {rule}; "
-        f"{summary['all_equal']} instance(s) had all candidates scoring equal"
+        f"no SFT examples: no best action of {summary['states']} dialogue state(s) had a "
+        f"{rule}; {summary['all_equal']} state(s) had all candidates scoring equal"
     )
 
 
@@ -290,23 +450,33 @@ class PairsResult:
 
 
 def build_pairs(config: TrainConfig) -> PairsResult:
-    """Read the samples, write the training data (pairs.jsonl or sft.jsonl) and
-    pairs_stats.json. Files are written even when there are no rows, so the stats say why."""
+    """Read the samples, write the training data (pairs.jsonl or sft.jsonl), every candidate
+    with its reward (candidates.jsonl) and pairs_stats.json. Files are written even when there
+    are no rows, so the stats say why."""
     samples = config.samples_dir()
     records, read_skipped = read_records(samples)
     instances = sampled_instances(samples)
-    collected = collect(records, set(instances))
+    collected = collect(records, set(instances), config.reward, dialogue_condition(config))
     rows: list[dict[str, Any]]
     if config.method == "dpo":
         pairs = dpo_pairs(collected.candidates, config.min_margin, config.pairing)
-        rows = [dpo_row(p, instances[p.instance_id]) for p in pairs]
+        rows = [dpo_row(p, instances[p.instance_id], config.allow_stop) for p in pairs]
     else:
         examples = sft_examples(collected.candidates, config.sft_min_score, config.sft_above_mean)
-        rows = [sft_row(e, instances[e.instance_id]) for e in examples]
+        rows = [sft_row(e, instances[e.instance_id], config.allow_stop) for e in examples]
     summary = stats(collected, rows, config.method, config.min_margin, read_skipped)
     summary["samples_dir"] = str(samples)
+    summary["reward"] = config.reward.model_dump()
     path = config.data_file()
     _write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    _write(
+        path.parent / "candidates.jsonl",
+        "".join(
+            json.dumps(candidate_row(i, c), ensure_ascii=False) + "\n"
+            for i, found in collected.candidates.items()
+            for c in found
+        ),
+    )
     stats_path = path.parent / "pairs_stats.json"
     _write(stats_path, json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     return PairsResult(path, stats_path, rows, summary)

@@ -1,8 +1,9 @@
-"""Sampling candidate questions = an evaluation run of the train config's experiment.
+"""Sampling candidate dialogues = an evaluation run of the train config's experiment.
 
-Each candidate is the clarify@1 condition under one seed: the clarifier asks at the config's
-temperature, and the whole pipeline (answer, rewrite, search, judge) scores that question with
-its restore score. Being an ordinary run, it resumes, survives SIGTERM, shards with `--shard`
+Each candidate is the clarify@k condition (k = `turns`) under one seed: the clarifier asks at
+the config's temperature, turn after turn, and the whole pipeline (answers, rewrite, search,
+judge) scores the dialogue with its restore score; the blurred condition under the same seeds
+scores not asking. Being an ordinary run, it resumes, survives SIGTERM, shards with `--shard`
 and merges with `cts merge`, all through eval/run.py; this module only derives the experiment.
 """
 
@@ -28,19 +29,28 @@ def sampling_overrides(config: TrainConfig) -> list[str | Override]:
         **({("dataset", "path"): config.dataset} if config.dataset else {}),
         ("dataset", "split"): config.split,
         ("dataset", "limit"): config.limit,
-        # First-turn questions only: the trained prompt is the clarifier's first-turn prompt
-        # (history empty), so only clarify@1 scores exactly the question that prompt produced.
-        # Later turns' scores mix in earlier questions and answers.
-        ("conditions",): ["clarify@1"],
-        # One candidate per seed: each seed samples its own question (and its own search).
+        # Whole dialogues of `turns` questions, each scored by where it ends: train/pairs.py
+        # credits each turn's question by the dialogues that continue from it. The blurred
+        # runs give each instance the score that not asking gets (the reward's baseline).
+        ("conditions",): [*baseline_conditions(config), dialogue_condition(config)],
+        # One candidate per seed: each seed samples its own dialogue (and its own search).
         ("seeds",): list(range(config.candidates)),
         ("roles", "clarifier", "sampling", "temperature"): config.temperature,
-        # `ask` with one question per turn and no early stop: the prompt and JSON completion
-        # that train/pairs.py rebuilds. all_at_once uses another prompt; a stop has no question.
+        # `ask`, one question per turn: the prompt and JSON completion train/pairs.py
+        # rebuilds at every turn (all_at_once uses another prompt).
         ("clarification", "mode"): "sequential",
-        ("clarification", "allow_stop"): False,
+        ("clarification", "allow_stop"): config.allow_stop,
     }
     return [*config.experiment_overrides, *(Override(k, v) for k, v in derived.items())]
+
+
+def dialogue_condition(config: TrainConfig) -> str:
+    """The condition whose records are the sampled dialogues."""
+    return f"clarify@{config.turns}"
+
+
+def baseline_conditions(config: TrainConfig) -> list[str]:
+    return ["blurred"] if config.reward.baseline == "blurred" else []
 
 
 def sampling_experiment(config: TrainConfig) -> ResolvedExperiment:
