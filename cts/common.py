@@ -32,6 +32,7 @@ from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
 from slurm.submit import SlurmOptionError, SubmitError
 from train.fit import FitError
+from train.loop import LoopError
 from train.pairs import PairsError
 from webdancer.tool_cache import ToolCacheMiss
 
@@ -57,6 +58,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (DialogueFileError, "dialogues error: ", 1),
     (PairsError, "pairs error: ", 1),
     (FitError, "fit error: ", 1),
+    (LoopError, "loop error: ", 2),
     (SubmitError, "submit failed: ", 1),
     (ToolCacheMiss, "tool cache miss: ", 1),
     (ServerError, "server error: ", 1),

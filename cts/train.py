@@ -1,7 +1,9 @@
-"""`cts train sample | pairs | fit | all`: fine-tune a clarifier against restore scores."""
+"""`cts train sample | pairs | fit | all | loop`: fine-tune a clarifier against restore
+scores, once or by expert iteration."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +18,19 @@ from cts.common import (
     SERVE_OPTION,
     SHARD_OPTION,
     VLLM_PYTHON_OPTION,
+    Work,
     command,
     print_summary,
     run_keyed,
     shard_of,
 )
+from eval.report import write_report
 from eval.run import run_experiment
 from eval.run_dir import RunDir
 from serving.serve import ServeOptions
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit
+from train.loop import MAIN, Iteration, evaluation, iterations, table, variants, write_table
 from train.pairs import PairsResult, build_pairs, no_data_message
 from train.sample import sampling_experiment
 
@@ -186,3 +191,92 @@ def all_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION
     _sample(train)
     _pairs(train)
     _fit(train)
+
+
+def _run_into(root: Path) -> Work:
+    """`run_keyed`'s work: the experiment run into `root`."""
+    return lambda ready, part, watch, progress: run_experiment(
+        ready, root, part, progress, watch=watch
+    )
+
+
+def _evaluate(train: TrainConfig, iteration: Iteration, options: ServeOptions) -> None:
+    """Iteration's clarifier through the experiment's own pipeline, once per variant."""
+    console = Console()
+    for variant in variants(train):
+        resolved = evaluation(train, iteration, variant)
+        run = RunDir(iteration.eval_dir(variant))
+        console.print(
+            f"[bold]iteration {iteration.index}[/bold]: evaluating {resolved.clarifier_label()} "
+            f"({variant}) → {run.root}",
+            highlight=False,
+        )
+        run_keyed(
+            resolved, run, shard_of(None), options, _run_into(run.root), console,
+            merge_with=f"cts merge {run.root}",
+        )  # fmt: skip
+
+
+def _loop_tables(train: TrainConfig, done: list[Iteration]) -> None:
+    """Per variant: the report of the evaluated iterations together, and the loop table."""
+    console = Console()
+    root = train.resolved_output_dir() / "loop"
+    for variant in variants(train):
+        dirs = [it.eval_dir(variant) for it in done]
+        out = root / variant
+        files = write_report(dirs, out)
+        summary = json.loads(files["summary"].read_text())
+        rows = table(summary, done, dirs)
+        _, md = write_table(out, rows, variant)
+        if variant == MAIN:
+            console.print(md.read_text(), highlight=False, soft_wrap=True)
+        console.print(f"loop table ({variant}): {md}; report: {files['html']}", highlight=False)
+
+
+@command(app, "loop")
+def loop_command(
+    config: str | None = CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
+    count: int | None = typer.Option(
+        None,
+        "--iterations",
+        min=1,
+        help="Iterations to run (default: the config's loop.iterations).",
+    ),
+    endpoints: Path | None = ENDPOINTS_OPTION,
+    serve: bool = SERVE_OPTION,
+    gpus: str | None = GPUS_OPTION,
+    cpu: bool = CPU_OPTION,
+    vllm_python: str | None = VLLM_PYTHON_OPTION,
+) -> None:
+    """Expert iteration: evaluate the base clarifier, then R times sample → pairs → fit with the
+    current clarifier and evaluate the new one, continuing from it.
+
+    Iteration i samples with iteration i−1's clarifier (its merged checkpoint) and fits a new
+    adapter on top of it (OUTPUT_DIR/iter-i/, as `cts train all` lays it out). Every
+    clarifier is evaluated with the experiment's own pipeline on its own data (held out from
+    the sampled split; `loop.evaluation_overrides`), and again under each `loop.robustness`
+    variant (e.g. another User Answerer or judge), into OUTPUT_DIR/eval/<variant>/iter-i/.
+    After each evaluation OUTPUT_DIR/loop/<variant>/ holds the report of the iterations so far
+    and loop.md / loop.json: per iteration the restore score per condition with its CI, the
+    paired Δ against the base and the previous iteration, answerability, questions asked, and
+    the model calls and tokens spent. Rerunning resumes at the first unfinished step (a
+    finished fit is not redone; finished runs make no model call)."""
+    train = load_train_config(config, set_)
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    loop = iterations(train, count or train.loop.iterations)
+    _evaluate(train, loop[0], options)
+    _loop_tables(train, loop[:1])
+    for iteration in loop[1:]:
+        assert iteration.train is not None
+        _sample(iteration.train, options=options)
+        if iteration.fitted():
+            Console().print(
+                f"iteration {iteration.index}: fitted before: {iteration.clarifier()}",
+                highlight=False,
+            )
+        else:
+            _pairs(iteration.train)
+            _fit(iteration.train)
+        _evaluate(train, iteration, options)
+        _loop_tables(train, loop[: iteration.index + 1])

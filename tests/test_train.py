@@ -15,18 +15,21 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+import eval.run
 from agents import clarifier
 from agents.clarifier import ClarifyingQuestion
 from agents.types import QA
 from cts.cli import app
 from eval.config import load_experiment
 from eval.dataset import SAMPLE_DIR
+from eval.run_dir import RunDir
 from eval.runner import RecordStore, Shard
 from eval.schema import Instance, Record
 from serving.model_config import ModelConfig, load_model_config
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
 from tests.scripted import ScriptedEngine
+from tests.scripted_cts import scripted_engines
 from train.config import RewardSettings, load_train_config
 from train.fit import fine_tuned_config
 from train.pairs import (
@@ -603,7 +606,7 @@ def test_fine_tuned_model_configs_swap_in_with_one_set(tmp_path):
 # -- the real thing on the tiny model -------------------------------------------------------------
 
 
-def tiny_train_config(tmp_path: Path) -> Path:
+def tiny_train_config(tmp_path: Path, llm_calls: int = 1, **extra: object) -> Path:
     """One query with one nugget (C-train-06's first) and two candidates, the smallest search
     budgets, caches in tmp_path; SFT with a bar below 0 (the tiny judge scores everything 0)."""
     instance = sample_instance("C-train-06").model_dump()
@@ -616,7 +619,7 @@ def tiny_train_config(tmp_path: Path) -> Path:
         split=None,
         candidates=2,
         experiment_overrides=[
-            "budgets.max_llm_calls=1",
+            f"budgets.max_llm_calls={llm_calls}",
             "search.top_k=1",
             "search.max_page_tokens=100",
             "search.date=2026-11-30",
@@ -625,12 +628,14 @@ def tiny_train_config(tmp_path: Path) -> Path:
         ],
         method="sft",
         sft_min_score=-1,
+        reward={"baseline": "none"},  # no blurred runs: the tiny judge scores everything 0
         epochs=1,
         batch_size=1,
         grad_accum=1,
         max_length=256,
         gradient_checkpointing=False,
         logging_steps=1,
+        **extra,
     )
 
 
@@ -730,3 +735,71 @@ def test_cts_train_all_then_dpo_on_the_tiny_model(tmp_path, tiny_path):
     # Two merged 135M checkpoints are 1 GB: pytest keeps the last runs' tmp dirs.
     for checkpoint in (out / "checkpoint", dpo_out / "checkpoint"):
         shutil.rmtree(checkpoint)
+
+
+@pytest.mark.slow
+def test_train_loop_continues_from_each_fit_and_resumes(tmp_path, tiny_path, monkeypatch):
+    """`cts train loop --iterations 2`: the runs (sampling, evaluations) on scripted engines —
+    the loop's logic is the point — and every fit real, on the tiny model; iteration 2 samples
+    with and trains on top of iteration 1's checkpoint; the table pairs every iteration with
+    the base and the one before; a rerun does nothing again."""
+    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
+    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    config = tiny_train_config(
+        tmp_path,
+        llm_calls=2,  # the scripted searcher searches, then answers
+        loop={
+            "evaluation_overrides": ["dataset.limit=3", "conditions=[blurred, clarify@1, oracle]"],
+            "robustness": {"other_judge": ["judge.show_query=true"]},
+        },
+    )
+    out = tmp_path / "out"
+    result = cts("train", "loop", "-c", str(config), "--iterations", "2")
+    assert result.exit_code == 0, result.output
+
+    first, second = out / "iter-1", out / "iter-2"
+    for fitted in (first, second):
+        assert_trained(fitted, "sft", examples=1)
+    # Iteration 2 sampled with iteration 1's clarifier and trained on top of its checkpoint.
+    sampled = RunDir(second / "samples").read_config().experiment.roles["clarifier"].model
+    assert sampled == str((first / "clarifier.yaml").resolve())
+    metrics = json.loads((second / "train_metrics.json").read_text())
+    assert metrics["base_model"] == str((first / "checkpoint").resolve())
+    # Every clarifier evaluated under both variants; iteration 2's is iteration 2's model.
+    for variant in ("main", "other_judge"):
+        for i in range(3):
+            assert (out / "eval" / variant / f"iter-{i}" / "summary.json").is_file()
+    evaluated = RunDir(out / "eval" / "main" / "iter-2").read_config()
+    assert evaluated.experiment.roles["clarifier"].model == str(
+        (second / "clarifier.yaml").resolve()
+    )
+    assert evaluated.experiment.dataset.split == "dev"  # held out: sampling read train.jsonl
+
+    rows = json.loads((out / "loop" / "main" / "loop.json").read_text())
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert rows[0]["delta_vs_base"] == {} and rows[0]["delta_vs_previous"] == {}
+    for row in rows[1:]:
+        assert set(row["delta_vs_base"]) == {"blurred", "clarify@1", "oracle"}
+        # Scripted runs score the same whatever the clarifier: every paired Δ is 0.
+        assert {d["difference"] for d in row["delta_vs_base"].values()} == {0.0}
+        assert {d["n"] for d in row["delta_vs_previous"].values()} == {3}
+        # Calls a model answered (not the response cache) in its sampling and its evaluation.
+        assert row["spent"]["model_calls"] > 0 and row["spent"]["prompt_tokens"] > 0
+        assert row["questions_asked"] == {"clarify@1": 1.0}
+    table_md = (out / "loop" / "main" / "loop.md").read_text()
+    assert "| 2 | clarify@1 |" in table_md and "Δ vs previous" in table_md
+    assert (out / "loop" / "other_judge" / "loop.json").is_file()
+    assert (out / "loop" / "main" / "report.html").is_file()
+
+    trained_at = (second / "train_metrics.json").stat().st_mtime_ns
+    again = cts("train", "loop", "-c", str(config), "--iterations", "2")
+    assert again.exit_code == 0, again.output
+    assert again.output.count("fitted before") == 2
+    assert (second / "train_metrics.json").stat().st_mtime_ns == trained_at
+    assert "0 records written" in again.output and " records written" in again.output
+    assert all(
+        line.startswith("0 records written")
+        for line in again.output.splitlines()
+        if "records written" in line
+    )

@@ -8,6 +8,7 @@ unknown keys and bad values are errors naming `file:line: key`, `--set` override
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -50,6 +51,30 @@ class RewardSettings(_Strict):
     unknown_cost: float = Field(0.0, ge=0.0)
 
 
+class LoopSettings(_Strict):
+    """`cts train loop`: expert iteration with an evaluation after every fit (train/loop.py)."""
+
+    #: Iterations when `--iterations` is not given.
+    iterations: int = Field(2, ge=1, le=50)
+    #: `--set`-style overrides of the experiment for every evaluation (e.g. dataset.limit=100);
+    #: its data must stay held out from the sampled data (checked).
+    evaluation_overrides: list[str] = []
+    #: More evaluations of every iteration, each the main one plus its overrides, e.g.
+    #: `other_user: [roles.user_answerer.model=qwen3-32b]`: a clarifier that learned to exploit
+    #: one simulated user (or judge) gains under it only.
+    robustness: dict[str, list[str]] = {}
+
+    @field_validator("robustness")
+    @classmethod
+    def _variant_names(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name in value:
+            if name == "main" or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+                raise ValueError(
+                    f"{name!r}: a variant name is letters, digits, '.', '_' or '-' (not 'main')"
+                )
+        return value
+
+
 class TrainConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     description: str = ""
@@ -75,6 +100,7 @@ class TrainConfig(_Strict):
     #: chosen or rejected like a question (its reward pays no further question cost).
     allow_stop: bool = False
     reward: RewardSettings = RewardSettings()
+    loop: LoopSettings = LoopSettings()
     #: The clarifier's sampling temperature for the candidates: above 0, or every seed asks
     #: the same question and nothing can be preferred.
     temperature: float = Field(1.0, gt=0.0)

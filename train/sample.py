@@ -59,7 +59,7 @@ def sampling_experiment(config: TrainConfig) -> ResolvedExperiment:
     evaluated = load_experiment(config.experiment).experiment.dataset
     resolved = experiment_with(config, sampling_overrides(config))
     sampled = resolved.experiment.dataset
-    if _overlaps(sampled, evaluated):
+    if overlaps(sampled, evaluated):
         splits = _splits(sampled)
         read = (
             "the whole file (a file has no splits)"
@@ -108,7 +108,7 @@ def _same_path(a: str, b: str) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
-def _overlaps(sampled: DatasetSource, evaluated: DatasetSource) -> bool:
+def overlaps(sampled: DatasetSource, evaluated: DatasetSource) -> bool:
     if not _same_path(sampled.path, evaluated.path):
         return False
     a, b = _splits(sampled), _splits(evaluated)

@@ -1,0 +1,276 @@
+"""Expert iteration: sample dialogues with the current clarifier, build pairs or SFT rows, fit,
+evaluate the new clarifier with the experiment's own pipeline on its own (held-out) data, and
+continue from it.
+
+The loop's directory (the train config's output dir):
+
+    iter-<i>/              i = 1..R: what `cts train all` leaves for iteration i (samples/,
+                           pairs.jsonl or sft.jsonl, candidates.jsonl, adapter/, checkpoint/,
+                           clarifier.yaml, train_metrics.json), sampled with iteration i−1's
+                           clarifier (the base one for i = 1) and fitted on top of it
+    eval/<variant>/iter-<i>/   i = 0..R: the evaluation run of iteration i's clarifier (0: the
+                           base); `main` is the experiment as it is, every other variant is the
+                           same with `loop.robustness` overrides (another User Answerer, judge)
+    loop/<variant>/        the report of every iteration's evaluation together, loop.json and
+                           loop.md: the table per iteration
+
+This module plans the steps and reads the finished runs into the table; `cts train loop` runs
+the steps (each an ordinary sampling, pairs, fit or evaluation, resumable like them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from eval.config import ResolvedExperiment
+from eval.pipeline import clarify_turns
+from eval.report import load_run
+from serving.yaml_config import ConfigError
+from train.config import TrainConfig
+from train.sample import experiment_with, overlaps, sampling_experiment
+
+MAIN = "main"
+
+
+class LoopError(ValueError):
+    """A loop that cannot run or be read (the message says where and why)."""
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """Iteration `index` of a loop: its train config (1..R) and its evaluation runs."""
+
+    index: int
+    root: Path
+    #: None for iteration 0 (the base clarifier is evaluated, not trained).
+    train: TrainConfig | None
+
+    def clarifier(self) -> Path | None:
+        """The model config of this iteration's clarifier (None: the experiment's own)."""
+        if self.train is None:
+            return None
+        return self.train.resolved_output_dir() / "clarifier.yaml"
+
+    def fitted(self) -> bool:
+        """Whether the fit finished (it writes clarifier.yaml, then train_metrics.json)."""
+        if self.train is None:
+            return True
+        out = self.train.resolved_output_dir()
+        return (out / "clarifier.yaml").is_file() and (out / "train_metrics.json").is_file()
+
+    def eval_dir(self, variant: str) -> Path:
+        return self.root / "eval" / variant / f"iter-{self.index}"
+
+
+def _literal(path: Path) -> str:
+    """A path as an output_dir template that formats to itself."""
+    return str(path).replace("{", "{{").replace("}", "}}")
+
+
+def iterations(config: TrainConfig, count: int) -> list[Iteration]:
+    """Iterations 0..count; iteration i ≥ 1 samples and fits on iteration i−1's clarifier."""
+    if not config.merge:
+        raise LoopError(
+            f"{config.where('merge')}: the loop continues from each iteration's merged "
+            "checkpoint; set merge: true"
+        )
+    root = config.resolved_output_dir()
+    found = [Iteration(0, root, None)]
+    for i in range(1, count + 1):
+        previous = found[-1].clarifier()
+        overrides = list(config.experiment_overrides)
+        if previous is not None:
+            overrides.append(f"roles.clarifier.model={previous.resolve()}")
+        train = config.model_copy(
+            update={
+                "name": f"{config.name}-iter{i}",
+                "output_dir": _literal(root / f"iter-{i}"),
+                "experiment_overrides": overrides,
+            }
+        )
+        found.append(Iteration(i, root, train))
+    return found
+
+
+def variants(config: TrainConfig) -> dict[str, list[str]]:
+    """Evaluation variants: `main` (the experiment with `loop.evaluation_overrides`) and each
+    `loop.robustness` entry (the same, then its own overrides)."""
+    base = list(config.loop.evaluation_overrides)
+    return {MAIN: base, **{name: [*base, *extra] for name, extra in config.loop.robustness.items()}}
+
+
+def evaluation(config: TrainConfig, iteration: Iteration, variant: str) -> ResolvedExperiment:
+    """The experiment that evaluates `iteration`'s clarifier; ConfigError when its data is the
+    data the loop samples on (a gain measured on the training queries is no gain)."""
+    overrides = list(variants(config)[variant])
+    clarifier = iteration.clarifier()
+    if clarifier is not None:
+        overrides.append(f"roles.clarifier.model={clarifier.resolve()}")
+    resolved = experiment_with(config, overrides)
+    sampled = sampling_experiment(config).experiment.dataset
+    if overlaps(sampled, resolved.experiment.dataset):
+        raise ConfigError(
+            f"{config.where('loop')}: the loop's evaluation reads the data it samples on "
+            f"({sampled.path}); evaluate on held-out data (loop.evaluation_overrides)"
+        )
+    return resolved
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+def _spent(run_dirs: list[Path]) -> dict[str, int]:
+    """Model calls (answered by a model, not the response cache) and tokens over runs."""
+    calls = prompt = completion = 0
+    for run_dir in run_dirs:
+        if not (run_dir / "config.yaml").is_file():
+            continue
+        for record in load_run(run_dir).records:
+            for key, value in record.usage.items():
+                if key.endswith("_calls") and not key.endswith("_cached_calls"):
+                    calls += value
+                elif key.endswith("_prompt_tokens"):
+                    prompt += value
+                elif key.endswith("_completion_tokens"):
+                    completion += value
+    return {"model_calls": calls, "prompt_tokens": prompt, "completion_tokens": completion}
+
+
+def _questions_asked(run_dir: Path) -> dict[str, float | None]:
+    """Mean questions per dialogue, per clarify@k, over the records that did not fail."""
+    asked: dict[str, list[int]] = {}
+    for record in load_run(run_dir).records:
+        if clarify_turns(record.condition) and record.error is None:
+            asked.setdefault(record.condition, []).append(len(record.questions))
+    return {c: mean(v) for c, v in sorted(asked.items())}
+
+
+def _delta(comparisons: list[dict[str, Any]], earlier: str, later: str) -> dict[str, Any]:
+    """later − earlier per condition, from the report's paired comparisons (which give the
+    first system listed minus the second, the earlier iteration first)."""
+    out: dict[str, Any] = {}
+    for row in comparisons:
+        if (row["a"], row["b"]) == (earlier, later):
+            # 0.0 − x, not −x: no difference reads 0.0, never −0.0.
+            out[row["condition"]] = {
+                "difference": 0.0 - row["difference"],
+                "low": 0.0 - row["high"],
+                "high": 0.0 - row["low"],
+                "p_holm": row["p_holm"],
+                "p_value": row["p_value"],
+                "n": row["n"],
+            }
+    return out
+
+
+def table(
+    summary: dict[str, Any], loop: list[Iteration], eval_dirs: list[Path]
+) -> list[dict[str, Any]]:
+    """One row per iteration from the combined report of its evaluation runs (`summary`, the
+    report's summary.json, systems in iteration order): restore score per condition with its
+    CI, the paired Δ against the base and the previous iteration, User Answerer answerability,
+    questions asked, and what the iteration spent (its sampling and evaluation runs)."""
+    names = list(summary["systems"])
+    rows = []
+    for position, (iteration, run_dir) in enumerate(zip(loop, eval_dirs, strict=True)):
+        system = summary["systems"][names[position]]
+        spent_on = [run_dir]
+        if iteration.train is not None:
+            spent_on.append(iteration.train.samples_dir())
+        rows.append(
+            {
+                "iteration": iteration.index,
+                "system": names[position],
+                "paired_instances": summary["report"]["paired_instances"],
+                "scores": {
+                    c: {
+                        k: entry.get("restore_score_100", {}).get(k)
+                        for k in ("mean", "low", "high")
+                    }
+                    | {"n": entry["n"], "failed": entry["failed"]}
+                    for c, entry in system["scores"].items()
+                },
+                "delta_vs_base": _delta(summary["comparisons"], names[0], names[position])
+                if position
+                else {},
+                "delta_vs_previous": _delta(
+                    summary["comparisons"], names[position - 1], names[position]
+                )
+                if position
+                else {},
+                "answerability": {
+                    k: v["rate"]
+                    for k, v in system["clarification"].get("answerability_per_k", {}).items()
+                },
+                "questions_asked": _questions_asked(run_dir),
+                "spent": _spent(spent_on),
+            }
+        )
+    return rows
+
+
+def _ci(entry: dict[str, Any] | None) -> str:
+    if not entry or entry.get("mean") is None:
+        return "–"
+    return f"{entry['mean']:.1f} [{entry['low']:.1f}, {entry['high']:.1f}]"
+
+
+def _change(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "–"
+    p = "" if entry["p_holm"] is None else f", p_holm {entry['p_holm']:.3f}"
+    return f"{entry['difference']:+.1f} [{entry['low']:+.1f}, {entry['high']:+.1f}]{p}"
+
+
+def markdown(rows: list[dict[str, Any]], variant: str) -> str:
+    """loop.md: per iteration and condition, the score and both paired Δs; then what each
+    iteration's clarifier did in its dialogues and what the iteration cost."""
+    if not rows:
+        return ""
+    conditions = [c for c in rows[0]["scores"] if clarify_turns(c) or c in ("blurred", "oracle")]
+    lines = [
+        f"# Clarifier loop — evaluation `{variant}`",
+        "",
+        f"restore_score_100 [95% CI] on {rows[0]['paired_instances']} paired instances; Δ is "
+        "the paired difference (this iteration − the other) with a bootstrap CI and the "
+        "Holm-corrected sign-flip p over the clarify@k conditions.",
+        "",
+        "| iteration | condition | score | Δ vs base | Δ vs previous |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        for c in conditions:
+            lines.append(
+                f"| {row['iteration']} | {c} | {_ci(row['scores'].get(c))} | "
+                f"{_change(row['delta_vs_base'].get(c))} | "
+                f"{_change(row['delta_vs_previous'].get(c))} |"
+            )
+    lines += [
+        "",
+        "| iteration | answerability per k | questions asked per k | model calls | prompt "
+        "tokens | generated tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        answered = ", ".join(
+            f"@{k} {'–' if v is None else f'{100 * v:.0f}%'}"
+            for k, v in row["answerability"].items()
+        )
+        asked = ", ".join(f"{c.split('@')[1]}: {v:.2f}" for c, v in row["questions_asked"].items())
+        spent = row["spent"]
+        lines.append(
+            f"| {row['iteration']} | {answered or '–'} | {asked or '–'} | "
+            f"{spent['model_calls']} | {spent['prompt_tokens']} | {spent['completion_tokens']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_table(out: Path, rows: list[dict[str, Any]], variant: str) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "loop.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
+    (out / "loop.md").write_text(markdown(rows, variant))
+    return out / "loop.json", out / "loop.md"
