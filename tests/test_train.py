@@ -32,6 +32,7 @@ from tests.scripted import ScriptedEngine
 from tests.scripted_cts import scripted_engines
 from train.config import RewardSettings, load_train_config
 from train.fit import fine_tuned_config
+from train.loop import LoopError, _delta, evaluation, iterations
 from train.pairs import (
     collect,
     dpo_pairs,
@@ -803,3 +804,47 @@ def test_train_loop_continues_from_each_fit_and_resumes(tmp_path, tiny_path, mon
         for line in again.output.splitlines()
         if "records written" in line
     )
+
+
+def test_loop_deltas_are_the_later_iteration_minus_the_earlier(tmp_path):
+    """The report compares the earlier system first (a − b); the loop turns it round."""
+    comparisons = [
+        {"a": "base", "b": "one", "condition": "clarify@1", "difference": -3.0, "low": -5.0,
+         "high": -1.0, "p_value": 0.01, "p_holm": 0.02, "n": 7},
+        {"a": "base", "b": "two", "condition": "clarify@1", "difference": 0.0, "low": -2.0,
+         "high": 2.0, "p_value": 1.0, "p_holm": 1.0, "n": 7},
+    ]  # fmt: skip
+    assert _delta(comparisons, "base", "one") == {
+        "clarify@1": {
+            "difference": 3.0, "low": 1.0, "high": 5.0, "p_holm": 0.02, "p_value": 0.01, "n": 7
+        }
+    }  # fmt: skip
+    same = _delta(comparisons, "base", "two")["clarify@1"]["difference"]
+    assert math.copysign(1.0, same) == 1.0  # 0.0, not −0.0
+    assert _delta(comparisons, "one", "two") == {}
+
+
+def test_loop_plans_iterations_on_the_previous_checkpoint_and_refuses_bad_setups(tmp_path):
+    config = load_train_config(train_yaml(tmp_path))
+    loop = iterations(config, 2)
+    assert [(i.index, i.train is None) for i in loop] == [(0, True), (1, False), (2, False)]
+    assert loop[1].train is not None and loop[2].train is not None
+    assert not any("roles.clarifier.model" in o for o in loop[1].train.experiment_overrides)
+    assert loop[2].train.experiment_overrides[-1] == (
+        f"roles.clarifier.model={(tmp_path / 'out' / 'iter-1' / 'clarifier.yaml').resolve()}"
+    )
+    assert loop[2].train.resolved_output_dir() == tmp_path / "out" / "iter-2"
+    assert loop[1].eval_dir("main") == tmp_path / "out" / "eval" / "main" / "iter-1"
+    with pytest.raises(LoopError, match="set merge: true"):
+        iterations(load_train_config(train_yaml(tmp_path, merge=False)), 1)
+    # Evaluating on the split the loop samples on is refused.
+    with pytest.raises(ConfigError, match="evaluation reads the data it samples on"):
+        evaluation(
+            load_train_config(
+                train_yaml(tmp_path, loop={"evaluation_overrides": ["dataset.split=train"]})
+            ),
+            loop[0],
+            "main",
+        )
+    with pytest.raises(ConfigError, match="'main': a variant name"):
+        load_train_config(train_yaml(tmp_path, loop={"robustness": {"main": []}}))
