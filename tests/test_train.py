@@ -32,7 +32,7 @@ from tests.scripted import ScriptedEngine
 from tests.scripted_cts import scripted_engines
 from train.config import RewardSettings, load_train_config
 from train.fit import fine_tuned_config
-from train.loop import LoopError, _delta, evaluation, iterations
+from train.loop import LoopError, _delta, evaluation, iterations, variants
 from train.pairs import (
     collect,
     dpo_pairs,
@@ -417,6 +417,14 @@ def test_shipped_train_configs_load_and_derive_the_sampling_experiment():
     assert resolved.model_for("clarifier").name == "Qwen/Qwen3-8B"
     assert len(resolved.experiment.seeds) == real.candidates
     assert resolved.experiment.conditions == ["blurred", "clarify@1"]
+    # Its loop's variants swap one simulator each, on hard518's own data.
+    base = iterations(real, 1)[0]
+    judges = {v: evaluation(real, base, v).experiment.roles["judge"].model for v in variants(real)}
+    users = {
+        v: evaluation(real, base, v).experiment.roles["user_answerer"].model for v in variants(real)
+    }
+    assert judges["other_judge"] != judges["main"] == judges["other_user"]
+    assert users["other_user"] != users["main"] == users["other_judge"]
 
 
 def test_sampling_forces_sequential_dialogues_of_the_configured_turns(tmp_path):
