@@ -16,6 +16,7 @@ import base64
 import html
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -564,33 +565,44 @@ def _viewer_block(runs: Sequence[tuple[str, Path]]) -> str:
     )
 
 
+def _inline(text: str) -> str:
+    """Escaped text with its `code` spans as <code>: the Markdown the report writes inline."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def to_html(markdown_text: str, images: list[Path], runs: Sequence[tuple[str, Path]] = ()) -> str:
     """A self-contained page: the Markdown tables as HTML tables, figures inlined as base64.
     With `runs` (each system's name and run directory), links into `cts view` appear when
     one is running."""
     body: list[str] = []
     rows: list[list[str]] = []
+    items: list[str] = []
 
     def flush() -> None:
         if rows:
             head, *rest = rows
             body.append(
                 "<table><tr>"
-                + "".join(f"<th>{html.escape(c)}</th>" for c in head)
+                + "".join(f"<th>{_inline(c)}</th>" for c in head)
                 + "</tr>"
                 + "".join(
-                    "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-                    for r in rest
+                    "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rest
                 )
                 + "</table>"
             )
             rows.clear()
+        if items:
+            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>")
+            items.clear()
 
     for line in markdown_text.splitlines():
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip("|").split("|")]
             if not all(set(c) <= {"-"} for c in cells):
                 rows.append(cells)
+            continue
+        if line.startswith("- "):
+            items.append(line[2:])
             continue
         flush()
         if line.startswith("## "):
@@ -600,7 +612,7 @@ def to_html(markdown_text: str, images: list[Path], runs: Sequence[tuple[str, Pa
             if runs:
                 body.append(_viewer_block(runs))
         elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
+            body.append(f"<p>{_inline(line)}</p>")
     flush()
     for image in images:
         data = base64.b64encode(image.read_bytes()).decode()

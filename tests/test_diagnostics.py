@@ -391,3 +391,13 @@ def test_records_of_different_dialogues_mixed_are_warned_about():
     from eval.report import warnings
 
     assert any("records of different dialogues are mixed" in w for w in warnings("s", summary))
+
+
+def test_report_html_renders_the_markdown_it_writes_inline():
+    """Lists and `code` spans as HTML, everything else escaped (a system name is text)."""
+    from eval.report import to_html
+
+    page = to_html("- WARNING `x<y`: a\n- b & c\n\nplain `code` <b>\n| h |\n|---|\n| `v` |", [])
+    assert "<ul><li>WARNING <code>x&lt;y</code>: a</li><li>b &amp; c</li></ul>" in page
+    assert "<p>plain <code>code</code> &lt;b&gt;</p>" in page
+    assert "<td><code>v</code></td>" in page
