@@ -72,6 +72,21 @@ def test_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path):
     assert done.stdout.startswith(f"ConfigError: {bomb}:2: YAML aliases (*a0)")
 
 
+def test_an_alias_is_refused_before_anything_is_composed(tmp_path, monkeypatch):
+    """What bounds the work on any bomb: the refusal comes from one linear pass over the parse
+    events; the composer and constructors, whose walk of aliases is exponential, never run."""
+    import serving.yaml_config
+
+    def composed(*args: object) -> None:
+        raise AssertionError("the YAML was composed before its aliases were refused")
+
+    monkeypatch.setattr(serving.yaml_config._Loader, "get_single_node", composed)
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_bomb(40))
+    with pytest.raises(ConfigError, match=r":2: YAML aliases \(\*a0\) are not allowed"):
+        read_yaml(bomb)
+
+
 def test_yaml_alias_is_refused_with_file_and_line(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("base: &b {x: 1}\nname: t\nother: *b\n")
