@@ -526,6 +526,13 @@ def test_a_stop_costs_no_further_question_and_can_be_preferred():
     reward = RewardSettings(baseline="none", question_cost=3.0, unknown_cost=4.0)
     collected = collect(records, reward=reward, condition="clarify@2")
     (pair,) = dpo_pairs(collected.candidates, min_margin=5.0)
+    # A second stop at the same state, in other words, is the same action.
+    again = dialogue("A", 2, [("Which year?", "2024")], 40.0, stop="No further question.")
+    stops = [c for c in collect([*records, again], reward=reward, condition="clarify@2")
+             .candidates["A"] if c.stop]  # fmt: skip
+    assert [(c.question, c.seeds, c.reward) for c in stops] == [
+        ("Nothing else to ask.", (1, 2), (47.0 + 37.0) / 2)
+    ]
     assert (pair.chosen.stop, pair.rejected.question, pair.margin) == (True, "Which city?", 7.0)
     instance = sample_instance("A-train-01")
     row = dpo_row(pair, instance, allow_stop=True)

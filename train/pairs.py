@@ -134,6 +134,10 @@ def states(found: list[Candidate]) -> list[list[Candidate]]:
     return list(groups.values())
 
 
+#: A dialogue that took an action: its record, reward, the turns before, the question written.
+Took = tuple[Record, Reward, tuple[QA, ...], str]
+
+
 def collect(
     records: Iterable[Record],
     known_ids: set[str] | None = None,
@@ -159,8 +163,7 @@ def collect(
             out.skipped[reason] += 1
         else:
             dialogues.append(record)
-    taken: dict[str, dict[tuple[State, str, bool], list[tuple[Record, Reward, tuple[QA, ...]]]]]
-    taken = {}
+    taken: dict[str, dict[tuple[State, str, bool], list[Took]]] = {}
     for record in dialogues:
         if settings.baseline == BASELINE and record.instance_id not in blurred:
             out.skipped["no_blurred_score"] += 1
@@ -180,22 +183,23 @@ def collect(
         by_action = taken.setdefault(record.instance_id, {})
         for before, question, stop in actions:
             state = tuple((normalise(t.question), t.answer) for t in before)
-            key = (state, normalise(question), stop)
-            by_action.setdefault(key, []).append((record, earned, before))
+            # Every stop of a state is one action, whatever question was written beside it.
+            key = (state, "" if stop else normalise(question), stop)
+            by_action.setdefault(key, []).append((record, earned, before, normalise(question)))
     for instance_id, by_action in taken.items():
-        found = [_candidate(key[1], key[2], took) for key, took in by_action.items()]
+        found = [_candidate(key[2], took) for key, took in by_action.items()]
         out.candidates[instance_id] = sorted(found, key=lambda c: (c.turn, c.seeds[0]))
     return out
 
 
-def _candidate(
-    question: str, stop: bool, took: list[tuple[Record, Reward, tuple[QA, ...]]]
-) -> Candidate:
-    rewards = [r for _, r, _ in took]
+def _candidate(stop: bool, took: list[Took]) -> Candidate:
+    """The action the dialogues in `took` (record, reward, turns before, question) took;
+    its text is the first dialogue's."""
+    rewards = [r for _, r, _, _ in took]
     return Candidate(
-        question=question,
+        question=took[0][3],
         score=mean(r.score for r in rewards),
-        seeds=tuple(record.seed for record, _, _ in took),
+        seeds=tuple(record.seed for record, _, _, _ in took),
         reward=mean(r.value for r in rewards),
         history=took[0][2],
         stop=stop,
