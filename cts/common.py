@@ -22,7 +22,7 @@ from eval.dataset import DatasetError
 from eval.dialogue import DialogueFileError
 from eval.progress import ProgressLog, ShowProgress
 from eval.report import MAIN_COLUMNS, report_cell, warnings
-from eval.run import RunResult
+from eval.run import RunResult, run_experiment
 from eval.run_dir import RunDir, RunDirError
 from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
 from serving.disk import StorageFull
@@ -193,6 +193,13 @@ def progress_for(console: Console) -> ShowProgress:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
 
     return ProgressLog(emit, every_s)
+
+
+def run_into(root: Path, retry_failed: bool = False) -> Work:
+    """`run_keyed`'s work for an evaluation run: the experiment run into `root`."""
+    return lambda ready, part, watch, progress: run_experiment(
+        ready, root, part, progress, watch=watch, retry_failed=retry_failed
+    )
 
 
 def run_keyed(

@@ -21,12 +21,13 @@ from cts.common import (
     command,
     output_console,
     output_dir_option,
+    run_into,
     run_keyed,
     usage_error,
 )
 from eval.config import ResolvedExperiment, load_experiment
 from eval.estimate import Estimate, Figure, estimate_run
-from eval.run import require_roles, run_experiment
+from eval.run import require_roles
 from eval.run_dir import RunDir
 from eval.runner import Shard
 from serving.disk import write_whole
@@ -147,9 +148,7 @@ def run_pilot(
         run_dir,
         Shard(),
         options,
-        lambda ready, part, watch, progress: run_experiment(
-            ready, root, part, progress, watch=watch
-        ),
+        run_into(root),
         console,
         merge_with=f"cts merge {root}",
     )

@@ -23,6 +23,7 @@ from cts.common import (
     output_console,
     output_dir_option,
     print_summary,
+    run_into,
     run_keyed,
     shard_of,
 )
@@ -31,7 +32,7 @@ from eval.engines import open_engines
 from eval.plan import ModelPlan, RunPlan, plan_run
 from eval.progress import ShowProgress
 from eval.rejudge import judge_served, rejudge_experiment, rejudge_run, with_judge_from
-from eval.run import RunResult, merge_run, require_roles, run_experiment
+from eval.run import RunResult, merge_run, require_roles
 from eval.run_dir import RunDir
 from eval.runner import Shard
 from eval.search_agent import open_agent
@@ -105,9 +106,7 @@ def run(
         run_dir,
         part,
         options,
-        lambda ready, part, watch, progress: run_experiment(
-            ready, run_dir.root, part, progress, watch=watch, retry_failed=retry_failed
-        ),
+        run_into(run_dir.root, retry_failed),
         console,
         merge_with=f"cts merge {run_dir.root}",
     )

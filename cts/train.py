@@ -18,14 +18,13 @@ from cts.common import (
     SERVE_OPTION,
     SHARD_OPTION,
     VLLM_PYTHON_OPTION,
-    Work,
     command,
     print_summary,
+    run_into,
     run_keyed,
     shard_of,
 )
 from eval.report import write_report
-from eval.run import run_experiment
 from eval.run_dir import RunDir
 from serving.serve import ServeOptions
 from train.config import TrainConfig, load_train_config
@@ -75,9 +74,7 @@ def _sample(
         run,
         part,
         options or ServeOptions(),
-        lambda ready, part, watch, progress: run_experiment(
-            ready, run.root, part, progress, watch=watch
-        ),
+        run_into(run.root),
         console,
         merge_with=f"cts merge {run.root}, then cts train pairs",
     )
@@ -193,13 +190,6 @@ def all_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION
     _fit(train)
 
 
-def _run_into(root: Path) -> Work:
-    """`run_keyed`'s work: the experiment run into `root`."""
-    return lambda ready, part, watch, progress: run_experiment(
-        ready, root, part, progress, watch=watch
-    )
-
-
 def _evaluate(train: TrainConfig, iteration: Iteration, options: ServeOptions) -> None:
     """Iteration's clarifier through the experiment's own pipeline, once per variant."""
     console = Console()
@@ -212,7 +202,7 @@ def _evaluate(train: TrainConfig, iteration: Iteration, options: ServeOptions) -
             highlight=False,
         )
         run_keyed(
-            resolved, run, shard_of(None), options, _run_into(run.root), console,
+            resolved, run, shard_of(None), options, run_into(run.root), console,
             merge_with=f"cts merge {run.root}",
         )  # fmt: skip
 
