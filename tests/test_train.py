@@ -32,7 +32,7 @@ from tests.scripted import ScriptedEngine
 from tests.scripted_cts import scripted_engines
 from train.config import RewardSettings, load_train_config
 from train.fit import fine_tuned_config
-from train.loop import LoopError, _delta, evaluation, iterations, variants
+from train.loop import LoopError, _delta, _spent, evaluation, iterations, variants
 from train.pairs import (
     collect,
     dpo_pairs,
@@ -863,3 +863,21 @@ def test_loop_plans_iterations_on_the_previous_checkpoint_and_refuses_bad_setups
         )
     with pytest.raises(ConfigError, match="'main': a variant name"):
         load_train_config(train_yaml(tmp_path, loop={"robustness": {"main": []}}))
+
+
+def test_loop_counts_each_model_call_once():
+    """A record's `search_*` usage repeats the searcher's own: counted once, per role."""
+    usage = {
+        "search_llm_calls": 3, "search_cached_calls": 0, "search_prompt_tokens": 5322,
+        "search_completion_tokens": 328, "search_tool_errors": 0,
+        "searcher_calls": 3, "searcher_cached_calls": 1, "searcher_prompt_tokens": 5322,
+        "searcher_completion_tokens": 328,
+        "judge_calls": 1, "judge_cached_calls": 0, "judge_prompt_tokens": 277,
+        "judge_completion_tokens": 149,
+    }  # fmt: skip
+    record = Record(instance_id="i", condition="blurred", seed=0, usage=usage)
+    assert _spent([record, record]) == {
+        "model_calls": 8,
+        "prompt_tokens": 2 * (5322 + 277),
+        "completion_tokens": 2 * (328 + 149),
+    }

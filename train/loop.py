@@ -21,19 +21,23 @@ the steps (each an ordinary sampling, pairs, fit or evaluation, resumable like t
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, get_args
 
-from eval.config import ResolvedExperiment
+from eval.config import ResolvedExperiment, Role
 from eval.pipeline import clarify_turns
 from eval.report import load_run
+from eval.schema import Record
+from eval.usage import role_usage
 from serving.yaml_config import ConfigError
 from train.config import TrainConfig
 from train.sample import experiment_with, overlaps, sampling_experiment
 
 MAIN = "main"
+ROLES: tuple[str, ...] = get_args(Role)
 
 
 class LoopError(ValueError):
@@ -123,27 +127,21 @@ def evaluation(config: TrainConfig, iteration: Iteration, variant: str) -> Resol
 # -- the table --------------------------------------------------------------------------------
 
 
-def _spent(run_dirs: list[Path]) -> dict[str, int]:
-    """Model calls (answered by a model, not the response cache) and tokens over runs."""
-    calls = prompt = completion = 0
-    for run_dir in run_dirs:
-        if not (run_dir / "config.yaml").is_file():
-            continue
-        for record in load_run(run_dir).records:
-            for key, value in record.usage.items():
-                if key.endswith("_calls") and not key.endswith("_cached_calls"):
-                    calls += value
-                elif key.endswith("_prompt_tokens"):
-                    prompt += value
-                elif key.endswith("_completion_tokens"):
-                    completion += value
-    return {"model_calls": calls, "prompt_tokens": prompt, "completion_tokens": completion}
+def _spent(records: Iterable[Record]) -> dict[str, int]:
+    """Model calls a model answered (not the response cache) and their tokens, every role.
+    Per role through `role_usage`: a record's `search_*` fields repeat the searcher's."""
+    used = [u for r in records for role in ROLES if (u := role_usage(r.usage, role))]
+    return {
+        "model_calls": sum(u.calls for u in used),
+        "prompt_tokens": sum(u.prompt_tokens for u in used),
+        "completion_tokens": sum(u.completion_tokens for u in used),
+    }
 
 
-def _questions_asked(run_dir: Path) -> dict[str, float | None]:
+def _questions_asked(records: Iterable[Record]) -> dict[str, float]:
     """Mean questions per dialogue, per clarify@k, over the records that did not fail."""
     asked: dict[str, list[int]] = {}
-    for record in load_run(run_dir).records:
+    for record in records:
         if clarify_turns(record.condition) and record.error is None:
             asked.setdefault(record.condition, []).append(len(record.questions))
     return {c: mean(v) for c, v in sorted(asked.items())}
@@ -178,9 +176,8 @@ def table(
     rows = []
     for position, (iteration, run_dir) in enumerate(zip(loop, eval_dirs, strict=True)):
         system = summary["systems"][names[position]]
-        spent_on = [run_dir]
-        if iteration.train is not None:
-            spent_on.append(iteration.train.samples_dir())
+        evaluated = load_run(run_dir).records
+        sampled = load_run(iteration.train.samples_dir()).records if iteration.train else []
         rows.append(
             {
                 "iteration": iteration.index,
@@ -206,8 +203,8 @@ def table(
                     k: v["rate"]
                     for k, v in system["clarification"].get("answerability_per_k", {}).items()
                 },
-                "questions_asked": _questions_asked(run_dir),
-                "spent": _spent(spent_on),
+                "questions_asked": _questions_asked(evaluated),
+                "spent": _spent([*evaluated, *sampled]),
             }
         )
     return rows
