@@ -138,13 +138,13 @@ async def progress(
         TextColumn("failed {task.fields[failed]}"),
         TimeRemainingColumn(),
         disable=not show,
-    ) as progress:
-        bar = progress.add_task(name, total=total, completed=already, failed=0)
+    ) as bars:
+        bar = bars.add_task(name, total=total, completed=already, failed=0)
         failed = 0
 
         def done(failed_one: bool = False) -> None:
             nonlocal failed
             failed += failed_one
-            progress.update(bar, advance=1, failed=failed)
+            bars.update(bar, advance=1, failed=failed)
 
         yield done
