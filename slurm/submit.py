@@ -330,7 +330,7 @@ def train_job(
         final_template="train.sbatch",
         records_dir=frozen.samples_dir(),
         experiment_file=samples_file,
-        keys_per_instance=train.candidates,
+        keys_per_instance=len(sampling.experiment.conditions) * len(sampling.experiment.seeds),
         slurm_dir=slurm_dir,
         frozen=texts,
         relocate=lambda d: train_job(config, overrides, run_dir, options, d)[0],

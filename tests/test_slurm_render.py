@@ -155,6 +155,11 @@ def test_training_job_samples_in_shards_then_pairs_and_fits_on_gpus(tmp_path, fa
     job, name = train_job(None, ["limit=2", "candidates=4"], run_dir, options)
     done = submit(job, name, options, dry_run=True, workdir=tmp_path)
     assert (done.kind, done.keys_per_instance, name) == ("train", 4, "quickstart")
+    # With the blurred baseline each instance also gets a blurred record per candidate seed.
+    with_baseline, _ = train_job(
+        None, ["limit=2", "candidates=4", "reward.baseline=blurred"], run_dir, options
+    )
+    assert with_baseline.keys_per_instance == 8
     assert "--gpus=2" in done.commands["final"] and "--mem=64G" in done.commands["final"]
     assert "--signal=B:TERM@120" in done.commands["final"]
 
