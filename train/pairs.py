@@ -90,7 +90,7 @@ class Candidate:
 
     @property
     def state(self) -> State:
-        return tuple((normalise(t.question), t.answer) for t in self.history)
+        return state_of(self.history)
 
 
 @dataclass
@@ -124,6 +124,12 @@ class Example:
 
 def normalise(question: str) -> str:
     return " ".join(question.split())
+
+
+def state_of(history: Iterable[QA]) -> State:
+    """The state a history leads to: two dialogues are in the same one when their earlier
+    questions (whitespace aside) and answers are the same."""
+    return tuple((normalise(t.question), t.answer) for t in history)
 
 
 def states(found: list[Candidate]) -> list[list[Candidate]]:
@@ -182,7 +188,7 @@ def collect(
             actions.append((history, record.stop_question, True))
         by_action = taken.setdefault(record.instance_id, {})
         for before, question, stop in actions:
-            state = tuple((normalise(t.question), t.answer) for t in before)
+            state = state_of(before)
             # Every stop of a state is one action, whatever question was written beside it.
             key = (state, "" if stop else normalise(question), stop)
             by_action.setdefault(key, []).append((record, earned, before, normalise(question)))
