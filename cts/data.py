@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from cts.common import SET_OPTION, command, usage_error
+from cts.common import SET_OPTION, command, output_console, usage_error
 from eval.config import ResolvedExperiment, load_experiment
 from eval.data_stats import dataset_stats
 from eval.dataset import (
@@ -239,4 +238,4 @@ def data_stats(
         table = Table("statistic", "value", title=f"{path} · {name}")
         for key, value in stats.items():
             table.add_row(key, json.dumps(value, ensure_ascii=False))
-        Console().print(table)
+        output_console().print(table)

@@ -20,6 +20,7 @@ from cts.common import (
     SHARD_OPTION,
     VLLM_PYTHON_OPTION,
     command,
+    output_console,
     output_dir_option,
     run_keyed,
     shard_of,
@@ -95,7 +96,7 @@ def build(
     resolved = load_experiment(config, overrides)
     require_roles(resolved, GOLDEN_ROLES)  # before any server is started for the build
     run = RunDir(output_dir_option(output_dir) or resolved.golden_dir())
-    console = Console()
+    console = output_console()
     console.print(
         f"golden construction for [bold]{resolved.experiment.name}[/bold] → {run.root}",
         highlight=False,
@@ -122,7 +123,7 @@ def merge(run_dir: Path = typer.Argument(..., help="The golden construction dire
     """Check every instance has its golden record (across shards), then write dataset.jsonl
     and golden_summary.json. Exit 1 when records are missing or some instance got no nuggets
     (those are listed with why; the others are written)."""
-    _finish(run_dir, Console())
+    _finish(run_dir, output_console())
 
 
 def _finish(run_dir: Path, console: Console) -> None:
@@ -232,7 +233,7 @@ def audit(
     )
     drawn = sample_checks(report.checks, sample, seed)
     (folder / "sample.md").write_text(sample_markdown(report, drawn, seed), encoding="utf-8")
-    console = Console()
+    console = output_console()
     console.print(_audit_table(report, corpus))
     _audit_findings(report)
     console.print(f"audit.json and sample.md ({len(drawn)} nuggets) in {folder}", highlight=False)

@@ -235,7 +235,7 @@ def agreement_command(
         raise usage_error("give at least two run directories")
     judgements = [read_judgement(p, n) for p, n in zip(runs, names_for(runs), strict=True)]
     report = agreement(judgements, resamples=resamples)
-    console = Console()
+    console = output_console()
     _print_agreement(console, report, instances)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

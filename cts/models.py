@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from configs import CONFIG_DIR
-from cts.common import CONFIG_OPTION, SET_OPTION, command
+from cts.common import CONFIG_OPTION, SET_OPTION, command, output_console
 from eval.config import load_experiment
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
 from serving.model_config import load_model_config
@@ -32,7 +31,7 @@ def prepare_tiny_command(
     from serving.tiny_model import prepare_tiny
 
     path = prepare_tiny(force=force)
-    Console().print(f"tiny model ready: {path}")
+    output_console().print(f"tiny model ready: {path}")
 
 
 @command(app, "list")
@@ -46,7 +45,7 @@ def list_command() -> None:
             table.add_row(file.stem, "[red]invalid[/red]", "", str(e))
             continue
         table.add_row(file.stem, m.name, m.engine, m.path)
-    Console().print(table)
+    output_console().print(table)
 
 
 def _checks_table(checks: list[ModelCheck]) -> Table:
@@ -86,6 +85,6 @@ def models_check(
     checks = asyncio.run(
         check_models(resolved, [role], prompt, structured=structured, use_cache=False)
     )
-    Console().print(_checks_table(checks))
+    output_console().print(_checks_table(checks))
     if checks[0].error:
         raise typer.Exit(1)

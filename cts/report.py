@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from cts.common import command, print_summary, usage_error
+from cts.common import command, output_console, print_summary, usage_error
 from eval.report import check_complete, write_report
 
 app = typer.Typer()
@@ -55,5 +54,5 @@ def report_command(
         typer.echo(f"{len(incomplete)} incomplete run(s): nothing written (--strict)", err=True)
         raise typer.Exit(1)
     paths = write_report(run_dirs, out, failures, min_gap)  # type: ignore[arg-type]
-    print_summary(Console(), paths["summary"])
+    print_summary(output_console(), paths["summary"])
     typer.echo(f"report: {paths['html']}")

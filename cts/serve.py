@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from cts.common import (
@@ -16,6 +15,7 @@ from cts.common import (
     PYTHON_HELP,
     SET_OPTION,
     command,
+    output_console,
     output_dir_option,
 )
 from eval.config import load_experiment
@@ -56,7 +56,7 @@ def serve(
     endpoints = endpoints or run.endpoints
     options = ServeOptions(gpus=gpus, cpu=cpu, vllm_python=vllm_python)
     planned = options.plan(resolved.model_configs, run.serve_logs(), host)
-    console = Console()
+    console = output_console()
     if not planned:
         console.print("no model of this experiment is served (no role uses engine: openai)")
         return

@@ -9,10 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from cts.common import SET_OPTION, command
+from cts.common import SET_OPTION, command, output_console
 from slurm.status import status
 from slurm.submit import SlurmOptions, plan_job, submit
 
@@ -80,7 +79,7 @@ def submit_command(
     requeued on preemption and resume. Scripts, the frozen config, logs and job ids go to
     RUN_DIR/slurm/. Submitting again on the same run directory runs only what is missing; a
     changed experiment is refused while jobs of the latest submission are queued or running."""
-    console = Console()
+    console = output_console()
     options = SlurmOptions(
         shards=shards,
         partition=partition,
@@ -157,7 +156,7 @@ def status_command(
             str(p.failed),
             p.records_error or (job.reason if job and job.reason != "None" else ""),
         )
-    console = Console()
+    console = output_console()
     console.print(table)
     console.print(
         f"{latest['kind']} array job {latest['array_job']}, final job {latest['final_job']}: "

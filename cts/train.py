@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from cts.common import (
@@ -19,6 +18,7 @@ from cts.common import (
     SHARD_OPTION,
     VLLM_PYTHON_OPTION,
     command,
+    output_console,
     print_summary,
     run_into,
     run_keyed,
@@ -61,7 +61,7 @@ def _sample(
     resolved = sampling_experiment(train)
     part = shard_of(shard)
     run = RunDir(train.samples_dir())
-    console = Console()
+    console = output_console()
     dataset = resolved.experiment.dataset
     console.print(
         f"sampling {train.candidates} clarify@{train.turns} dialogues per instance at temperature "
@@ -88,7 +88,7 @@ def _pairs(train: TrainConfig) -> PairsResult:
     table = Table("statistic", "value", title=f"{train.method} data")
     for key, value in result.stats.items():
         table.add_row(key, str(value))
-    console = Console()
+    console = output_console()
     console.print(table)
     if not result.rows:
         typer.echo(no_data_message(result.stats, train), err=True)
@@ -110,7 +110,7 @@ def _fit(train: TrainConfig) -> FitResult:
         f"{m['seconds']:.0f}",
         f"{m['device']} ({m['dtype']})",
     )
-    console = Console()
+    console = output_console()
     console.print(table)
     console.print(f"adapter: {result.adapter_dir}", highlight=False)
     if result.checkpoint_dir:
@@ -192,7 +192,7 @@ def all_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION
 
 def _evaluate(train: TrainConfig, iteration: Iteration, options: ServeOptions) -> None:
     """Iteration's clarifier through the experiment's own pipeline, once per variant."""
-    console = Console()
+    console = output_console()
     for variant in variants(train):
         resolved = evaluation(train, iteration, variant)
         run = RunDir(iteration.eval_dir(variant))
@@ -209,7 +209,7 @@ def _evaluate(train: TrainConfig, iteration: Iteration, options: ServeOptions) -
 
 def _loop_tables(train: TrainConfig, done: list[Iteration]) -> None:
     """Per variant: the report of the evaluated iterations together, and the loop table."""
-    console = Console()
+    console = output_console()
     root = train.resolved_output_dir() / "loop"
     for variant in variants(train):
         dirs = [it.eval_dir(variant) for it in done]
@@ -239,11 +239,11 @@ def loop_command(
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
 ) -> None:
-    """Expert iteration: evaluate the base clarifier, then R times sample → pairs → fit with the
-    current clarifier and evaluate the new one, continuing from it.
+    """Expert iteration: sample → pairs → fit → evaluate, R times, each from the last fit.
 
-    Iteration i samples with iteration i−1's clarifier (its merged checkpoint) and fits a new
-    adapter on top of it (OUTPUT_DIR/iter-i/, as `cts train all` lays it out). Every
+    The base clarifier is evaluated first. Iteration i samples with iteration i−1's clarifier
+    (its merged checkpoint) and fits a new adapter on top of it (OUTPUT_DIR/iter-i/, as `cts
+    train all` lays it out). Every
     clarifier is evaluated with the experiment's own pipeline on its own data (held out from
     the sampled split; `loop.evaluation_overrides`), and again under each `loop.robustness`
     variant (e.g. another User Answerer or judge), into OUTPUT_DIR/eval/<variant>/iter-i/.
@@ -261,7 +261,7 @@ def loop_command(
         assert iteration.train is not None
         _sample(iteration.train, options=options)
         if iteration.fitted():
-            Console().print(
+            output_console().print(
                 f"iteration {iteration.index}: fitted before: {iteration.clarifier()}",
                 highlight=False,
             )
