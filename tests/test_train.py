@@ -800,9 +800,14 @@ def test_train_loop_continues_from_each_fit_and_resumes(tmp_path, tiny_path, mon
         # Scripted runs score the same whatever the clarifier: every paired Δ is 0.
         assert {d["difference"] for d in row["delta_vs_base"].values()} == {0.0}
         assert {d["n"] for d in row["delta_vs_previous"].values()} == {3}
-        # Calls a model answered (not the response cache) in its sampling and its evaluation.
-        assert row["spent"]["model_calls"] > 0 and row["spent"]["prompt_tokens"] > 0
         assert row["questions_asked"] == {"clarify@1": 1.0}
+    # Spent: calls a model answered, not the response cache. Iteration 1 sampled queries no run
+    # had asked about; iteration 2's scripted clarifier asks what iteration 1's did, so every
+    # answer it needed was in the cache: nothing spent, though its runs made calls.
+    assert rows[1]["spent"]["model_calls"] > 0 and rows[1]["spent"]["prompt_tokens"] > 0
+    assert rows[2]["spent"] == {"model_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    cached = [r.usage.get("searcher_cached_calls", 0) for r in read_records(second / "samples")[0]]
+    assert sum(cached) > 0
     table_md = (out / "loop" / "main" / "loop.md").read_text()
     assert "| 2 | clarify@1 |" in table_md and "Δ vs previous" in table_md
     assert (out / "loop" / "other_judge" / "loop.json").is_file()
