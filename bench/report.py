@@ -4,14 +4,20 @@ together by `write_report` (what `cts report` calls), plus one call of each stat
 (its resampling plan drawn first, as in a fresh process) and warm (the plan kept from before).
 
 Not a test: prints figures and writes them as JSON. `python bench/report.py [--instances N]
-[--seeds S] [--runs R] [--repeats K] [--metrics FILE] [--json PATH]`; `--metrics` times the
-statistics of another copy of eval/metrics.py instead (e.g. the previous version:
-`git show HEAD:eval/metrics.py > /tmp/old_metrics.py`), for a before/after on the same data.
+[--seeds S] [--runs R] [--repeats K] [--metrics FILE] [--json PATH] [--keep DIR]`; `--metrics`
+times the statistics of another copy of eval/metrics.py instead (e.g. the previous version:
+`git show HEAD:eval/metrics.py > /tmp/old_metrics.py`), for a before/after on the same data
+(it imports this checkout's eval/resampling.py: for a version from before the batched statistics,
+whose resampling differs, run the whole old checkout instead, `PYTHONPATH=OLD python
+OLD/bench/report.py`);
+`--keep` writes the runs and the report into DIR and keeps them (the runs are the same on every
+call), so that two versions' reports can be compared file by file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -38,12 +44,12 @@ from eval.schema import Record
 CONDITIONS: list[str] = list(ALL_CONDITIONS)
 #: The statistics eval/diagnostics.py calls, swapped together by --metrics.
 STATISTICS = (
-    "bootstrap_ci",
+    "bootstrap_cis",
     "gain_recovered_ci",
     "holm",
     "mean",
-    "paired_difference",
-    "paired_test",
+    "paired_differences",
+    "paired_tests",
 )
 
 
@@ -123,7 +129,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed reports (median shown)")
     parser.add_argument("--metrics", type=Path, help="time this copy of eval/metrics.py")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/report.json"))
+    parser.add_argument("--keep", type=Path, help="write (and keep) the runs and report here")
     args = parser.parse_args()
+    if args.keep and args.keep.exists():
+        raise SystemExit(f"{args.keep}: exists; --keep needs a new directory")
     metrics: Any = eval.metrics
     if args.metrics:
         metrics = load_metrics(args.metrics)
@@ -145,7 +154,9 @@ def main() -> None:
         for name, call in calls.items()
         for kind in ("cold", "warm")
     }
-    with tempfile.TemporaryDirectory() as tmp:
+    place = contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory()
+    with place as tmp:
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         dirs = write_runs(Path(tmp), args.runs, args.instances, args.seeds)
         out = Path(tmp) / "report"
         reports = timed(lambda: write_report(dirs, out), args.repeats, cold=True)

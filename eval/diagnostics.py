@@ -25,12 +25,12 @@ from typing import Any, Literal
 from agents.question_type import QUESTION_TYPES
 from agents.types import UNKNOWN
 from eval.metrics import (
-    bootstrap_ci,
+    bootstrap_cis,
     gain_recovered_ci,
     holm,
     mean,
-    paired_difference,
-    paired_test,
+    paired_differences,
+    paired_tests,
 )
 from eval.pipeline import clarify_turns
 from eval.schema import Record
@@ -114,6 +114,11 @@ def score_table(scored: Scored, conditions: list[str], ids: list[str]) -> dict[s
     n (those instances) and the instances with a failed record under the condition; the mean
     per seed."""
     table: dict[str, Any] = {}
+    # Every interval of the table at once: they share one resampling plan (see bootstrap_cis).
+    cells = [(c, v) for c in conditions for v in SCORE_VARIANTS] if ids else []
+    intervals = dict(
+        zip(cells, bootstrap_cis([_column(scored, c, ids, v) for c, v in cells]), strict=True)
+    )
     for condition in conditions:
         entry: dict[str, Any] = {
             "n": len(ids),
@@ -121,7 +126,7 @@ def score_table(scored: Scored, conditions: list[str], ids: list[str]) -> dict[s
         }
         if ids:
             for variant in SCORE_VARIANTS:
-                ci = bootstrap_ci(_column(scored, condition, ids, variant))
+                ci = intervals[(condition, variant)]
                 entry[variant] = {"mean": ci.mean, "low": ci.low, "high": ci.high, "n": ci.n}
             seeds = scored.per_seed.get(condition, {})
             entry["per_seed"] = {
@@ -141,11 +146,11 @@ def gains(scored: Scored, conditions: list[str], ids: list[str], min_gap: float)
         return out
     blurred = _column(scored, "blurred", ids)
     oracle = _column(scored, "oracle", ids) if "oracle" in conditions else None
-    for condition in conditions:
-        if condition == "blurred":
-            continue
+    against = [c for c in conditions if c != "blurred"]
+    # The tests together: they share their flips and resamples (see paired_tests).
+    tests = paired_tests([(_column(scored, c, ids), blurred) for c in against])
+    for condition, test in zip(against, tests, strict=True):
         score = _column(scored, condition, ids)
-        test = paired_test(score, blurred)
         entry: dict[str, Any] = {
             "gain_over_blurred": test.mean_difference,
             "low": test.low,
@@ -415,33 +420,37 @@ def compare_systems(
     difference (first − second) with a paired bootstrap CI and sign-flip test; p-values
     Holm-corrected across the clarify@k conditions of each pair (the family of the question
     "does this clarifier beat that one")."""
-    rows: list[dict[str, Any]] = []
+    compared: list[tuple[int, int, str, dict[str, float], dict[str, float]]] = []
     for a in range(len(systems)):
         for b in range(a + 1, len(systems)):
-            (name_a, first), (name_b, second) = systems[a], systems[b]
-            pair: list[dict[str, Any]] = []
+            first, second = systems[a][1], systems[b][1]
             for condition in conditions:
                 left = {i: v[SCORE] for i, v in first.values.get(condition, {}).items()}
                 right = {i: v[SCORE] for i, v in second.values.get(condition, {}).items()}
-                if not set(left) & set(right):
-                    continue
-                test = paired_difference(left, right)
-                pair.append(
-                    {
-                        "a": name_a,
-                        "b": name_b,
-                        "condition": condition,
-                        "difference": test.mean_difference,
-                        "low": test.low,
-                        "high": test.high,
-                        "p_value": test.p_value,
-                        "p_holm": None,
-                        "n": test.n,
-                    }
-                )
-            family = {r["condition"]: r["p_value"] for r in pair if clarify_turns(r["condition"])}
-            adjusted = holm(family) if family else {}
-            for r in pair:
-                r["p_holm"] = adjusted.get(r["condition"])
-            rows += pair
+                if set(left) & set(right):
+                    compared.append((a, b, condition, left, right))
+    # Every test at once: those on as many instances share their flips and resamples.
+    tests = paired_differences([(left, right) for *_, left, right in compared])
+    by_pair: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for (a, b, condition, _, _), test in zip(compared, tests, strict=True):
+        by_pair.setdefault((a, b), []).append(
+            {
+                "a": systems[a][0],
+                "b": systems[b][0],
+                "condition": condition,
+                "difference": test.mean_difference,
+                "low": test.low,
+                "high": test.high,
+                "p_value": test.p_value,
+                "p_holm": None,
+                "n": test.n,
+            }
+        )
+    rows: list[dict[str, Any]] = []
+    for pair in by_pair.values():  # pairs in order, as they were appended
+        family = {r["condition"]: r["p_value"] for r in pair if clarify_turns(r["condition"])}
+        adjusted = holm(family) if family else {}
+        for r in pair:
+            r["p_holm"] = adjusted.get(r["condition"])
+        rows += pair
     return rows

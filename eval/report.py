@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eval.bulk import collector_paused
 from eval.config import ALL_CONDITIONS, ExperimentConfig
 from eval.dataset import DatasetError, load_instances
 from eval.diagnostics import (
@@ -635,14 +636,21 @@ def to_html(markdown_text: str, images: list[Path], runs: Sequence[tuple[str, Pa
     )
 
 
-def write_report(
-    run_dirs: list[Path],
-    out: Path,
-    failures: FailurePolicy | None = None,
-    min_gap: float | None = None,
-) -> dict[str, Path]:
-    """The report of `run_dirs` (one per clarifier system) into `out`. The failure policy and
-    gain recovered's minimum gap default to the first run's `report:` config."""
+@dataclass
+class _Computed:
+    """What a report's files are written from."""
+
+    runs: list[RunView]
+    policy: FailurePolicy
+    min_gap: float
+    ids: list[str]
+    systems: list[tuple[str, dict[str, Any]]]
+    comparisons: list[dict[str, Any]]
+
+
+def _compute(
+    run_dirs: list[Path], failures: FailurePolicy | None, min_gap: float | None
+) -> _Computed:
     runs = [load_run(d) for d in run_dirs]
     names = [r.name for r in runs]
     folders = [d.name for d in run_dirs]
@@ -680,6 +688,22 @@ def write_report(
     comparisons = compare_systems(
         [(run.name, s) for run, s in zip(runs, scored, strict=True)], conditions
     )
+    return _Computed(runs, policy, gap, ids, systems, comparisons)
+
+
+def write_report(
+    run_dirs: list[Path],
+    out: Path,
+    failures: FailurePolicy | None = None,
+    min_gap: float | None = None,
+) -> dict[str, Path]:
+    """The report of `run_dirs` (one per clarifier system) into `out`. The failure policy and
+    gain recovered's minimum gap default to the first run's `report:` config."""
+    # Tens of thousands of acyclic records and the tables built from them: see eval/bulk.py.
+    with collector_paused():
+        found = _compute(run_dirs, failures, min_gap)
+    runs, ids, systems, comparisons = found.runs, found.ids, found.systems, found.comparisons
+    policy, gap = found.policy, found.min_gap
     files = RunDir(out)  # a combined report is laid out like a run's own
     document = {
         "report": {

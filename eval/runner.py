@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from eval.bulk import collector_paused
 from eval.run_dir import RunDir
 from eval.schema import Instance, Record
 from eval.slots import KeySlots
@@ -101,21 +102,22 @@ def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
     line, a crash mid-write, is left out). Any other line that is not a record is an error."""
     records: list[Record] = []
     complete = len(data)
-    for n, line in enumerate(data.splitlines(keepends=True), 1):
-        if not line.endswith(b"\n"):
-            complete -= len(line)
-            break
-        try:
-            records.append(Record.model_validate_json(line))
-        except ValidationError as e:
-            # Not a torn write (that is only ever the last line): someone edited or
-            # corrupted the file. Stop rather than silently re-running or dropping keys.
-            problem = e.errors()[0]
-            where = ".".join(str(x) for x in problem["loc"])
-            raise RecordFileError(
-                f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — "
-                "not a record; fix or remove the line, then run again"
-            ) from None
+    with collector_paused():  # thousands of acyclic records: see eval/bulk.py
+        for n, line in enumerate(data.splitlines(keepends=True), 1):
+            if not line.endswith(b"\n"):
+                complete -= len(line)
+                break
+            try:
+                records.append(Record.model_validate_json(line))
+            except ValidationError as e:
+                # Not a torn write (that is only ever the last line): someone edited or
+                # corrupted the file. Stop rather than silently re-running or dropping keys.
+                problem = e.errors()[0]
+                where = ".".join(str(x) for x in problem["loc"])
+                raise RecordFileError(
+                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — "
+                    "not a record; fix or remove the line, then run again"
+                ) from None
     return records, complete
 
 

@@ -23,11 +23,14 @@ from eval.metrics import (
     PairedTest,
     RatioEstimate,
     bootstrap_ci,
+    bootstrap_cis,
     gain_recovered,
     gain_recovered_ci,
     mean,
     paired_difference,
+    paired_differences,
     paired_test,
+    paired_tests,
 )
 
 _EPS = 1e-9
@@ -271,6 +274,55 @@ def test_paired_difference_on_common_ids_is_the_loop_it_replaced() -> None:
         same(paired_difference(a, b, **kwargs), ref_paired_difference(a, b, **kwargs))
     with pytest.raises(ValueError, match="share no"):
         paired_difference({"x": 1.0}, {"y": 1.0})
+
+
+def test_batched_statistics_are_each_columns_own() -> None:
+    """Columns drawn side by side (of one length, sharing a plan, padded to a fast width, in
+    batches) give each column the numbers it gets alone, and alone it gets the loop's."""
+    rng = random.Random(21)
+    columns = [
+        scores(rng, n, kind)
+        for n in (1, 2, 3, 9, 14, 14, 14, 57)
+        for kind in KINDS
+        for _ in range(2 if n == 14 else 1)
+    ]
+    rng.shuffle(columns)
+    for resamples, seed in ((300, 0), (37, 5), (1, 2)):
+        kwargs = {"resamples": resamples, "seed": seed}
+        for k in (1, 2, 3, 5, 8, len(columns)):  # padded widths, and several batches
+            batch = columns[:k]
+            expected = [ref_bootstrap_ci(c, **kwargs) for c in batch]
+            same(bootstrap_cis(batch, **kwargs), expected)
+            pairs = [(c, columns[-1 - i][: len(c)]) for i, c in enumerate(batch)]
+            pairs = [(a, b + [0.5] * (len(a) - len(b))) for a, b in pairs]
+            same(paired_tests(pairs, **kwargs), [ref_paired_test(a, b, **kwargs) for a, b in pairs])
+
+
+def test_batched_statistics_in_more_batches_than_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "_BATCH_COLUMNS", 3)
+    rng = random.Random(22)
+    columns = [scores(rng, 12, "uniform") for _ in range(8)]
+    same(bootstrap_cis(columns, resamples=99), [ref_bootstrap_ci(c, resamples=99) for c in columns])
+
+
+def test_batched_differences_and_their_errors() -> None:
+    rng = random.Random(23)
+    maps = [
+        {f"i{i}": rng.uniform(0, 100) for i in range(25) if rng.random() < 0.7} for _ in range(6)
+    ]
+    pairs = [(maps[i], maps[j]) for i in range(6) for j in range(i + 1, 6)]
+    kwargs = {"resamples": 200, "seed": 1}
+    same(
+        paired_differences(pairs, **kwargs),
+        [ref_paired_difference(a, b, **kwargs) for a, b in pairs],
+    )
+    with pytest.raises(ValueError, match="share no"):
+        paired_differences([(maps[0], maps[1]), ({"x": 1.0}, {"y": 1.0})])
+    with pytest.raises(ValueError, match="no values"):
+        bootstrap_cis([[1.0, 2.0], []])
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        paired_tests([([1.0], [2.0]), ([1.0, 2.0], [1.0])])
+    assert bootstrap_cis([]) == [] and paired_tests([]) == []
 
 
 def outcome(call: Any, *args: Any, **kwargs: Any) -> str:
