@@ -26,9 +26,10 @@ from cts.common import (
 )
 from eval.report import write_report
 from eval.run_dir import RunDir
-from serving.serve import ServeOptions
+from serving.serve import ServeOptions, served
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit
+from train.grpo import GrpoResult, downstream_models, experiment, finished, grpo, grpo_dir
 from train.loop import MAIN, Iteration, evaluation, iterations, table, variants, write_table
 from train.pairs import PairsResult, build_pairs, no_data_message
 from train.sample import sampling_experiment
@@ -188,6 +189,75 @@ def all_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION
     _sample(train)
     _pairs(train)
     _fit(train)
+
+
+def _grpo(train: TrainConfig, options: ServeOptions) -> GrpoResult | None:
+    console = output_console()
+    done = finished(train)
+    if done is not None:
+        console.print(f"trained before with this config: {done}", highlight=False)
+        return None
+    resolved = experiment(train)
+    g = train.grpo
+    console.print(
+        f"GRPO: {g.max_steps} steps of {g.prompts_per_step} queries x {g.num_generations} "
+        f"questions, each scored by experiment [bold]{resolved.experiment.name}[/bold]'s "
+        f"pipeline ({resolved.experiment.dataset.path} split {resolved.experiment.dataset.split})"
+        f" → {grpo_dir(train)}",
+        highlight=False,
+    )
+    logs = grpo_dir(train) / "logs" / "serve"
+    starting = lambda n: console.print(f"starting {n} vLLM server(s)")  # noqa: E731
+    with served(downstream_models(resolved), options, logs, starting) as (urls, _):
+        result = grpo(train, resolved.with_endpoints(urls))
+    m = result.metrics
+    table = Table("method", "steps", "final loss", "mean reward", "unscorable", "seconds", "device")
+    rewards = [e["reward"] for e in m["log"] if "reward" in e]
+    table.add_row(
+        "grpo",
+        str(m["steps"]),
+        "–" if m["final_loss"] is None else f"{m['final_loss']:.4f}",
+        f"{sum(rewards) / len(rewards):.2f}" if rewards else "–",
+        str(sum(m["rollout_failures"].values())),
+        f"{m['seconds']:.0f}",
+        f"{m['device']} ({m['dtype']})",
+    )
+    console.print(table)
+    if result.resumed_from:
+        console.print(f"resumed from {result.resumed_from}", highlight=False)
+    console.print(
+        f"rollouts: {result.output / 'rollouts.jsonl'}; metrics: "
+        f"{result.output / 'grpo_metrics.json'}\nmodel config: {result.model_config_path}\n"
+        f"use it: cts run --set roles.clarifier.model={result.model_config_path.resolve()}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return result
+
+
+@command(app, "grpo")
+def grpo_command(
+    config: str | None = CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
+    endpoints: Path | None = ENDPOINTS_OPTION,
+    serve: bool = SERVE_OPTION,
+    gpus: str | None = GPUS_OPTION,
+    cpu: bool = CPU_OPTION,
+    vllm_python: str | None = VLLM_PYTHON_OPTION,
+) -> None:
+    """Online RL (GRPO) of the clarifier's first question, rewarded end to end.
+
+    Each step samples `grpo.num_generations` questions for each of `grpo.prompts_per_step`
+    training queries (the `split`) from the current policy, under the clarifier's JSON schema,
+    and puts each through the experiment's own User Answerer, Rewriter, search and judge
+    (clarify@1 under seed i for the i-th question); its reward is `reward`'s (gain over the
+    blurred score, less the price of asking and of `unknown`). A question outside the schema
+    earns `grpo.invalid_reward`; a failure after it is left out of its group. Writes
+    OUTPUT_DIR/grpo/: rollouts.jsonl (every question with its answer, score and reward's
+    parts), trainer/ checkpoints every `grpo.save_steps` (a rerun resumes there), then the
+    adapter, the merged checkpoint, clarifier.yaml and grpo_metrics.json. --serve starts vLLM
+    for the other roles; the policy trains in this process."""
+    _grpo(load_train_config(config, set_), ServeOptions(endpoints, serve, gpus, cpu, vllm_python))
 
 
 def _evaluate(train: TrainConfig, iteration: Iteration, options: ServeOptions) -> None:

@@ -98,6 +98,21 @@ def token_bytes(
     return found
 
 
+def vocabulary(tokenizer: Any) -> Any:
+    """outlines_core's vocabulary of a Hugging Face tokenizer: what an `Index` compiles a regex
+    against (here, and for the clarifier's rollouts in train/grpo.py)."""
+    from outlines_core import Vocabulary
+
+    return Vocabulary(
+        tokenizer.eos_token_id,
+        token_bytes(
+            tokenizer.get_vocab(),
+            set(tokenizer.all_special_tokens),
+            set(tokenizer.get_added_vocab()),
+        ),
+    )
+
+
 def output_regex(spec: OutputSpec) -> str:
     """The regex outlines compiles for a spec (JSON schemas go through outlines_core)."""
     if isinstance(spec, RegexOutput):
@@ -152,7 +167,6 @@ class TransformersEngine(BatchingEngine):
             import outlines
             import torch
             from outlines.backends.outlines_core import OutlinesCoreBackend
-            from outlines_core import Vocabulary
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             if self.threads:
@@ -167,14 +181,7 @@ class TransformersEngine(BatchingEngine):
             )
             hf.eval()
             self._backend = OutlinesCoreBackend(outlines.from_transformers(hf, tokenizer))
-            self._backend.vocabulary = Vocabulary(
-                tokenizer.eos_token_id,
-                token_bytes(
-                    tokenizer.get_vocab(),
-                    set(tokenizer.all_special_tokens),
-                    set(tokenizer.get_added_vocab()),
-                ),
-            )
+            self._backend.vocabulary = vocabulary(tokenizer)
             self._tokenizer = tokenizer
             self._hf = hf
 
@@ -261,7 +268,7 @@ class TransformersEngine(BatchingEngine):
         enc = self._encode(rows)
         prompt_len = enc["input_ids"].shape[1]
         limits = [p.sampling.max_tokens for p in rows]
-        constraints, stops = _row_rules(
+        constraints, stops = row_rules(
             tok,
             [processor for _, processor in batch],
             prompt_len,
@@ -342,7 +349,7 @@ def _sampling_kwargs(s: Sampling) -> dict[str, Any]:
     return kwargs
 
 
-def _row_rules(
+def row_rules(
     tok: Any,
     processors: list[Any],
     prompt_len: int,

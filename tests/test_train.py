@@ -644,14 +644,16 @@ def tiny_train_config(tmp_path: Path, llm_calls: int = 1, **extra: object) -> Pa
         ],
         method="sft",
         sft_min_score=-1,
-        reward={"baseline": "none"},  # no blurred runs: the tiny judge scores everything 0
-        epochs=1,
-        batch_size=1,
-        grad_accum=1,
-        max_length=256,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        **extra,
+        **{
+            "reward": {"baseline": "none"},  # no blurred runs: the tiny judge scores all 0
+            "epochs": 1,
+            "batch_size": 1,
+            "grad_accum": 1,
+            "max_length": 256,
+            "gradient_checkpointing": False,
+            "logging_steps": 1,
+            **extra,  # a caller's settings win
+        },
     )
 
 

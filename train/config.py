@@ -75,6 +75,34 @@ class LoopSettings(_Strict):
         return value
 
 
+class GrpoSettings(_Strict):
+    """`cts train grpo`: online RL of the clarifier's first question with TRL's GRPOTrainer.
+    Every sampled question is scored end to end by the experiment's own pipeline (User
+    Answerer → Rewriter → search → judge) and earns `reward`'s value (train/grpo.py)."""
+
+    #: Questions sampled per query and step: GRPO's group, whose mean reward is the baseline
+    #: each question is compared with.
+    num_generations: int = Field(4, ge=2)
+    #: Queries per optimizer step (each with its `num_generations` questions).
+    prompts_per_step: int = Field(2, ge=1)
+    max_steps: int = Field(50, ge=1)
+    #: The clarifier's room for one question as JSON (agents/clarifier.py SAMPLING).
+    max_completion_length: int = Field(96, ge=8)
+    #: KL to the base (0: none, TRL's default; the LoRA adapter alone keeps it close).
+    beta: float = Field(0.0, ge=0.0)
+    #: The reward of a completion the clarifier's schema refuses (cut off at
+    #: max_completion_length): the worst a restore gain can be.
+    invalid_reward: float = -100.0
+    #: A checkpoint every N steps under OUTPUT_DIR/grpo/trainer/: a rerun resumes there.
+    save_steps: int = Field(10, ge=1)
+    #: Sample with vLLM inside TRL (a GPU; `vllm_mode: colocate` shares it with training,
+    #: `server` uses `trl vllm-serve` at vllm_server_base_url) under the clarifier's JSON
+    #: schema as a regex; otherwise transformers' generate under the same constraint (outlines).
+    use_vllm: bool = False
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    vllm_server_base_url: str | None = None
+
+
 class TrainConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     description: str = ""
@@ -101,6 +129,7 @@ class TrainConfig(_Strict):
     allow_stop: bool = False
     reward: RewardSettings = RewardSettings()
     loop: LoopSettings = LoopSettings()
+    grpo: GrpoSettings = GrpoSettings()
     #: The clarifier's sampling temperature for the candidates: above 0, or every seed asks
     #: the same question and nothing can be preferred.
     temperature: float = Field(1.0, gt=0.0)

@@ -127,7 +127,7 @@ def _too_long(
     return long
 
 
-def _precision(config: TrainConfig) -> tuple[Any, bool, bool, bool]:
+def precision(config: TrainConfig) -> tuple[Any, bool, bool, bool]:
     """(weights dtype, use_cpu, bf16, fp16): mixed precision only on a GPU; a CPU trains in
     the dtype it loads (float32 unless asked otherwise)."""
     import torch
@@ -147,25 +147,25 @@ def fit(config: TrainConfig) -> FitResult:
     output = config.resolved_output_dir()
     if not rows:
         raise _nothing_to_train_on(config, output)
-    _require_train_extra()
+    require_train_extra()
 
     key, base = base_model(config)
     base_path = base.resolved_path()
-    dtype, use_cpu, bf16, fp16 = _precision(config)
-    tokenizer = _load_tokenizer(base_path, base.revision)
+    dtype, use_cpu, bf16, fp16 = precision(config)
+    tokenizer = load_tokenizer(base_path, base.revision)
     data, dropped = _training_data(rows, config, tokenizer, dict(base.chat_template_kwargs))
-    model = _load_model(base_path, base.revision, dtype)
+    model = load_model(base_path, base.revision, dtype)
     trainer = _trainer(config, model, tokenizer, data, output, use_cpu, bf16, fp16)
     started = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - started
 
-    adapter_dir, checkpoint_dir = _save_weights(trainer, tokenizer, output, config.merge)
+    adapter_dir, checkpoint_dir = save_weights(trainer, tokenizer, output, config.merge)
     # The weights' fingerprint in the name: a retrained adapter is a new model to the
     # response cache (keyed by served name for vLLM), never answered with the old one's replies.
-    name = f"{key}-{config.name}-{_weights_fingerprint(adapter_dir)}"
+    name = f"{key}-{config.name}-{weights_fingerprint(adapter_dir)}"
     model_config = fine_tuned_config(base, name, output, config.merge, config.lora.r)
-    model_config_path = _write_model_config(model_config, base, config, output)
+    model_config_path = write_model_config(model_config, base, config, output, config.method)
     metrics = _metrics(
         config,
         base_path,
@@ -193,7 +193,7 @@ def _nothing_to_train_on(config: TrainConfig, output: Path) -> FitError:
     return FitError(f"{config.data_file()}: nothing to train on: {detail}")
 
 
-def _require_train_extra() -> None:
+def require_train_extra() -> None:
     """Fail with one clear message, before any work, when the `train` extra is missing; the
     steps below import what they use again (already loaded by then)."""
     try:
@@ -209,7 +209,7 @@ def _require_train_extra() -> None:
         ) from None
 
 
-def _load_tokenizer(path: str, revision: str | None) -> Any:
+def load_tokenizer(path: str, revision: str | None) -> Any:
     """The base's tokenizer, padding with EOS where it has no pad token."""
     from transformers import AutoTokenizer
 
@@ -219,7 +219,7 @@ def _load_tokenizer(path: str, revision: str | None) -> Any:
     return tokenizer
 
 
-def _load_model(path: str, revision: str | None, dtype: Any) -> Any:
+def load_model(path: str, revision: str | None, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype)
@@ -309,7 +309,7 @@ def _trainer(
     )
 
 
-def _save_weights(
+def save_weights(
     trainer: Any, tokenizer: Any, output: Path, merge: bool
 ) -> tuple[Path, Path | None]:
     """Save the adapter (and, to merge, the merged checkpoint) with the tokenizer beside it;
@@ -331,7 +331,7 @@ def _save_weights(
     return adapter_dir, checkpoint_dir
 
 
-def _weights_fingerprint(adapter_dir: Path) -> str:
+def weights_fingerprint(adapter_dir: Path) -> str:
     """The first 8 hex digits of the SHA-256 of the adapter's weights."""
     digest = hashlib.sha256()
     for weights in sorted(adapter_dir.glob("*.safetensors")):
@@ -339,13 +339,13 @@ def _weights_fingerprint(adapter_dir: Path) -> str:
     return digest.hexdigest()[:8]
 
 
-def _write_model_config(
-    model_config: ModelConfig, base: ModelConfig, config: TrainConfig, output: Path
+def write_model_config(
+    model_config: ModelConfig, base: ModelConfig, config: TrainConfig, output: Path, method: str
 ) -> Path:
     """Write clarifier.yaml, headed by what it is and how to use it; its path."""
     path = output / "clarifier.yaml"
     header = (
-        f"# {config.method.upper()} fine-tune of {base.name} ({config.path or 'train config'}).\n"
+        f"# {method.upper()} fine-tune of {base.name} ({config.path or 'train config'}).\n"
         f"# Use it: cts run --set roles.clarifier.model={path.resolve()}\n"
     )
     path.write_text(

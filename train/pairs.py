@@ -64,6 +64,17 @@ class Reward:
         return self.gain - self.question_cost - self.unknown_cost
 
 
+def reward_of(record: Record, baseline: float, settings: RewardSettings) -> Reward:
+    """A scored dialogue's reward: its score over `baseline`, less the price of its questions
+    and of its `unknown` answers."""
+    return Reward(
+        record.scores[SCORE],
+        baseline,
+        settings.question_cost * len(record.questions),
+        settings.unknown_cost * sum(a == UNKNOWN for a in record.answers),
+    )
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One distinct action of an instance at one state: the question asked at turn
@@ -174,12 +185,8 @@ def collect(
         if settings.baseline == BASELINE and record.instance_id not in blurred:
             out.skipped["no_blurred_score"] += 1
             continue
-        earned = Reward(
-            record.scores[SCORE],
-            mean(blurred[record.instance_id]) if settings.baseline == BASELINE else 0.0,
-            settings.question_cost * len(record.questions),
-            settings.unknown_cost * sum(a == UNKNOWN for a in record.answers),
-        )
+        baseline = mean(blurred[record.instance_id]) if settings.baseline == BASELINE else 0.0
+        earned = reward_of(record, baseline, settings)
         out.used += 1
         asked = zip(record.questions, record.answers, strict=True)
         history = tuple(QA(question=q, answer=a) for q, a in asked)
