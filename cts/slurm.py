@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from cts.common import SET_OPTION, command, output_console
-from slurm.status import status
-from slurm.submit import SlurmOptions, plan_job, submit
+from slurm.status import chain_status, status
+from slurm.submit import SlurmOptions, plan_job, submissions, submit_chain
 
 app = typer.Typer(
     help="Run the benchmark, golden construction, a rejudge or clarifier fine-tuning as Slurm "
@@ -26,7 +26,10 @@ JOB_HELP = (
     "eval: `cts run` per shard, then `cts merge`. golden: `cts golden build` per shard, then "
     "`cts golden merge`. rejudge: `cts rejudge` of the --source run per shard (only the judge's "
     "model served), then `cts merge`; needs --output-dir. train: `cts train sample` per shard, "
-    "then pairs and fit on --fit-gpus GPUs (--config is then a train config)."
+    "then pairs and fit on --fit-gpus GPUs (--config is then a train config). train-loop: `cts "
+    "train loop` as a chain of jobs, each after the one before succeeded: the base clarifier's "
+    "evaluation per shard and its table, then per iteration the sampling per shard, the fit "
+    "(--fit-gpus), the evaluation per shard and the table so far."
 )
 
 
@@ -59,7 +62,15 @@ def submit_command(
     array_parallelism: int | None = typer.Option(
         None, help="At most M tasks at once (--array=0-N%M)."
     ),
-    fit_gpus: int = typer.Option(1, help="--job train: GPUs of the fine-tuning job."),
+    fit_gpus: int = typer.Option(
+        1, help="--job train / train-loop: GPUs of the fine-tuning job(s)."
+    ),
+    iterations: int | None = typer.Option(
+        None,
+        "--iterations",
+        min=1,
+        help="--job train-loop: iterations (default: the train config's loop.iterations).",
+    ),
     cpu: bool = typer.Option(False, "--cpu", help="Serve with the CPU build of vLLM."),
     vllm_python: str | None = typer.Option(
         None, help="Interpreter of the vLLM venv the tasks serve with (default `vllm serve`)."
@@ -94,23 +105,31 @@ def submit_command(
         extra_sbatch=sbatch_arg,
         fit_gpus=fit_gpus,
     )
-    planned, name = plan_job(job, config, set_, output_dir, options, source)
-    done = submit(planned, name, options, dry_run=dry_run)
-    for which, line in done.commands.items():
-        print(f"{which}: {shlex.join(line)}")  # unwrapped, to copy and paste
-    run_dir = planned.run_dir
+    planned, name = plan_job(job, config, set_, output_dir, options, source, iterations)
+    chain = submit_chain(planned, name, options, dry_run=dry_run)
+    for done in chain:
+        for which, line in done.commands.items():
+            prefix = f"{done.stage} {which}" if done.stage else which
+            print(f"{prefix}: {shlex.join(line)}")  # unwrapped, to copy and paste
+    run_dir = planned[0].run_dir
     if dry_run:
-        where = Path(done.scripts["array"]).parent
+        where = Path(chain[0].scripts["array"]).parent
         console.print(
             f"scripts and frozen configs rendered in {where} (the scripts read the frozen "
             f"config there); nothing submitted and nothing written to {run_dir}",
             highlight=False,
         )
         return
+    for step, done in zip(planned, chain, strict=True):
+        console.print(
+            f"submitted {step.array_title} job {done.array_job} ({shards} shards) and "
+            f"{step.final_title} job {done.final_job}.",
+            highlight=False,
+        )
+    ids = ",".join(str(j) for d in chain for j in (d.array_job, d.final_job))
     console.print(
-        f"submitted {planned.array_title} job {done.array_job} ({shards} shards) and "
-        f"{planned.final_title} job {done.final_job}.\nwatch: cts slurm status {run_dir}   or   "
-        f"squeue -j {done.array_job},{done.final_job}\nlogs: {run_dir / 'slurm' / 'logs'}",
+        f"watch: cts slurm status {run_dir}   or   squeue -j {ids}\n"
+        f"logs: {run_dir / 'slurm' / 'logs'}",
         highlight=False,
     )
 
@@ -120,7 +139,11 @@ def status_command(
     run_dir: Path = typer.Argument(..., help="The run directory."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """Per-shard progress (records done / expected, failed records) and Slurm job states."""
+    """Per-shard progress (records done / expected, failed records) and Slurm job states; for
+    a train loop's chain, one row per job of the chain."""
+    if submissions(run_dir)[-1].get("chain"):
+        _chain_status(run_dir, as_json)
+        return
     latest, progress, final = status(run_dir)
     if as_json:
         print(
@@ -167,3 +190,46 @@ def status_command(
     total = sum(p.done for p in progress)
     expected = sum(p.expected for p in progress)
     console.print(f"{total}/{expected} records", highlight=False)
+
+
+def _chain_status(run_dir: Path, as_json: bool) -> None:
+    steps = chain_status(run_dir)
+    rows = []
+    for step in steps:
+        sub = step.submission
+        done = sum(p.done for p in step.progress)
+        expected = sum(p.expected for p in step.progress)
+        rows.append(
+            {
+                "stage": sub["stage"],
+                "titles": sub["titles"],
+                "array_job": sub["array_job"],
+                "final_job": sub["final_job"],
+                "tasks": {t: asdict(s) for t, s in step.tasks.items()},
+                "final": asdict(step.final) if step.final else None,
+                # The main evaluation's or the sampling's records; None before it started.
+                "records": done if step.progress else None,
+                "expected": expected if step.progress else None,
+                "failed_records": sum(p.failed for p in step.progress),
+            }
+        )
+    if as_json:
+        print(json.dumps({"kind": steps[0].submission["kind"], "steps": rows}, indent=1))
+        return
+    table = Table("step", "array job", "tasks", "records", "final job", "state")
+    for step, row in zip(steps, rows, strict=True):
+        titles = row["titles"] or ["", ""]
+        final = step.final
+        table.add_row(
+            f"{titles[0]} → {titles[1]}",
+            str(row["array_job"]),
+            step.task_states(),
+            "not started"
+            if row["records"] is None
+            else f"{row['records']}/{row['expected']} ({row['failed_records']} failed)",
+            str(row["final_job"]),
+            (final.state + (f" ({final.reason})" if final.reason not in ("", "None") else ""))
+            if final
+            else "gone from Slurm",
+        )
+    output_console().print(table)

@@ -23,14 +23,25 @@ from cts.common import (
     run_into,
     run_keyed,
     shard_of,
+    usage_error,
 )
 from eval.report import write_report
+from eval.run import merge_run
 from eval.run_dir import RunDir
 from serving.serve import ServeOptions, served
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit
 from train.grpo import GrpoResult, downstream_models, experiment, finished, grpo, grpo_dir
-from train.loop import MAIN, Iteration, evaluation, iterations, table, variants, write_table
+from train.loop import (
+    MAIN,
+    Iteration,
+    LoopError,
+    evaluation,
+    iterations,
+    table,
+    variants,
+    write_table,
+)
 from train.pairs import PairsResult, build_pairs, no_data_message
 from train.sample import sampling_experiment
 
@@ -122,13 +133,23 @@ def _fit(train: TrainConfig) -> FitResult:
             "(cts serve / cts run --serve)",
             highlight=False,
         )
-    console.print(
-        f"model config: {result.model_config_path}\n"
-        f"use it: cts run --set roles.clarifier.model={result.model_config_path.resolve()}",
+    _use_it(result.model_config_path)
+    return result
+
+
+def _use_it(model_config: Path, *before: str) -> None:
+    """The model config's path and the one line that evaluates it."""
+    output_console().print(
+        "\n".join(
+            [
+                *before,
+                f"model config: {model_config}",
+                f"use it: cts run --set roles.clarifier.model={model_config.resolve()}",
+            ]
+        ),
         highlight=False,
         soft_wrap=True,
     )
-    return result
 
 
 @command(app, "sample")
@@ -225,12 +246,10 @@ def _grpo(train: TrainConfig, options: ServeOptions) -> GrpoResult | None:
     console.print(table)
     if result.resumed_from:
         console.print(f"resumed from {result.resumed_from}", highlight=False)
-    console.print(
+    _use_it(
+        result.model_config_path,
         f"rollouts: {result.output / 'rollouts.jsonl'}; metrics: "
-        f"{result.output / 'grpo_metrics.json'}\nmodel config: {result.model_config_path}\n"
-        f"use it: cts run --set roles.clarifier.model={result.model_config_path.resolve()}",
-        highlight=False,
-        soft_wrap=True,
+        f"{result.output / 'grpo_metrics.json'}",
     )
     return result
 
@@ -260,7 +279,9 @@ def grpo_command(
     _grpo(load_train_config(config, set_), ServeOptions(endpoints, serve, gpus, cpu, vllm_python))
 
 
-def _evaluate(train: TrainConfig, iteration: Iteration, options: ServeOptions) -> None:
+def _evaluate(
+    train: TrainConfig, iteration: Iteration, options: ServeOptions, shard: str | None = None
+) -> None:
     """Iteration's clarifier through the experiment's own pipeline, once per variant."""
     console = output_console()
     for variant in variants(train):
@@ -272,7 +293,7 @@ def _evaluate(train: TrainConfig, iteration: Iteration, options: ServeOptions) -
             highlight=False,
         )
         run_keyed(
-            resolved, run, shard_of(None), options, run_into(run.root), console,
+            resolved, run, shard_of(shard), options, run_into(run.root), console,
             merge_with=f"cts merge {run.root}",
         )  # fmt: skip
 
@@ -291,6 +312,19 @@ def _loop_tables(train: TrainConfig, done: list[Iteration]) -> None:
         if variant == MAIN:
             console.print(md.read_text(), highlight=False, soft_wrap=True)
         console.print(f"loop table ({variant}): {md}; report: {files['html']}", highlight=False)
+
+
+def _merged(run_dir: Path) -> None:
+    """A sharded run's merge (summary and report), as `cts merge` does it; a key missing or
+    recorded twice is a LoopError naming the run and the first such keys."""
+    report = merge_run(run_dir)
+    if not report.ok:
+        keys = [*report.missing[:3], *report.duplicates[:3]]
+        raise LoopError(
+            f"{run_dir}: {len(report.missing)} missing and {len(report.duplicates)} duplicated "
+            f"key(s), e.g. {keys}: its shards did not all finish (submit again: finished "
+            "records are kept)"
+        )
 
 
 @command(app, "loop")
@@ -340,3 +374,59 @@ def loop_command(
             _fit(iteration.train)
         _evaluate(train, iteration, options)
         _loop_tables(train, loop[: iteration.index + 1])
+
+
+LOOP_STEPS = ("eval", "sample", "fit", "table")
+
+
+@command(app, "loop-step")
+def loop_step_command(
+    step: str = typer.Argument(
+        ...,
+        help="eval: iteration I's clarifier, every variant (sharded). sample: iteration I's "
+        "sampling (sharded; I ≥ 1). fit: merge the samples, pairs, fit (I ≥ 1). table: merge "
+        "the evaluations of iterations 0..I, write the report and loop tables.",
+    ),
+    iteration: int = typer.Option(..., "--iteration", min=0, help="The iteration I."),
+    config: str | None = CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
+    count: int | None = typer.Option(
+        None, "--iterations", min=1, help="The loop's iterations (default: loop.iterations)."
+    ),
+    shard: str | None = SHARD_OPTION,
+    endpoints: Path | None = ENDPOINTS_OPTION,
+    serve: bool = SERVE_OPTION,
+    gpus: str | None = GPUS_OPTION,
+    cpu: bool = CPU_OPTION,
+    vllm_python: str | None = VLLM_PYTHON_OPTION,
+) -> None:
+    """One step of `cts train loop`, as the jobs of `cts slurm submit --job train-loop` run it.
+
+    The same directories and resumption as `cts train loop`: a chain of eval 0, table 0, then
+    per iteration sample, fit, eval, table does what one `cts train loop` process does, with
+    the sampling and evaluations sharded over array tasks."""
+    if step not in LOOP_STEPS:
+        raise usage_error(f"STEP {step!r}: expected one of {', '.join(LOOP_STEPS)}")
+    train = load_train_config(config, set_)
+    loop = iterations(train, count or train.loop.iterations)
+    if iteration >= len(loop):
+        raise usage_error(f"--iteration {iteration}: the loop has iterations 0..{len(loop) - 1}")
+    current = loop[iteration]
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    if step == "eval":
+        _evaluate(train, current, options, shard)
+    elif step == "table":
+        for done in loop[: iteration + 1]:
+            for variant in variants(train):
+                _merged(done.eval_dir(variant))
+        _loop_tables(train, loop[: iteration + 1])
+    elif current.train is None:
+        raise usage_error(f"{step} --iteration 0: iteration 0 is the base clarifier (≥ 1)")
+    elif step == "sample":
+        _sample(current.train, shard, options)
+    elif current.fitted():
+        output_console().print(f"fitted before: {current.clarifier()}", highlight=False)
+    else:
+        _merged(current.train.samples_dir())
+        _pairs(current.train)
+        _fit(current.train)

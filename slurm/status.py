@@ -10,8 +10,9 @@ from typing import Any
 
 from eval.config import load_experiment
 from eval.dataset import load_instances
+from eval.run_dir import RunDir
 from eval.runner import RecordFileError, RecordStore, Shard
-from slurm.submit import submissions
+from slurm.submit import latest_chain, submissions
 
 
 @dataclass
@@ -76,9 +77,18 @@ class ShardProgress:
 def shard_progress(submission: dict[str, Any]) -> list[ShardProgress]:
     """Records done, expected and failed for each shard (job states are filled in later)."""
     # The frozen experiment of the submission (RunDir.freeze): the dataset the shards cover.
-    frozen = load_experiment(Path(str(submission["experiment"])))
+    if submission["keys_per_instance"] is None:
+        # A chain's step: the run's own config, written when its run starts.
+        run = RunDir(Path(str(submission["records_dir"])))
+        if not run.config.is_file():
+            return []
+        frozen = run.read_config()
+    else:
+        frozen = load_experiment(Path(str(submission["experiment"])))
     instances = load_instances(frozen.experiment.dataset)
-    per_instance = int(submission["keys_per_instance"])
+    per_instance = submission["keys_per_instance"]
+    if per_instance is None:
+        per_instance = len(frozen.experiment.conditions) * len(frozen.experiment.seeds)
     store = RecordStore(Path(str(submission["records_dir"])))
     rows = []
     shards = int(submission["shards"])
@@ -104,3 +114,34 @@ def status(run_dir: Path) -> tuple[dict[str, Any], list[ShardProgress], JobState
     for p in progress:
         p.job = tasks.get(str(p.shard.index))
     return latest, progress, final
+
+
+@dataclass
+class StepStatus:
+    """One job of a chain: its submission, its array tasks' and final job's states, and the
+    progress of its records (none before its run has started)."""
+
+    submission: dict[str, Any]
+    tasks: dict[str, JobState]
+    final: JobState | None
+    progress: list[ShardProgress]
+
+    def task_states(self) -> str:
+        """`COMPLETED ×2, RUNNING ×1`, or `gone from Slurm`."""
+        counts: dict[str, int] = {}
+        for state in self.tasks.values():
+            counts[state.state] = counts.get(state.state, 0) + 1
+        return ", ".join(f"{k} ×{n}" for k, n in counts.items()) or "gone from Slurm"
+
+
+def chain_status(run_dir: Path) -> list[StepStatus]:
+    """Every job of the latest submission's chain (one for a single job), in order."""
+    steps = []
+    for submission in latest_chain(submissions(run_dir)):
+        tasks = job_states(str(submission["array_job"]))
+        final = job_states(str(submission["final_job"])).get("")
+        progress = shard_progress(submission)
+        for p in progress:
+            p.job = tasks.get(str(p.shard.index))
+        steps.append(StepStatus(submission, tasks, final, progress))
+    return steps

@@ -34,7 +34,8 @@ import yaml
 from eval.config import ResolvedExperiment, load_experiment
 from eval.rejudge import rejudge_experiment
 from eval.run_dir import RunDir, RunDirError, frozen_experiment
-from train.config import load_train_config
+from train.config import TrainConfig, load_train_config
+from train.loop import MAIN, iterations
 from train.sample import sampling_experiment
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class Job:
     $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`), then final commands that start only when
     every task succeeded (afterok)."""
 
-    kind: Literal["eval", "golden", "rejudge", "train"]
+    kind: Literal["eval", "golden", "rejudge", "train", "train-loop"]
     run_dir: Path
     #: What the array and the final job are called in messages and job names.
     array_title: str
@@ -184,6 +185,15 @@ class Job:
     frozen: dict[str, str]
     #: The same job with its frozen configs in another directory (a dry run's).
     relocate: Callable[[Path], Job] = field(repr=False, compare=False)
+    #: Names its scripts, Slurm job names and logs (the kind; a chain's step in a chain).
+    label: str = ""
+    #: None: counted from the run's own config.yaml in records_dir once the run has started
+    #: (a loop's later steps run a clarifier that does not exist when they are submitted).
+    keys_known: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.label or self.kind
 
 
 def _serve_args(options: SlurmOptions) -> list[str]:
@@ -285,6 +295,32 @@ def rejudge_job(
     )
 
 
+def _freeze_train(
+    train: TrainConfig, run_dir: Path, slurm_dir: Path
+) -> tuple[TrainConfig, dict[str, str], ResolvedExperiment]:
+    """The train config as the jobs read it (its experiment frozen with the models inlined
+    beside it, its output dir `run_dir`), the frozen files' texts (experiment.yaml,
+    train.yaml) and its sampling experiment."""
+    base = load_experiment(train.experiment)
+    experiment_file = slurm_dir / "experiment.yaml"
+    frozen = train.model_copy(
+        # A literal template: `{` and `}` in the path format to themselves.
+        update={
+            "experiment": str(experiment_file),
+            "output_dir": str(run_dir).replace("{", "{{").replace("}", "}}"),
+        }
+    )
+    with tempfile.TemporaryDirectory(prefix="cts-slurm-freeze-") as scratch:
+        # The derived experiments load the frozen one from disk: a scratch copy.
+        scratch_experiment = RunDir(Path(scratch)).freeze(base, base.output_dir())
+        texts = {experiment_file.name: scratch_experiment.read_text()}
+        sampling = sampling_experiment(
+            frozen.model_copy(update={"experiment": str(scratch_experiment)})
+        )
+    texts["train.yaml"] = _yaml_text(frozen.model_dump(mode="json"))
+    return frozen, texts, sampling
+
+
 def train_job(
     config: str | None,
     overrides: list[str],
@@ -298,24 +334,11 @@ def train_job(
     train = load_train_config(config, overrides)
     run_dir = (output_dir or train.resolved_output_dir()).resolve()
     slurm_dir = slurm_dir or RunDir(run_dir).slurm
-    base = load_experiment(train.experiment)
-    experiment_file = slurm_dir / "experiment.yaml"
-    train_file = slurm_dir / "train.yaml"
+    frozen, texts, sampling = _freeze_train(train, run_dir, slurm_dir)
     samples_file = slurm_dir / "samples_experiment.yaml"
-    frozen = train.model_copy(
-        update={"experiment": str(experiment_file), "output_dir": str(run_dir)}
-    )
-    with tempfile.TemporaryDirectory(prefix="cts-slurm-freeze-") as scratch:
-        # The derived sampling experiment loads the frozen one from disk: a scratch copy.
-        scratch_experiment = RunDir(Path(scratch)).freeze(base, base.output_dir())
-        texts = {experiment_file.name: scratch_experiment.read_text()}
-        # What the samples cover (the derived clarify@k experiment), for `cts slurm status`.
-        sampling = sampling_experiment(
-            frozen.model_copy(update={"experiment": str(scratch_experiment)})
-        )
-        texts[samples_file.name] = _frozen_text(sampling, frozen.samples_dir())
-    texts[train_file.name] = _yaml_text(frozen.model_dump(mode="json"))
-    config_args = ["--config", str(train_file)]
+    # What the samples cover (the derived clarify@k experiment), for `cts slurm status`.
+    texts[samples_file.name] = _frozen_text(sampling, frozen.samples_dir())
+    config_args = ["--config", str(slurm_dir / "train.yaml")]
     job = Job(
         kind="train",
         run_dir=run_dir,
@@ -338,6 +361,66 @@ def train_job(
     return job, train.name
 
 
+def train_loop_jobs(
+    config: str | None,
+    overrides: list[str],
+    output_dir: Path | None,
+    options: SlurmOptions,
+    count: int | None = None,
+    slurm_dir: Path | None = None,
+) -> tuple[list[Job], str]:
+    """`cts train loop` as a chain, each job starting when the one before it succeeded: the
+    base clarifier's evaluation (array) and its table; then per iteration i the sampling
+    (array) and the fit (`fit_gpus` GPUs), the evaluation (array) and the table so far. Every
+    step is `cts train loop-step`, on the frozen train config."""
+    train = load_train_config(config, overrides)
+    count = count or train.loop.iterations
+    run_dir = (output_dir or train.resolved_output_dir()).resolve()
+    slurm_dir = slurm_dir or RunDir(run_dir).slurm
+    frozen, texts, _ = _freeze_train(train, run_dir, slurm_dir)
+    plan = iterations(frozen, count)
+    where = ["--config", str(slurm_dir / "train.yaml"), "--iterations", str(count)]
+
+    def step(name: str, i: int) -> list[str]:
+        return ["train", "loop-step", name, "--iteration", str(i), *where]
+
+    def job(label: str, titles: tuple[str, str], i: int, records_dir: Path) -> Job:
+        place = len(jobs)  # in the chain: a dry run's relocated copy is the same step
+        evaluates = label.startswith("eval")
+        first, last = ("eval", "table") if evaluates else ("sample", "fit")
+        return Job(
+            kind="train-loop",
+            label=f"loop-{label}",
+            run_dir=run_dir,
+            array_title=titles[0],
+            final_title=titles[1],
+            array_args=[*step(first, i), *_serve_args(options)],
+            final_args=[step(last, i)],
+            final_template="merge.sbatch" if evaluates else "train.sbatch",
+            records_dir=records_dir,
+            experiment_file=RunDir(records_dir).config,
+            keys_per_instance=0,
+            keys_known=False,
+            slurm_dir=slurm_dir,
+            frozen=texts,
+            relocate=lambda d: train_loop_jobs(config, overrides, run_dir, options, count, d)[0][
+                place
+            ],
+        )
+
+    jobs: list[Job] = []
+    for it in plan:
+        if it.train is not None:
+            titles = (f"iteration {it.index} sampling", f"iteration {it.index} fit")
+            jobs.append(job(f"sample-{it.index}", titles, it.index, it.train.samples_dir()))
+        titles = (f"iteration {it.index} evaluation", f"iteration {it.index} table")
+        jobs.append(job(f"eval-{it.index}", titles, it.index, it.eval_dir(MAIN)))
+    return jobs, train.name
+
+
+KINDS = ("eval", "golden", "rejudge", "train", "train-loop")
+
+
 def plan_job(
     kind: str,
     config: str | None,
@@ -345,30 +428,37 @@ def plan_job(
     output_dir: Path | None,
     options: SlurmOptions,
     source: Path | None = None,
-) -> tuple[Job, str]:
-    """The job to submit and its name; SlurmOptionError/ConfigError for a bad kind or config.
-    `source` is the run a `rejudge` job judges again (its --output-dir is required)."""
-    if kind not in ("eval", "golden", "rejudge", "train"):
-        raise SlurmOptionError(f"--job {kind!r}: expected eval, golden, rejudge or train")
+    iterations: int | None = None,
+) -> tuple[list[Job], str]:
+    """The jobs to submit (one, or a train loop's chain) and their name;
+    SlurmOptionError/ConfigError for a bad kind or config. `source` is the run a `rejudge` job
+    judges again (its --output-dir is required); `iterations` a train loop's count."""
+    if kind not in KINDS:
+        raise SlurmOptionError(f"--job {kind!r}: expected {', '.join(KINDS)}")
     if (source is not None) != (kind == "rejudge"):
         raise SlurmOptionError(
             "--source names the run a rejudge job judges again: give it with --job rejudge only"
         )
+    if (iterations is not None) and kind != "train-loop":
+        raise SlurmOptionError("--iterations is for --job train-loop only")
+    if kind == "train-loop":
+        return train_loop_jobs(config, overrides, output_dir, options, iterations)
     if kind == "train":
-        return train_job(config, overrides, output_dir, options)
+        job, name = train_job(config, overrides, output_dir, options)
+        return [job], name
     if source is not None:
         if output_dir is None:
             raise SlurmOptionError("--job rejudge needs --output-dir (a new run directory)")
         run_dir = output_dir.resolve()
         source = source.resolve()
         resolved = rejudge_experiment(source, run_dir, config, overrides)
-        return rejudge_job(resolved, source, run_dir, options), resolved.experiment.name
+        return [rejudge_job(resolved, source, run_dir, options)], resolved.experiment.name
     resolved = load_experiment(config, overrides)
     if kind == "golden":
         run_dir = (output_dir or resolved.golden_dir()).resolve()
-        return golden_job(resolved, run_dir, options), resolved.experiment.name
+        return [golden_job(resolved, run_dir, options)], resolved.experiment.name
     run_dir = (output_dir or resolved.output_dir()).resolve()
-    return eval_job(resolved, run_dir, options), resolved.experiment.name
+    return [eval_job(resolved, run_dir, options)], resolved.experiment.name
 
 
 def render_array(job: Job, workdir: Path) -> str:
@@ -411,17 +501,27 @@ class Submission:
     commands: dict[str, list[str]]
     records_dir: str
     experiment: str
-    keys_per_instance: int
+    #: None: counted from `experiment` (the run's own config) once the run has started.
+    keys_per_instance: int | None
+    #: A chain's step (`loop-eval-1`), its array's and final job's titles, and the chain it
+    #: belongs to (its submission time; None for a single job).
+    stage: str | None = None
+    titles: list[str] = field(default_factory=list)
+    chain: str | None = None
 
 
 def live_jobs(run_dir: Path, job_states: Callable[[str], dict[str, JobState]]) -> list[str]:
-    """The jobs of the run directory's latest submission that are still queued or running
+    """The jobs of the run directory's latest submission (every job of its chain) that are
+    still queued or running
     (`123_4` for an array task); none when nothing was submitted or Slurm cannot be asked."""
     if not RunDir(run_dir).jobs.is_file():
         return []
-    latest = submissions(run_dir)[-1]
     live = []
-    for job_id in (latest.get("array_job"), latest.get("final_job")):
+    for job_id in (
+        job_id
+        for submission in latest_chain(submissions(run_dir))
+        for job_id in (submission.get("array_job"), submission.get("final_job"))
+    ):
         if not job_id:
             continue
         try:
@@ -477,8 +577,21 @@ def submit(
     workdir: Path | None = None,
     job_states: Callable[[str], dict[str, JobState]] | None = None,
 ) -> Submission:
-    """Write the job's frozen configs and render its scripts into RUN_DIR/slurm/, submit them
-    and record the job ids in RUN_DIR/slurm/jobs.json.
+    """One job: `submit_chain` of it alone."""
+    return submit_chain([job], name, options, dry_run, workdir, job_states)[0]
+
+
+def submit_chain(
+    jobs: list[Job],
+    name: str,
+    options: SlurmOptions,
+    dry_run: bool = False,
+    workdir: Path | None = None,
+    job_states: Callable[[str], dict[str, JobState]] | None = None,
+) -> list[Submission]:
+    """Write the jobs' frozen configs and render their scripts into RUN_DIR/slurm/, submit
+    them, each job's array after the job before it succeeded (afterok on its final job), and
+    record the job ids in RUN_DIR/slurm/jobs.json.
 
     A dry run writes nothing into the run directory: configs and scripts go to a fresh
     temporary directory (the scripts' `--config` names the frozen config there). A real submit
@@ -486,32 +599,54 @@ def submit(
     still queued or running; `job_states` (job id -> task states, default `scontrol`) says
     which are."""
     workdir = (workdir or Path.cwd()).resolve()
-    run = RunDir(job.run_dir)
+    run = RunDir(jobs[0].run_dir)
     if dry_run:
-        job = job.relocate(Path(tempfile.mkdtemp(prefix="cts-slurm-dry-run-")))
-        slurm_dir = job.slurm_dir
-        logs = run.slurm_logs  # where the real jobs would log; not created
+        where = Path(tempfile.mkdtemp(prefix="cts-slurm-dry-run-"))
+        jobs = [job.relocate(where) for job in jobs]
     else:
-        refuse_changing_live_jobs(job, job_states)
-        slurm_dir, logs = job.slurm_dir, run.slurm_logs
-        logs.mkdir(parents=True, exist_ok=True)
-    slurm_dir.mkdir(parents=True, exist_ok=True)
+        refuse_changing_live_jobs(jobs[0], job_states)
+        run.slurm_logs.mkdir(parents=True, exist_ok=True)
+    chain = time.strftime("%Y-%m-%dT%H:%M:%S%z") if len(jobs) > 1 else None
+    done: list[Submission] = []
+    for job in jobs:
+        after = done[-1].final_job if done else None
+        submission = _submit_one(job, name, options, workdir, dry_run, chain, bool(done), after)
+        done.append(submission)
+        if not dry_run:
+            record_submission(run.jobs, submission)
+    return done
+
+
+def _submit_one(
+    job: Job,
+    name: str,
+    options: SlurmOptions,
+    workdir: Path,
+    dry_run: bool,
+    chain: str | None,
+    follows: bool,
+    after: str | None,
+) -> Submission:
+    logs = RunDir(job.run_dir).slurm_logs  # where the real jobs log (not created by a dry run)
+    job.slurm_dir.mkdir(parents=True, exist_ok=True)
     for file_name, text in job.frozen.items():
-        _write(slurm_dir / file_name, text)
-    array_script = slurm_dir / f"{job.kind}_array.sbatch"
-    final_script = slurm_dir / f"{job.kind}_final.sbatch"
+        _write(job.slurm_dir / file_name, text)
+    array_script = job.slurm_dir / f"{job.name}_array.sbatch"
+    final_script = job.slurm_dir / f"{job.name}_final.sbatch"
     _write(array_script, render_array(job, workdir))
     _write(final_script, render_final(job, workdir))
     array_args = [
         *options.array_args(),
-        f"--job-name=cts-{job.kind}-{name}",
-        f"--output={logs}/{job.kind}-%A_%a.out",
+        f"--job-name=cts-{job.name}-{name}",
+        f"--output={logs}/{job.name}-%A_%a.out",
         f"--chdir={workdir}",
     ]
+    if follows:
+        array_args.append(f"--dependency=afterok:{after or '<previous final job>'}")
     final_args = [
         *options.final_args(job.final_template == "train.sbatch"),
-        f"--job-name=cts-{job.kind}-{name}-final",
-        f"--output={logs}/{job.kind}-final-%j.out",
+        f"--job-name=cts-{job.name}-{name}-final",
+        f"--output={logs}/{job.name}-final-%j.out",
         f"--chdir={workdir}",
     ]
     submission = Submission(
@@ -527,7 +662,10 @@ def submit(
         },
         records_dir=str(job.records_dir),
         experiment=str(job.experiment_file),
-        keys_per_instance=job.keys_per_instance,
+        keys_per_instance=job.keys_per_instance if job.keys_known else None,
+        stage=job.label or None,
+        titles=[job.array_title, job.final_title],
+        chain=chain,
     )
     if dry_run:
         return submission
@@ -535,7 +673,6 @@ def submit(
     final_args.append(f"--dependency=afterok:{submission.array_job}")
     submission.commands["final"] = ["sbatch", *final_args, str(final_script)]
     submission.final_job = sbatch(final_args, final_script)
-    record_submission(run.jobs, submission)
     return submission
 
 
@@ -546,6 +683,12 @@ def record_submission(path: Path, submission: Submission) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(history, indent=1))
     os.replace(partial, path)
+
+
+def latest_chain(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The latest submission, with the chain it belongs to (a train loop's steps)."""
+    chain = history[-1].get("chain")
+    return [s for s in history if s.get("chain") == chain] if chain else history[-1:]
 
 
 def submissions(run_dir: Path) -> list[dict[str, Any]]:

@@ -174,3 +174,17 @@ def test_grpo_prompts_are_the_clarifiers_first_turn_and_refuse_what_it_cannot_tr
         experiment(load_train_config(train_yaml(tmp_path, split="dev")))
     with pytest.raises(ConfigError, match="num_generations"):
         load_train_config(train_yaml(tmp_path, grpo={"num_generations": 1}))
+
+
+def test_shipped_grpo_configs_resolve():
+    """The tiny quickstart's few steps, and the commented GPU example: vLLM samples under the
+    clarifier's schema, every role but the clarifier is served for the rollouts."""
+    quick = load_train_config(None)
+    assert quick.grpo.max_steps <= 5 and experiment(quick).experiment.dataset.split == "train"
+    real = load_train_config("qwen3-8b-grpo")
+    resolved = experiment(real)
+    assert real.grpo.use_vllm and real.turns == 1
+    assert resolved.model_for("clarifier").name == "Qwen/Qwen3-8B"
+    served = downstream_models(resolved)
+    assert "qwen3-8b" not in served and {"qwen3-32b", "webdancer-32b"} <= set(served)
+    assert resolved.experiment.conditions == ["blurred", "clarify@1"]

@@ -359,7 +359,7 @@ def test_a_slurm_rejudge_job_renders_and_its_frozen_config_rejudges(source, tmp_
     monkeypatch.setattr(submit_module, "cts_command", lambda: [sys.executable, str(dumper)])
     out = tmp_path / "new $(touch PWNED); it's"
     options = SlurmOptions(shards=2, gpus_per_task=1, cpu=True)
-    job, name = plan_job("rejudge", None, NEW_JUDGE, out, options, source)
+    (job,), name = plan_job("rejudge", None, NEW_JUDGE, out, options, source)
     assert (job.kind, job.keys_per_instance, name) == ("rejudge", 4, "quickstart")
     done = submit(job, name, options, dry_run=True, workdir=tmp_path)
     assert not out.exists()  # a dry run writes nothing into the run directory

@@ -258,3 +258,72 @@ def test_a_training_job_samples_in_shards_then_merges_pairs_and_fits(tmp_path, t
     assert metrics["examples"] == 2 and metrics["steps"] >= 1
     model = yaml.safe_load((run_dir / "clarifier.yaml").read_text())
     assert model["path"] == str(run_dir / "checkpoint")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_train_loop_runs_as_a_chain_of_jobs(tmp_path, tiny_path):
+    """`cts slurm submit --job train-loop --iterations 1`: the base evaluation (2 shards) and
+    its table, the sampling (2 shards) and the fit, the new clarifier's evaluation and the
+    table of both, each job after the one before; the runs on scripted engines, the fit real
+    on the tiny model (--fit-gpus 0: on the CPU)."""
+    cluster_up()
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "chain",
+                "experiment": "quickstart",
+                "experiment_overrides": [
+                    "budgets.max_llm_calls=2",  # the scripted searcher searches, then answers
+                    "search.date=2026-11-30",
+                    f"cache.path={tmp_path / 'responses.sqlite'}",
+                    f"search.tool_cache={tmp_path / 'tools.sqlite'}",
+                ],
+                "split": "train",
+                "limit": 2,
+                "candidates": 2,
+                "method": "sft",
+                "sft_min_score": -1,
+                "reward": {"baseline": "none"},
+                "epochs": 1,
+                "batch_size": 1,
+                "grad_accum": 1,
+                "max_length": 256,
+                "gradient_checkpointing": False,
+                "loop": {"evaluation_overrides": ["dataset.limit=2", "conditions=[clarify@1]"]},
+            }
+        )
+    )
+    run_dir = tmp_path / "loop run"
+    result = cts(
+        "slurm", "submit", "--job", "train-loop", "--config", str(config), "--shards", "2",
+        "--iterations", "1", "--fit-gpus", "0", "--output-dir", str(run_dir), *TASK,
+        scripted=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    submitted = [x for x in result.stdout.splitlines() if x.startswith("submitted ")]
+    assert [re.match(r"submitted (.+?) job", x).group(1) for x in submitted] == [
+        "iteration 0 evaluation", "iteration 1 sampling", "iteration 1 evaluation",
+    ]  # fmt: skip
+    jobs = [j for line in submitted for j in re.findall(r"job (\d+)", line)]
+    wait_for(jobs, 1200)
+    status = slurm_status(run_dir)
+    assert status["kind"] == "train-loop"
+    steps = status["steps"]
+    assert [s["stage"] for s in steps] == ["loop-eval-0", "loop-sample-1", "loop-eval-1"]
+    for step in steps:
+        assert {t["state"] for t in step["tasks"].values()} == {"COMPLETED"}, status
+        assert step["final"]["state"] == "COMPLETED", status
+    # 2 dev instances x clarify@1 x 1 seed; 2 train instances x 2 candidate seeds.
+    assert [(s["records"], s["expected"]) for s in steps] == [(2, 2), (4, 4), (2, 2)], status
+    assert json.loads((run_dir / "iter-1" / "train_metrics.json").read_text())["steps"] >= 1
+    rows = json.loads((run_dir / "loop" / "main" / "loop.json").read_text())
+    assert [r["iteration"] for r in rows] == [0, 1]
+    assert set(rows[1]["delta_vs_base"]) == {"clarify@1"}
+    evaluated = yaml.safe_load((run_dir / "eval" / "main" / "iter-1" / "config.yaml").read_text())
+    assert evaluated["experiment"]["roles"]["clarifier"]["model"] == str(
+        run_dir / "iter-1" / "clarifier.yaml"
+    )
+    table = cts("slurm", "status", str(run_dir))
+    assert "iteration 1 sampling → iteration 1 fit" in table.stdout, table.stdout

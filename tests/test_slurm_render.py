@@ -187,3 +187,48 @@ def test_training_job_samples_in_shards_then_pairs_and_fits_on_gpus(tmp_path, fa
     subprocess.run(["bash", done.scripts["final"]], env=env, check=True, capture_output=True)
     assert json.loads(out.read_text())["argv"] == ["train", "fit", "--config", str(frozen)]
     assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_train_loop_is_a_chain_each_job_after_the_one_before(tmp_path, fake_cts):
+    """`--job train-loop`: eval 0 → table 0, then per iteration sample → fit (GPUs) and
+    eval → table, every array after the previous final job; each step is `cts train
+    loop-step` on the frozen train config."""
+    run_dir = tmp_path / f"loop {HOSTILE}"
+    options = SlurmOptions(shards=3, gpus_per_task=8, fit_gpus=2)
+    jobs, name = submit_module.plan_job(
+        "train-loop", None, ["limit=2"], run_dir, options, iterations=2
+    )
+    assert [j.name for j in jobs] == [
+        "loop-eval-0", "loop-sample-1", "loop-eval-1", "loop-sample-2", "loop-eval-2",
+    ]  # fmt: skip
+    chain = submit_module.submit_chain(jobs, name, options, dry_run=True, workdir=tmp_path)
+    assert not run_dir.exists()
+    assert not any("--dependency" in " ".join(c.commands["array"]) for c in chain[:1])
+    assert all(
+        "--dependency=afterok:<previous final job>" in c.commands["array"] for c in chain[1:]
+    )
+    fits = [c for c in chain if c.stage and c.stage.startswith("loop-sample")]
+    assert all("--gpus=2" in c.commands["final"] for c in fits)
+    assert all("--gpus=2" not in c.commands["final"] for c in chain if c not in fits)
+    frozen = rendered_in(chain[0]) / "train.yaml"
+    train = load_train_config(frozen)
+    assert train.resolved_output_dir() == run_dir.resolve() and train.limit == 2
+
+    out = tmp_path / "argv.json"
+    env = {**os.environ, "ARGV_OUT": str(out), "SLURM_ARRAY_TASK_ID": "1"}
+    env.update(SLURM_ARRAY_TASK_COUNT="3", SLURM_ARRAY_JOB_ID="9", SLURM_JOB_ID="10")
+    where = ["--config", str(frozen), "--iterations", "2"]
+    expected = {
+        ("loop-eval-0", "array"): ["eval", "--iteration", "0", *where, "--serve", "--shard", "1/3"],
+        ("loop-eval-0", "final"): ["table", "--iteration", "0", *where],
+        ("loop-sample-2", "array"): [
+            "sample", "--iteration", "2", *where, "--serve", "--shard", "1/3",
+        ],
+        ("loop-sample-2", "final"): ["fit", "--iteration", "2", *where],
+    }  # fmt: skip
+    by_stage = {c.stage: c for c in chain}
+    for (stage, which), argv in expected.items():
+        script = by_stage[stage].scripts[which]
+        subprocess.run(["bash", script], env=env, check=True, capture_output=True)
+        assert json.loads(out.read_text())["argv"] == ["train", "loop-step", *argv]
+    assert not list(tmp_path.rglob("PWNED"))

@@ -280,16 +280,9 @@ def _trainer(
 ) -> Any:
     """TRL's DPO or SFT trainer over the base model with a fresh LoRA adapter."""
     from datasets import Dataset
-    from peft import LoraConfig
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-    lora = LoraConfig(
-        r=config.lora.r,
-        lora_alpha=config.lora.alpha,
-        lora_dropout=config.lora.dropout,
-        target_modules=config.lora.target_modules,
-        task_type="CAUSAL_LM",
-    )
+    lora = lora_config(config)
     common = _trainer_args(config, output, use_cpu, bf16, fp16)
     dataset = Dataset.from_list(data)
     if config.method == "dpo":
@@ -306,6 +299,20 @@ def _trainer(
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=lora,
+    )
+
+
+def lora_config(config: TrainConfig) -> Any:
+    """peft's LoraConfig of the train config (a fresh adapter on the causal LM)."""
+    from peft import LoraConfig
+
+    lora = config.lora
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
     )
 
 

@@ -50,6 +50,7 @@ from train.fit import (
     fine_tuned_config,
     load_model,
     load_tokenizer,
+    lora_config,
     precision,
     require_train_extra,
     save_weights,
@@ -406,7 +407,6 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
     settings = config.grpo
     require_train_extra()
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer
 
@@ -459,13 +459,7 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        peft_config=LoraConfig(
-            r=config.lora.r,
-            lora_alpha=config.lora.alpha,
-            lora_dropout=config.lora.dropout,
-            target_modules=config.lora.target_modules,
-            task_type="CAUSAL_LM",
-        ),
+        peft_config=lora_config(config),
         rollout_func=None
         if settings.use_vllm
         else constrained_rollouts(schema, template_kwargs, settings.max_completion_length),
