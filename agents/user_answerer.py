@@ -14,6 +14,7 @@ a space, nothing between CJK characters), so `iPhone 15 Pro` and `2023年` can b
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,6 +96,9 @@ def _escape(text: str) -> str:
     return "".join(_ESCAPES.get(c, c) for c in text)
 
 
+# Cached: every turn of a dialogue, and every seed, asks about the same fused query, and
+# building the pattern was a visible share of the pipeline's per-call overhead.
+@functools.lru_cache(maxsize=1024)
 def span_regex(fused_query: str, limits: SpanLimits = SpanLimits()) -> str:
     """`unknown`, or any span of the fused query within `limits`.
 
@@ -113,6 +117,11 @@ def span_regex(fused_query: str, limits: SpanLimits = SpanLimits()) -> str:
 def spans(fused_query: str, limits: SpanLimits = SpanLimits()) -> set[str]:
     """Every span of the fused query within `limits` (what `span_regex` allows besides
     `unknown`)."""
+    return set(_spans(fused_query, limits))
+
+
+@functools.lru_cache(maxsize=1024)  # as span_regex: one fused query, every turn and seed
+def _spans(fused_query: str, limits: SpanLimits) -> frozenset[str]:
     found: set[str] = set()
     for run in _runs(fused_query, limits):
         text = ""
@@ -120,13 +129,13 @@ def spans(fused_query: str, limits: SpanLimits = SpanLimits()) -> set[str]:
             text += unit
             found.add(text)
             text += sep
-    return found
+    return frozenset(found)
 
 
 def is_span(answer: str, fused_query: str, limits: SpanLimits = SpanLimits()) -> bool:
     """Whether `span_regex(fused_query, limits)` accepts `answer` (checked directly, so the
     re-check does not depend on the regex it re-checks)."""
-    return answer == UNKNOWN or answer in spans(fused_query, limits)
+    return answer == UNKNOWN or answer in _spans(fused_query, limits)
 
 
 AnswerMode = Literal["extractive", "abstractive"]

@@ -805,6 +805,15 @@ def scripted_experiment(home: Path, run_dir: Path, instances: int, seeds: int) -
     )
 
 
+def forget_queries() -> None:
+    """Empty the caches kept per fused query (the User Answerer's span pattern): the same
+    queries again in one process would find them all, which no fresh run does."""
+    from agents import user_answerer
+
+    user_answerer.span_regex.cache_clear()
+    user_answerer._spans.cache_clear()
+
+
 def measure_overhead(work: Path, instances: int, seeds: int, top: int) -> dict[str, Any]:
     """Wall time per model call with zero-latency models: what the pipeline itself costs (the
     fixed cost of a start, measured by re-running the finished run, is taken off)."""
@@ -821,6 +830,7 @@ def measure_overhead(work: Path, instances: int, seeds: int, top: int) -> dict[s
         for n in range(3):
             run_dir, home = work / f"overhead-run-{n}", work / f"overhead-home-{n}"
             resolved = scripted_experiment(home, run_dir, instances, seeds)
+            forget_queries()
             cpu = time.process_time()
             result, wall = run_quietly(resolved, run_dir)
             cpu = time.process_time() - cpu
@@ -847,6 +857,7 @@ def measure_overhead(work: Path, instances: int, seeds: int, top: int) -> dict[s
         # A second, profiled run on fresh directories (the profiler slows it down).
         run_dir, home = work / "overhead-profiled-run", work / "overhead-profiled-home"
         resolved = scripted_experiment(home, run_dir, instances, seeds)
+        forget_queries()
         profiler = Profiler(interval=0.0005, async_mode="disabled")
         profiler.start()
         run_quietly(resolved, run_dir)

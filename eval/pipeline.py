@@ -279,5 +279,13 @@ def _write_trace(trace_dir: Path, record: Record, trace: dict[str, Any]) -> str:
     name = trace_name(record)
     # Tool errors in the trace quote what a backend said, which may hold a key. A full disk
     # raises StorageFull, which stops the run (see _stage). Compact: `cts view` reads it.
-    write_whole(trace_dir / name, redact(json.dumps(trace, ensure_ascii=False)))
+    # Not fsync'd for an evaluation key (its fsync was a tenth of the pipeline's per-call
+    # cost): the record that names the trace is fsync'd after it, but that does not make the
+    # trace durable, so after a power loss (not a kill: the page cache outlives the process) a
+    # recorded key's trace may be missing or empty. Its readers take that as no trace: `cts
+    # view` says "trace file missing" or "unreadable", `cts estimate` counts it unread; every
+    # number of the report comes from the record. A golden key's trace is the evidence its
+    # nuggets cite (the golden audit reads it as such), so that one stays fsync'd.
+    text = redact(json.dumps(trace, ensure_ascii=False))
+    write_whole(trace_dir / name, text, durable=record.condition == GOLDEN)
     return name

@@ -245,11 +245,20 @@ async def _run_keys(
     todo = [(inst, c, s) for inst, c, s in keys if (inst.id, c, s) not in done]
     outcome = RunOutcome(skipped=len(keys) - len(todo))
     slots = KeySlots(concurrency)
+    loop = asyncio.get_running_loop()
+    writing: set[asyncio.Future[None]] = set()
 
     async def one(instance: Instance, condition: str, seed: int) -> None:
         async with slots.held():
             record = await run_one(instance, condition, seed)
-        store.append(record, shard)
+        # Written and fsync'd in a worker thread, so that the other keys' requests go on
+        # meanwhile (an fsync waits on the disk). The key counts as done once the thread is
+        # back: a record is on disk before it counts. Shielded: a cancelled key leaves its
+        # write to finish, and the run waits for it below.
+        written = loop.run_in_executor(None, store.append, record, shard)
+        writing.add(written)
+        written.add_done_callback(writing.discard)
+        await asyncio.shield(written)
         outcome.ran += 1
         if record.error:
             outcome.failures[record.error["kind"]] += 1
@@ -261,10 +270,14 @@ async def _run_keys(
         await asyncio.gather(*tasks)
     except BaseException as e:
         # Cancelled (a signal), or an error that stops the whole run (a dead server, a full
-        # disk): the keys in flight stop unrecorded and run again on resume.
+        # disk): the keys in flight stop unrecorded and run again on resume (those whose record
+        # was being written are recorded, and count on resume).
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Every write under way ends before the shard's lock is let go: a resumed run may cut a
+        # torn last line, which must never be a line this process is still writing.
+        await asyncio.gather(*writing, return_exceptions=True)
         if not isinstance(e, asyncio.CancelledError):
             raise
         outcome.interrupted = True

@@ -58,9 +58,13 @@ def storage_errors(path: Path | str) -> Iterator[None]:
         raise storage_full(path, e.errno) from e
 
 
-def write_whole(path: Path, data: str | bytes) -> None:
+def write_whole(path: Path, data: str | bytes, *, durable: bool = True) -> None:
     """Write `path` whole or not at all: a temporary beside it is written, fsync'd and renamed
-    over it, and removed when anything fails (the old file, if any, stays as it was)."""
+    over it, and removed when anything fails (the old file, if any, stays as it was).
+
+    `durable=False` skips the fsync: the file is still whole or absent for every reader and
+    after the process is killed (the page cache outlives it), but a power loss or kernel crash
+    may leave it absent or empty. Only for files whose readers tolerate that."""
     raw = data.encode() if isinstance(data, str) else data
     # Unique per process and thread: shards of one run write the same config.yaml at once.
     partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
@@ -69,8 +73,9 @@ def write_whole(path: Path, data: str | bytes) -> None:
         try:
             with partial.open("wb") as f:
                 f.write(raw)
-                f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
             partial.replace(path)
         except BaseException:
             with suppress(OSError):

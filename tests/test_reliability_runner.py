@@ -218,3 +218,39 @@ def test_a_shard_another_live_process_runs_is_refused_and_free_once_it_ends(tmp_
         holder.wait()
     outcome = asyncio.run(run_keys([], ["oracle"], [0], None, store, Shard(0, 2)))  # type: ignore[arg-type]
     assert outcome.ran == 0
+
+
+def test_a_stopped_run_lets_the_record_being_written_finish_before_it_returns(tmp_path):
+    """Records are written in a worker thread: a run cancelled (a signal) while one is being
+    written returns, and lets go of its shard's lock, only once that record is whole on disk,
+    so that a resumed run cannot cut a line still being written."""
+    import threading
+
+    store = RecordStore(tmp_path)
+    writing, release = threading.Event(), threading.Event()
+    real_append = store.append
+
+    def slow_append(record: Record, shard: Shard) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_append(record, shard)
+
+    store.append = slow_append  # type: ignore[method-assign]
+
+    async def run_one(instance: Instance, condition: str, seed: int) -> Record:
+        return Record(instance_id=instance.id, condition=condition, seed=seed)
+
+    async def stopped_while_writing() -> None:
+        work = asyncio.ensure_future(run_keys(instances(1), ["blurred"], [0], run_one, store))
+        while not writing.is_set():
+            await asyncio.sleep(0.01)
+        work.cancel()  # what the SIGTERM handler does
+        await asyncio.sleep(0.05)
+        assert not work.done()  # still waiting for the write
+        release.set()
+        outcome = await work
+        assert outcome.interrupted and outcome.ran == 0  # not counted by this run...
+        # ...but whole on disk, so a resumed run finds the key done.
+        assert [r.key for r in store.completed().values()] == [(instances(1)[0].id, "blurred", 0)]
+
+    asyncio.run(stopped_while_writing())
