@@ -260,7 +260,7 @@ def _trainer_args(
         "max_length": config.max_length,
         "seed": config.seed,
         "logging_steps": config.logging_steps,
-        "gradient_checkpointing": config.gradient_checkpointing,
+        **checkpointing(config.gradient_checkpointing),
         "use_cpu": use_cpu,
         # TRL turns bf16 on by default; a CPU without it would fail or crawl.
         "bf16": bf16,
@@ -300,6 +300,22 @@ def _trainer(
         processing_class=tokenizer,
         peft_config=lora,
     )
+
+
+def checkpointing(on: bool) -> dict[str, Any]:
+    """The trainer argument that recomputes activations: transformers 5 renamed
+    `gradient_checkpointing` (the old name warns at every start); 4.x knows the old only."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    name = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
+    return {name: on}
 
 
 def lora_config(config: TrainConfig) -> Any:

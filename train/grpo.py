@@ -47,6 +47,7 @@ from train.config import TrainConfig
 from train.fit import (
     FitError,
     base_model,
+    checkpointing,
     fine_tuned_config,
     load_model,
     load_tokenizer,
@@ -439,7 +440,7 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
         logging_steps=config.logging_steps,
         save_strategy="steps",
         save_steps=settings.save_steps,
-        gradient_checkpointing=config.gradient_checkpointing,
+        **checkpointing(config.gradient_checkpointing),
         use_cpu=use_cpu,
         bf16=bf16,
         fp16=fp16,
