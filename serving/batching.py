@@ -59,6 +59,10 @@ class BatchingEngine(Engine):
             f"{self.kind}:{model}:{path}@{revision or weights_fingerprint(path)}:{dtype}"
         )
         self._load_lock = threading.Lock()
+        #: Set by `aclose`: a batch still generating in the worker thread stops at its next
+        #: step (its results are dropped), so a stopped run does not wait minutes for it
+        #: before the process can exit.
+        self.closing = threading.Event()
         self._queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResponse]]] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -76,6 +80,7 @@ class BatchingEngine(Engine):
         if self._queue is None or self._loop is not loop:
             # A worker belongs to one event loop; a new loop (a new asyncio.run) gets its own.
             self._loop = loop
+            self.closing.clear()
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._drain(self._queue))
         future: asyncio.Future[ChatResponse] = loop.create_future()
@@ -116,6 +121,7 @@ class BatchingEngine(Engine):
                     f.set_result(result)
 
     async def aclose(self) -> None:
+        self.closing.set()
         if self._worker is not None:
             self._worker.cancel()
         self._worker = self._queue = self._loop = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Collection
 from functools import lru_cache
@@ -274,6 +275,7 @@ class TransformersEngine(BatchingEngine):
             prompt_len,
             limits,
             [p.sampling.stop for p in rows],
+            self.closing,
         )
         s = rows[0].sampling
         kwargs: dict[str, Any] = {
@@ -355,10 +357,11 @@ def row_rules(
     prompt_len: int,
     limits: list[int],
     stops: list[tuple[str, ...]],
+    abandon: threading.Event | None = None,
 ) -> tuple[Any, Any]:
     """The per-row constraint (a logits processor) and stop rule (a stopping criterion) of one
     batched generate(). They share `done`: once RowStops finishes a row, RowConstraints leaves
-    it alone."""
+    it alone. Once `abandon` is set, every row stops at the next token."""
     import torch
     from transformers import LogitsProcessor, StoppingCriteria
 
@@ -378,6 +381,9 @@ def row_rules(
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
             generated = input_ids[:, prompt_len:]
+            if abandon is not None and abandon.is_set():
+                # Nobody waits for these rows any more: the engine is closing.
+                return torch.ones(len(limits), dtype=torch.bool, device=input_ids.device)
             flags = []
             for i in range(len(limits)):
                 if not done[i]:

@@ -145,6 +145,21 @@ def test_max_tokens_stop_strings_and_usage(tiny_engine):
     assert stopped.finish_reason == "stop" and "5" not in stopped.text
 
 
+def test_closing_stops_the_batch_being_generated_and_a_new_loop_generates_again(tiny_engine):
+    """A stopped run closes its engines while a batch may still be generating in the worker
+    thread (minutes for a long answer on a CPU): the batch stops at its next token instead of
+    holding the process until it ends. The engine serves the next event loop as before."""
+    story = ask("Write a long story about the sea.", None, max_tokens=400)
+    asyncio.run(tiny_engine.aclose())
+    assert tiny_engine.closing.is_set()
+    (cut,) = tiny_engine._run_batch([story])  # what the worker thread runs
+    assert cut.usage.completion_tokens <= 2
+    again = asyncio.run(
+        tiny_engine.chat(ask("Write a long story about the sea.", None, max_tokens=12))
+    )
+    assert not tiny_engine.closing.is_set() and again.usage.completion_tokens == 12
+
+
 def test_greedy_answers_are_reproducible(tiny_engine):
     request = ask("Name a colour.", None, max_tokens=8)
     first = asyncio.run(tiny_engine.chat(request)).text
