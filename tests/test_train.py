@@ -15,10 +15,12 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+import cts.train as cts_train
 import eval.run
 from agents import clarifier
 from agents.clarifier import ClarifyingQuestion
 from agents.types import QA
+from configs import CONFIG_DIR
 from cts.cli import app
 from eval.config import load_experiment
 from eval.dataset import SAMPLE_DIR
@@ -888,3 +890,49 @@ def test_loop_counts_each_model_call_once():
         "prompt_tokens": 2 * (5322 + 277),
         "completion_tokens": 2 * (328 + 149),
     }
+
+
+class Killed(Exception):
+    """Stands for the process being killed in the middle of a step."""
+
+
+def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, monkeypatch):
+    """Killed during iteration 2's fit, `cts train loop` started again redoes nothing that
+    finished (no evaluation or sampling record again, iteration 1 not refitted) and goes on
+    from the fit. Runs on scripted engines; the fit is a stand-in writing what a fit leaves."""
+    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
+    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    fits: list[str] = []
+
+    def fit(train):  # what `cts.train._fit` leaves: a model config and the metrics
+        fits.append(train.name)
+        if fits == ["t-iter1", "t-iter2"]:
+            raise Killed
+        model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
+        out = train.resolved_output_dir()
+        (out / "clarifier.yaml").write_text(yaml.safe_dump({**model, "name": train.name}))
+        (out / "train_metrics.json").write_text("{}")
+
+    monkeypatch.setattr(cts_train, "_fit", fit)
+    config = tiny_train_config(
+        tmp_path,
+        llm_calls=2,
+        loop={"evaluation_overrides": ["dataset.limit=2", "conditions=[clarify@1]"]},
+    )
+    with pytest.raises(Killed):
+        cts("train", "loop", "-c", str(config), "--iterations", "2")
+    out = tmp_path / "out"
+    assert (out / "iter-2" / "samples" / "summary.json").is_file()
+    assert not (out / "eval" / "main" / "iter-2").exists()
+
+    again = cts("train", "loop", "-c", str(config), "--iterations", "2")
+    assert again.exit_code == 0, again.output
+    assert fits == ["t-iter1", "t-iter2", "t-iter2"]  # iteration 1 was not fitted again
+    assert "iteration 1: fitted before" in again.output
+    written = [line for line in again.output.splitlines() if " records written" in line]
+    # eval 0, sample 1, eval 1, sample 2: all there already; eval 2 is new.
+    assert len(written) == 5 and all(line.startswith("0 records written") for line in written[:4])
+    assert written[4].startswith("2 records written")
+    rows = json.loads((out / "loop" / "main" / "loop.json").read_text())
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
