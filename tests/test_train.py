@@ -936,3 +936,19 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
     assert written[4].startswith("2 records written")
     rows = json.loads((out / "loop" / "main" / "loop.json").read_text())
     assert [r["iteration"] for r in rows] == [0, 1, 2]
+
+
+def test_a_fine_tune_of_a_fine_tune_is_named_after_its_base_model(tmp_path):
+    """Iteration 2 of a loop trains on iteration 1's clarifier.yaml: the new model's name
+    starts with the served name inside that file (path-safe), not the file's stem."""
+    from train.fit import base_model
+
+    model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
+    first = tmp_path / "clarifier.yaml"
+    first.write_text(yaml.safe_dump({**model, "name": "org/tiny-t-iter1-0123abcd"}))
+    config = load_train_config(
+        train_yaml(tmp_path, experiment_overrides=[f"roles.clarifier.model={first}"])
+    )
+    key, base = base_model(config)
+    assert key == "org-tiny-t-iter1-0123abcd" and base.name == "org/tiny-t-iter1-0123abcd"
+    assert base_model(load_train_config(train_yaml(tmp_path)))[0] == "smollm2-135m-instruct"

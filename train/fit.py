@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from serving.model_config import ModelConfig
+from serving.model_config import ModelConfig, model_label
 from train.config import TrainConfig
 from train.pairs import no_data_message, read_rows
 from train.sample import experiment_with
@@ -45,11 +45,13 @@ class FitResult:
 
 def base_model(config: TrainConfig) -> tuple[str, ModelConfig]:
     """The clarifier's model key and config in the sampling experiment (the policy that
-    produced the samples)."""
+    produced the samples). A model config file is known by its served name, path-safe, as
+    runs label it: a loop's iteration 2 is named after iteration 1's model, not after the
+    file `clarifier.yaml`."""
     resolved = experiment_with(config, config.experiment_overrides)
     ref = resolved.experiment.roles["clarifier"].model
-    key = Path(ref).stem if ref.endswith((".yaml", ".yml")) else ref
-    return key, resolved.model_for("clarifier")
+    base = resolved.model_for("clarifier")
+    return model_label(ref, base.name), base
 
 
 def fine_tuned_config(
