@@ -38,6 +38,11 @@ def messages(blurred_query: str, history: list[QA], language: str) -> tuple[Mess
     )
 
 
+def output(allow_stop: bool = False) -> JsonSchemaOutput:
+    """The constraint `ask` puts on its answer (GRPO's rollouts sample under it too)."""
+    return JsonSchemaOutput.of(ClarifyingQuestionOrStop if allow_stop else ClarifyingQuestion)
+
+
 async def ask(
     engine: ChatModel,
     blurred_query: str,
@@ -51,7 +56,7 @@ async def ask(
         ChatRequest(
             messages=messages(blurred_query, history, language),
             sampling=sampling,
-            output=JsonSchemaOutput.of(schema),
+            output=output(allow_stop),
         )
     )
     parsed = schema.model_validate(response.parsed)

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import eval.run
 import train.grpo
+from agents import clarifier
 from eval.config import ResolvedExperiment, Role, load_experiment
 from eval.engines import Engines
 from serving.engine import ChatModel
@@ -26,7 +27,7 @@ from tests import scripted_cts
 from tests.scripted import ScriptedEngine, fused_query, scripted_roles
 from tests.test_train import cts, read_records, tiny_train_config, train_yaml, wide_terminal
 from train.config import load_train_config
-from train.grpo import GrpoError, downstream_models, experiment, prompt_rows, question_schema
+from train.grpo import GrpoError, downstream_models, experiment, prompt_rows
 
 __all__ = ["wide_terminal"]
 
@@ -153,14 +154,12 @@ def test_grpo_prompts_are_the_clarifiers_first_turn_and_refuse_what_it_cannot_tr
     resolved = experiment(config)
     rows, instances = prompt_rows(resolved)
     assert [r["instance_id"] for r in rows] == [i.id for i in instances] and len(rows) == 2
-    from agents import clarifier
-
     first = instances[0]
     expected = clarifier.messages(first.blurred_query, [], first.language)
     assert rows[0]["prompt"] == [m.model_dump() for m in expected]
-    assert question_schema(config).json_schema["required"] == ["question"]
+    assert clarifier.output(config.allow_stop).json_schema["required"] == ["question"]
     stop = load_train_config(train_yaml(tmp_path, allow_stop=True))
-    assert set(question_schema(stop).json_schema["required"]) == {"question", "stop"}
+    assert set(clarifier.output(stop.allow_stop).json_schema["required"]) == {"question", "stop"}
     # The policy is trained in-process: --serve starts the other roles' models only.
     assert "smollm2-135m-instruct" in downstream_models(resolved)
 

@@ -118,13 +118,6 @@ def prompt_rows(resolved: ResolvedExperiment) -> tuple[list[dict[str, Any]], lis
     return rows, instances
 
 
-def question_schema(config: TrainConfig) -> JsonSchemaOutput:
-    """The output constraint `clarifier.ask` puts on the question: the rollouts sample under it."""
-    return JsonSchemaOutput.of(
-        clarifier.ClarifyingQuestionOrStop if config.allow_stop else clarifier.ClarifyingQuestion
-    )
-
-
 class _Written(Engine):
     """The policy's sampled completion as the clarifier's reply: `clarifier.ask` validates it
     against the schema like a served clarifier's (one cut off at max_completion_length fails
@@ -423,7 +416,7 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
     dtype, use_cpu, bf16, fp16 = precision(config)
     tokenizer = load_tokenizer(base.resolved_path(), base.revision)
     model = load_model(base.resolved_path(), base.revision, dtype)
-    schema = question_schema(config)
+    schema = clarifier.output(config.allow_stop)
     args = GRPOConfig(
         output_dir=str(trainer_dir),
         report_to="none",
