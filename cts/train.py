@@ -1,5 +1,5 @@
-"""`cts train sample | pairs | fit | all | loop`: fine-tune a clarifier against restore
-scores, once or by expert iteration."""
+"""`cts train sample | pairs | fit | all | loop | loop-step | grpo`: fine-tune a clarifier
+against restore scores, once, by expert iteration, or online (GRPO)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ from train.sample import sampling_experiment
 app = typer.Typer(
     help="Fine-tune a clarifier against restore scores: sample scored dialogues (an evaluation "
     "run of clarify@k, one seed per candidate), credit each turn's question with a reward, turn "
-    "them into DPO pairs or SFT examples, train a LoRA adapter with TRL. The result is a model "
+    "them into DPO pairs or SFT examples, train a LoRA adapter with TRL; iterate (loop), or train "
+    "online with GRPO, each sampled question scored by the pipeline. The result is a model "
     "config to swap in with one --set.",
     no_args_is_help=True,
 )
