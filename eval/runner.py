@@ -17,6 +17,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,9 +215,21 @@ async def run_keys(
     finished ones are already on disk. A key recorded in any shard file that can hold it counts
     as done, so a run resumed with another shard count re-runs nothing. Another live process
     running the same shard is refused (ShardBusy)."""
-    with shard_lock(store.root, shard):
+    # Records are written by a thread of their own, and leaving this block waits for it
+    # (shutdown(wait=True), which no second signal can cancel) before the shard's lock is let
+    # go: a resumed run may cut a torn last line, which must never be a line still being written.
+    with shard_lock(store.root, shard), ThreadPoolExecutor(1, "cts-records") as writer:
         return await _run_keys(
-            instances, conditions, seeds, run_one, store, shard, concurrency, on_done, retry_failed
+            instances,
+            conditions,
+            seeds,
+            run_one,
+            store,
+            shard,
+            concurrency,
+            on_done,
+            retry_failed,
+            writer,
         )
 
 
@@ -230,6 +243,7 @@ async def _run_keys(
     concurrency: int,
     on_done: Callable[[Record], None] | None,
     retry_failed: bool,
+    writer: Executor,
 ) -> RunOutcome:
     conditions, seeds = list(conditions), list(seeds)
     # This process is the only writer of its shard's files: it alone repairs a torn tail
@@ -255,7 +269,7 @@ async def _run_keys(
         # meanwhile (an fsync waits on the disk). The key counts as done once the thread is
         # back: a record is on disk before it counts. Shielded: a cancelled key leaves its
         # write to finish, and the run waits for it below.
-        written = loop.run_in_executor(None, store.append, record, shard)
+        written = loop.run_in_executor(writer, store.append, record, shard)
         writing.add(written)
         written.add_done_callback(writing.discard)
         await asyncio.shield(written)
@@ -275,8 +289,7 @@ async def _run_keys(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        # Every write under way ends before the shard's lock is let go: a resumed run may cut a
-        # torn last line, which must never be a line this process is still writing.
+        # Every write under way ends before this returns (and run_keys lets go of the lock).
         await asyncio.gather(*writing, return_exceptions=True)
         if not isinstance(e, asyncio.CancelledError):
             raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,56 @@ def test_a_stopped_run_lets_the_record_being_written_finish_before_it_returns(tm
         assert [r.key for r in store.completed().values()] == [(instances(1)[0].id, "blurred", 0)]
 
     asyncio.run(stopped_while_writing())
+
+
+def test_a_second_signal_while_a_record_is_written_keeps_the_shard_locked_until_it_is_whole(
+    tmp_path,
+):
+    """A second SIGTERM cancels the run's wait for its writes too: the shard's lock must still
+    be held until the record being written is whole (else a resumed run could cut it)."""
+    import threading
+
+    from eval.runner import ShardBusy, shard_lock
+
+    store = RecordStore(tmp_path)
+    writing, cancelled_twice, release = threading.Event(), threading.Event(), threading.Event()
+    lock_while_writing: list[str] = []
+    real_append = store.append
+
+    def slow_append(record: Record, shard: Shard) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_append(record, shard)
+
+    def probe() -> None:  # in a thread: the event loop may be blocked waiting for the writer
+        assert cancelled_twice.wait(10)
+        time.sleep(0.2)
+        try:
+            with shard_lock(store.root, Shard()):
+                lock_while_writing.append("free")
+        except ShardBusy:
+            lock_while_writing.append("held")
+        release.set()
+
+    store.append = slow_append  # type: ignore[method-assign]
+
+    async def run_one(instance: Instance, condition: str, seed: int) -> Record:
+        return Record(instance_id=instance.id, condition=condition, seed=seed)
+
+    async def stopped_twice_while_writing() -> None:
+        work = asyncio.ensure_future(run_keys(instances(1), ["blurred"], [0], run_one, store))
+        while not writing.is_set():
+            await asyncio.sleep(0.01)
+        work.cancel()
+        await asyncio.sleep(0.05)
+        work.cancel()  # the second signal
+        cancelled_twice.set()
+        with pytest.raises(asyncio.CancelledError):
+            await work
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    asyncio.run(stopped_twice_while_writing())
+    prober.join()
+    assert lock_while_writing == ["held"]
+    assert [r.key for r in store.completed().values()] == [(instances(1)[0].id, "blurred", 0)]
