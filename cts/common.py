@@ -26,6 +26,7 @@ from eval.run import RunResult, run_experiment
 from eval.run_dir import RunDir, RunDirError
 from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
 from serving.disk import StorageFull
+from serving.engine import EngineStats
 from serving.errors import ServerUnreachable
 from serving.serve import EndpointsError, PlanError, ServeOptions, Stopped, served
 from serving.vllm_server import ServerError
@@ -233,6 +234,8 @@ def run_keyed(
         highlight=False,
         soft_wrap=True,
     )
+    for line in retry_warnings(result.engine_stats):
+        console.print(line, style="yellow", highlight=False, markup=False, soft_wrap=True)
     if outcome.interrupted:
         console.print("interrupted: finished records are saved; run the same command to resume")
         raise typer.Exit(130)
@@ -241,6 +244,25 @@ def run_keyed(
             f"shard {shard.index}/{shard.count} done; when every shard is done: {merge_with}"
         )
     return result
+
+
+def retry_warnings(stats: dict[str, EngineStats]) -> list[str]:
+    """A line per model whose requests were sent again: not a failure, but lost work (a
+    timed-out request's tokens on the server) that a user tuning a sweep must see."""
+    lines = []
+    for name, s in stats.items():
+        if s.retried:
+            reasons = ", ".join(f"{why} {n}" for why, n in s.retried.most_common())
+            advice = (
+                "; the server was too slow to answer in time: if it is busy rather than dead, "
+                "raise the model's `timeout_s` or lower its `max_concurrency`"
+                if "timeout" in s.retried
+                else ""
+            )
+            lines.append(
+                f"{name}: {s.retried.total()} of {s.calls} requests sent again ({reasons}){advice}"
+            )
+    return lines
 
 
 # -- the main table ---------------------------------------------------------------------------

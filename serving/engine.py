@@ -24,6 +24,9 @@ class EngineStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    #: Attempts that failed and were sent again, by why (`timeout`, `connection`, `HTTP 503`).
+    #: A timed-out attempt's work on the server is lost: many mean a busy server, not a dead one.
+    retried: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -32,6 +35,7 @@ class EngineStats:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "errors": dict(self.errors),
+            "retried": dict(self.retried),
         }
 
 

@@ -123,10 +123,11 @@ class OpenAIEngine(Engine):
         body = self.body(request)
         self.last_body = body
         client, semaphore = self._session()
-        last_error = "no attempt made"
+        last_error, why = "no attempt made", ""
         refused = False
         for attempt in range(self.max_retries + 1):
             if attempt:
+                self.stats.retried[why] += 1
                 delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
                 await asyncio.sleep(delay)
             started = time.perf_counter()
@@ -137,11 +138,14 @@ class OpenAIEngine(Engine):
                 last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 # Nobody listening (or answering a connect): the server, not this request.
                 refused = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
+                busy = isinstance(e, httpx.TimeoutException) and not refused
+                why = "timeout" if busy else "connection"
                 continue
             refused = False
             if reply.status_code in _RETRYABLE_STATUS:
                 # A server may echo the request's headers in its error body.
                 last_error = f"HTTP {reply.status_code}: {redact(reply.text[:300])}"
+                why = f"HTTP {reply.status_code}"
                 continue
             if reply.status_code != 200:
                 raise EngineError(

@@ -191,3 +191,29 @@ def test_a_server_echoing_the_api_key_never_puts_it_in_an_error(server, monkeypa
     # Whatever else quotes the key (an exception a stage records) is redacted too.
     recorded = failure(EngineError(f"wrapped: {key}"), "judge")
     assert key not in recorded["message"] and "[redacted]" in recorded["message"]
+
+
+def test_requests_sent_again_are_counted_by_why_and_the_run_warns_of_timeouts(server):
+    """A retried attempt is no failure, but a timed-out one is server work thrown away: a run
+    tuning its concurrency must see how many there were and why."""
+    from cts.common import retry_warnings
+
+    url, script = server
+    script.replies = [(503, {"error": "loading"}), (200, completion("no"))]
+    engine = OpenAIEngine("m", url, max_retries=3, backoff_s=0.01)
+    asyncio.run(engine.chat(YES_NO))
+    assert engine.stats.retried == {"HTTP 503": 1}
+    assert engine.stats.as_dict()["retried"] == {"HTTP 503": 1}
+
+    script.replies = [(200, completion("no"))]
+    script.delay_s = 0.5
+    slow = OpenAIEngine("slow", url, timeout_s=0.2, max_retries=1, backoff_s=0.01)
+    with pytest.raises(EngineUnavailable, match="2 attempts failed; last error: ReadTimeout"):
+        asyncio.run(slow.chat(YES_NO))
+    assert slow.stats.retried == {"timeout": 1}
+
+    lines = retry_warnings({"m": engine.stats, "slow": slow.stats})
+    assert lines[0] == "m: 1 of 1 requests sent again (HTTP 503 1)"
+    assert lines[1].startswith("slow: 1 of 1 requests sent again (timeout 1); the server was")
+    assert "raise the model's `timeout_s`" in lines[1]
+    assert retry_warnings({"m": OpenAIEngine("m", url).stats}) == []
