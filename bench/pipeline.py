@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import itertools
 import json
@@ -59,6 +60,7 @@ import eval.run  # noqa: E402 - after the path fix, like the modules below
 from eval.config import ResolvedExperiment, load_experiment  # noqa: E402
 from eval.engines import Engines  # noqa: E402
 from eval.run import RunResult, run_experiment  # noqa: E402
+from eval.slots import KeySlots  # noqa: E402
 from serving.engine import ChatModel, EngineStats  # noqa: E402
 from serving.model_config import ModelConfig  # noqa: E402
 from serving.types import (  # noqa: E402
@@ -216,6 +218,8 @@ class ServerMetrics:
     def __init__(self, base_url: str) -> None:
         self.url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
         self.samples: list[tuple[float, float, float, float]] = []
+        #: time.monotonic() at the start of the last sampling (samples count from it).
+        self.started = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -227,7 +231,7 @@ class ServerMetrics:
         """(seconds since start, running, waiting, generated tokens so far) every 0.5 s."""
         self.samples = []
         self._stop.clear()
-        started = time.monotonic()
+        started = self.started = time.monotonic()
 
         def loop() -> None:
             with httpx.Client(timeout=5) as client:
@@ -456,7 +460,7 @@ def measure_run(
     calls: list[Call] = []
     reset_prefix_cache(url)
     before = metrics.read()
-    with metrics.sampling() as samples, recording(calls):
+    with metrics.sampling() as samples, recording(calls), admissions() as admitted:
         started = time.perf_counter()
         result = run_experiment(resolved, run_dir, show_progress=show_progress)
         wall = time.perf_counter() - started
@@ -474,15 +478,76 @@ def measure_run(
         "prompt_tokens": sum(c.prompt_tokens for c in made),
         "server": served,
         "tokens_per_s": round(generated / wall, 2),
+        # The answers' own tokens (the server's count also has retried and abandoned requests'),
+        # the figure comparable with a ceiling whose replays generate exactly those lengths.
+        "answered_tokens_per_s": round(sum(c.completion_tokens for c in made) / wall, 2),
         # From the first request sent to the last answer: without set-up and report writing.
         "tokens_per_s_active": round(generated / span, 2) if span else None,
         "keys_per_min": round(60 * result.outcome.ran / wall, 2),
+        **queued_phase(samples, metrics.started, made, admitted),
         "in_flight": in_flight(samples),
         "prefix_cache_hit_rate": hit_rate(served),
         "samples": [list(s) for s in samples],
         "calls_by_role": dict(Counter(c.role for c in made)),
     }
     return figures, calls, result
+
+
+@contextmanager
+def admissions() -> Iterator[list[float]]:
+    """When each key of a run took its first slot (time.monotonic())."""
+    admitted: list[float] = []
+    acquire = KeySlots.acquire
+
+    async def recorded(self: KeySlots, resumed: bool = False) -> None:
+        await acquire(self, resumed)
+        if not resumed:
+            admitted.append(time.monotonic())
+
+    with mock.patch.object(KeySlots, "acquire", recorded):
+        yield admitted
+
+
+def queued_phase(
+    samples: Sequence[tuple[float, float, float, float]],
+    sampled_from: float,
+    made: list[Call],
+    admitted: list[float],
+) -> dict[str, Any]:
+    """Throughput while keys were still waiting to start: from the first request to the last
+    key's admission. A sweep of thousands of keys per shard spends nearly all its time in this
+    phase; what follows (the last keys' dialogues and searches finishing, fewer and fewer in
+    flight) is a tail of fixed length per run, which a pilot of a few instances is mostly."""
+    if not made or not admitted or len(samples) < 2:
+        return {"queued_s": None, "tokens_per_s_queued": None, "tail_s": None}
+    start = min(c.started for c in made) - sampled_from
+    end = max(admitted) - sampled_from
+    last = max(c.ended for c in made) - sampled_from
+    rate = rate_between(samples, start, end)
+    return {
+        "queued_s": round(max(end - start, 0.0), 1),
+        "tokens_per_s_queued": round(rate, 2) if rate is not None else None,
+        "tail_s": round(last - end, 1),
+    }
+
+
+def rate_between(
+    samples: Sequence[tuple[float, float, float, float]], start: float, end: float
+) -> float | None:
+    """Generated tokens/s by the server's counter from `start` to `end` (seconds since the
+    sampling began; the counter taken as linear between samples); None over less than a few
+    sampling periods, where the counter's steps say nothing."""
+    if len(samples) < 2 or end - start < 4 * SAMPLE_PERIOD_S:
+        return None
+    times = [s[0] for s in samples]
+    tokens = [s[3] for s in samples]
+
+    def generated_by(t: float) -> float:
+        i = min(max(bisect.bisect_left(times, t) - 1, 0), len(times) - 2)
+        (t0, t1), (g0, g1) = times[i : i + 2], tokens[i : i + 2]
+        return g0 + (g1 - g0) * (t - t0) / (t1 - t0) if t1 > t0 else g0
+
+    return (generated_by(end) - generated_by(start)) / (end - start)
 
 
 def hit_rate(served: dict[str, float]) -> float | None:
@@ -580,6 +645,57 @@ async def saturate(
         "tokens_per_s": round(served["generation_tokens"] / window_s, 2),
         "requests_finished": len(replayed),
         "length_matched": sum(a == b for a, b in replayed),
+        "errors": dict(errors),
+        "in_flight": in_flight(samples),
+        "prefix_cache_hit_rate": hit_rate(served),
+    }
+
+
+async def replay_pass(url: str, model: str, mix: list[Call], concurrency: int) -> dict[str, Any]:
+    """Every request of the mix once, `concurrency` at a time (the mix repeated, each time
+    under its own prefix, until there are at least 4 x `concurrency` requests). Generated
+    tokens/s is the server's count from the first request to the moment the first worker found
+    nothing left to send: the whole mix's cost at full load, not a window's share of it (in a
+    window a long mix is only its first requests), and without the pass's ramp-down."""
+    metrics = ServerMetrics(url)
+    await asyncio.to_thread(reset_prefix_cache, url)
+    cycles = max(1, math.ceil(4 * concurrency / len(mix)))
+    pending = iter([(call, f"pass {concurrency}.{n}") for n in range(cycles) for call in mix])
+    done: list[tuple[int, int]] = []  # (replayed completion tokens, recorded)
+    errors: Counter[str] = Counter()
+    idle: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
+
+        async def worker() -> None:
+            for call, nonce in pending:  # one iterator shared by the workers: each request once
+                body = replay_body(call, model, nonce)
+                reply = await client.post(f"{url}/chat/completions", json=body)
+                if reply.status_code != 200:
+                    errors[f"HTTP {reply.status_code}: {reply.text[:120]}"] += 1
+                    continue
+                usage = reply.json().get("usage") or {}
+                done.append((usage.get("completion_tokens", 0), call.completion_tokens))
+            idle.append(time.monotonic())
+
+        before = await asyncio.to_thread(metrics.read)
+        with metrics.sampling() as samples:
+            started = time.monotonic()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            ended = time.monotonic()
+        after = await asyncio.to_thread(metrics.read)
+    served = deltas(before, after)
+    full = rate_between(samples, started - metrics.started, min(idle) - metrics.started)
+    return {
+        "concurrency": concurrency,
+        "mode": "pass",
+        "requests": cycles * len(mix),
+        "seconds": round(ended - started, 1),
+        "full_load_s": round(min(idle) - started, 1),
+        "tokens_per_s": round(full, 2) if full is not None else 0.0,
+        "tokens_per_s_whole_pass": round(served["generation_tokens"] / (ended - started), 2),
+        "requests_finished": len(done),
+        "length_matched": sum(a == b for a, b in done),
         "errors": dict(errors),
         "in_flight": in_flight(samples),
         "prefix_cache_hit_rate": hit_rate(served),
@@ -1276,14 +1392,12 @@ class Bench:
             print("\n## ceiling: replay of the pipeline's request mix", flush=True)
             rows = []
             for concurrency in args.ceiling:
+                mix = self.request_mix()
                 row = asyncio.run(
-                    saturate(
-                        url,
-                        model,
-                        self.request_mix(),
-                        concurrency,
-                        args.ceiling_warmup_s,
-                        args.ceiling_window_s,
+                    replay_pass(url, model, mix, concurrency)
+                    if args.ceiling_mode == "pass"
+                    else saturate(
+                        url, model, mix, concurrency, args.ceiling_warmup_s, args.ceiling_window_s
                     )
                 )
                 rows.append(row)
@@ -1377,12 +1491,15 @@ def best(rows: list[dict[str, Any]]) -> float:
 
 
 def over_ceiling(pipeline: dict[str, Any], ceiling: dict[str, Any]) -> dict[str, float]:
-    """The pipeline's generated tokens/s (over its wall time, and over its active span) as a
-    fraction of the best ceiling figure."""
+    """The pipeline's generated tokens/s (over its wall time, its active span, and the
+    phase while keys still queued) as a fraction of the best ceiling figure."""
     most = ceiling["best_tokens_per_s"]
+    queued = pipeline.get("tokens_per_s_queued")
     return {
         "pipeline_over_ceiling": round(pipeline["tokens_per_s"] / most, 3),
+        "pipeline_answered_over_ceiling": round(pipeline["answered_tokens_per_s"] / most, 3),
         "pipeline_active_over_ceiling": round((pipeline["tokens_per_s_active"] or 0) / most, 3),
+        "pipeline_queued_over_ceiling": round(queued / most, 3) if queued else None,
     }
 
 
@@ -1391,7 +1508,9 @@ def run_line(f: dict[str, Any]) -> str:
     return (
         f"{f['keys_run']} keys, {f['requests']} requests, {f['completion_tokens']} completion "
         f"tokens in {f['wall_s']} s: {f['tokens_per_s']} tok/s (active span "
-        f"{f['tokens_per_s_active']}), running mean {flight.get('running_mean')} max "
+        f"{f['tokens_per_s_active']}; {f['tokens_per_s_queued']} over the {f['queued_s']} s "
+        f"while keys queued, then a {f['tail_s']} s tail), running mean "
+        f"{flight.get('running_mean')} max "
         f"{flight.get('running_max')}, waiting mean {flight.get('waiting_mean')}, prefix-cache "
         f"hit rate {f['prefix_cache_hit_rate']}, failures {f['failures']}"
     )
@@ -1499,6 +1618,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--naive-instances", type=int, default=None, help="default --instances")
     parser.add_argument("--ceiling", type=ints, default=ints("3,8,16,32"))
+    parser.add_argument(
+        "--ceiling-mode",
+        choices=("window", "pass"),
+        default="window",
+        help="window: the mix replayed in a loop, counted over a window after a warm-up; pass: "
+        "the whole mix once, counted while every worker had a request to send (slower, but "
+        "the whole mix; a window sees only the first requests of a long mix)",
+    )
     parser.add_argument("--ceiling-warmup-s", type=float, default=10.0)
     parser.add_argument("--ceiling-window-s", type=float, default=30.0)
     parser.add_argument("--structured-per-role", type=int, default=1)

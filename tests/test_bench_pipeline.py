@@ -107,6 +107,35 @@ def test_a_fresh_grammar_is_new_text_for_the_same_answers(bench):
     assert fresh != schema and {k: v for k, v in fresh.items() if k != "$comment"} == schema
 
 
+def test_the_queued_phase_is_the_server_s_count_from_first_request_to_last_key_admitted(
+    bench, recorded
+):
+    from dataclasses import replace
+
+    # The server's generated-token counter sampled each second from t = 100 (monotonic).
+    samples = [(0.0, 0, 0, 0.0), (1.0, 2, 0, 10.0), (2.0, 2, 0, 30.0), (3.0, 1, 0, 60.0)]
+    made = [
+        replace(recorded[0], started=100.5, ended=101.0),
+        replace(recorded[1], started=101.0, ended=103.5),
+    ]
+    # Keys admitted at 100.5 and 102.5: the counter reads 5 at 0.5 s and 45 at 2.5 s (linear
+    # between samples), so 40 tokens in 2 s; the last answer comes 1 s after the last key.
+    phase = bench.queued_phase(samples, 100.0, made, [100.5, 102.5])
+    assert phase == {"queued_s": 2.0, "tokens_per_s_queued": 20.0, "tail_s": 1.0}
+    # Every key admitted at once (a pilot smaller than its concurrency): no queued phase.
+    assert bench.queued_phase(samples, 100.0, made, [100.5, 100.5])["tokens_per_s_queued"] is None
+
+
+def test_each_key_s_admission_is_recorded_once(bench, tmp_path):
+    with bench.scripted(), bench.admissions() as admitted:
+        result, _ = bench.run_quietly(
+            bench.scripted_experiment(tmp_path / "home", tmp_path / "run", 2, 1), tmp_path / "run"
+        )
+    # 2 instances x 5 conditions; clarify@k keys that waited on their dialogue and took a slot
+    # again are not counted twice.
+    assert result.outcome.ran == 10 and len(admitted) == 10
+
+
 @pytest.fixture(scope="module")
 def gpu_check():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location(
