@@ -13,7 +13,8 @@ Parts (`--parts`, default all), each with the figures it prints and writes to th
 - rerun: the finished pipeline run re-run (same directory; a new directory on the same caches):
   model calls (must be 0) and wall time.
 - ceiling: the same server saturated by a plain concurrent replay of the pipeline's request mix
-  (max_tokens = the recorded completion length, `ignore_eos`) at several concurrencies.
+  (max_tokens = the recorded completion length, `ignore_eos`) at several concurrencies: in a
+  loop counted over a window, or (`--ceiling-mode pass`) the whole mix once.
 - naive: the same protocol one key and one call at a time.
 - structured: the recorded constrained requests with and without their constraint, on the server
   (xgrammar) and the in-process transformers engine (outlines): per-token latency ratio.
@@ -34,6 +35,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -63,6 +65,7 @@ from eval.run import RunResult, run_experiment  # noqa: E402
 from eval.slots import KeySlots  # noqa: E402
 from serving.engine import ChatModel, EngineStats  # noqa: E402
 from serving.model_config import ModelConfig  # noqa: E402
+from serving.openai_engine import CLIENT_CONNECTIONS  # noqa: E402
 from serving.types import (  # noqa: E402
     ChatRequest,
     ChatResponse,
@@ -489,6 +492,8 @@ def measure_run(
         "prefix_cache_hit_rate": hit_rate(served),
         "samples": [list(s) for s in samples],
         "calls_by_role": dict(Counter(c.role for c in made)),
+        # Attempts sent again (timeouts: work the server did for nothing), per model.
+        "retried": {m: dict(s.retried) for m, s in result.engine_stats.items() if s.retried},
     }
     return figures, calls, result
 
@@ -602,11 +607,14 @@ async def saturate(
     warmup_s: float,
     window_s: float,
 ) -> dict[str, Any]:
-    """`concurrency` workers replay the mix in a loop; generated tokens/s is the server's own
-    count over `window_s` after `warmup_s` (no ramp-up, no tail)."""
+    """`concurrency` workers replay the mix (shuffled) in a loop; generated tokens/s is the
+    server's own count over `window_s` after `warmup_s` (no ramp-up, no tail)."""
     metrics = ServerMetrics(url)
     await asyncio.to_thread(reset_prefix_cache, url)
     cycle_of = itertools.count()
+    # In a shuffled order (fixed): a window sees a sample of the whole mix, not the recorded
+    # order's first requests (a long run's first clarifier and searcher turns).
+    mix = random.Random(0).sample(mix, len(mix))
     done: list[tuple[int, int]] = []  # (replayed completion tokens, recorded)
     errors: Counter[str] = Counter()
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
@@ -641,6 +649,7 @@ async def saturate(
     replayed = done[counted:]
     return {
         "concurrency": concurrency,
+        "mode": "window",
         "window_s": window_s,
         "tokens_per_s": round(served["generation_tokens"] / window_s, 2),
         "requests_finished": len(replayed),
@@ -1164,23 +1173,6 @@ def sim_server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen
         process.wait(timeout=30)
 
 
-@contextmanager
-def connection_pool(size: int | None) -> Iterator[None]:
-    """With `size`, the openai engine's HTTP clients hold that many connections instead of
-    httpx's default 100 (to test that lever without changing the engine)."""
-    if size is None:
-        yield
-        return
-    import functools
-
-    import serving.openai_engine
-
-    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-    client = functools.partial(httpx.AsyncClient, limits=limits)
-    with mock.patch.object(serving.openai_engine.httpx, "AsyncClient", client):
-        yield
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -1194,7 +1186,7 @@ def measure_curve(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     latency = args.sim_request_s + args.sim_token_s * args.sim_tokens
     per_seed = 24 * 5  # the sample dev split's instances × the quickstart's conditions
     rows = []
-    with sim_server(args) as (base, process), connection_pool(args.curve_pool):
+    with sim_server(args) as (base, process):
         for concurrency in args.curve:
             keys = max(10, 4 * concurrency)
             seeds = math.ceil(keys / per_seed)
@@ -1248,7 +1240,7 @@ def measure_curve(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             )
             print(curve_row(rows[-1]), flush=True)
     return {
-        "connection_pool": args.curve_pool,
+        "client_connections": CLIENT_CONNECTIONS,
         "latency_s": latency,
         "request_s": args.sim_request_s,
         "token_s": args.sim_token_s,
@@ -1512,7 +1504,8 @@ def run_line(f: dict[str, Any]) -> str:
         f"while keys queued, then a {f['tail_s']} s tail), running mean "
         f"{flight.get('running_mean')} max "
         f"{flight.get('running_max')}, waiting mean {flight.get('waiting_mean')}, prefix-cache "
-        f"hit rate {f['prefix_cache_hit_rate']}, failures {f['failures']}"
+        f"hit rate {f['prefix_cache_hit_rate']}, failures {f['failures']}, sent again "
+        f"{f['retried'] or 'none'}"
     )
 
 
@@ -1636,12 +1629,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sim-request-s", type=float, default=0.05)
     parser.add_argument("--sim-token-s", type=float, default=0.004)
     parser.add_argument("--sim-tokens", type=int, default=64)
-    parser.add_argument(
-        "--curve-pool",
-        type=int,
-        default=None,
-        help="curve: the openai engine's HTTP connection pool (default httpx's 100)",
-    )
     parser.add_argument("--vllm-python", default=None)
     parser.add_argument("--serve-sim", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

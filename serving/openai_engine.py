@@ -9,6 +9,7 @@ constrained answer anyway.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from typing import Any, Literal
@@ -30,6 +31,11 @@ from serving.types import (
 
 ConstraintField = Literal["structured_outputs", "response_format"]
 _RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+#: Connections per HTTP client. httpcore's pool scans its connections for each request it
+#: places, so one client past ~100 requests in flight spends more CPU than the requests take
+#: (bench/RESULTS.md: 221 -> 141 calls/s at 256, and worse with a larger pool); an engine
+#: allowed more in flight spreads them over several clients.
+CLIENT_CONNECTIONS = 64
 
 
 def constraint_fields(spec: OutputSpec, prefer: ConstraintField) -> dict[str, Any]:
@@ -82,7 +88,9 @@ class OpenAIEngine(Engine):
             headers["Authorization"] = f"Bearer {key}"
         self._timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
         self._headers = headers
-        self._client: httpx.AsyncClient | None = None
+        #: ceil(max_concurrency / CLIENT_CONNECTIONS) clients, and requests in flight on each.
+        self._clients: list[httpx.AsyncClient] = []
+        self._in_flight: list[int] = []
         self._max_concurrency = max_concurrency
         self._semaphore: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,19 +118,36 @@ class OpenAIEngine(Engine):
             body.update(constraint_fields(request.output, self.constraint_field))
         return body
 
-    def _session(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _session(self) -> tuple[list[httpx.AsyncClient], asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
-        if self._client is None or self._semaphore is None or self._loop is not loop:
+        if not self._clients or self._semaphore is None or self._loop is not loop:
             # Clients and semaphores are bound to one event loop.
             self._loop = loop
-            self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+            n = max(1, math.ceil(self._max_concurrency / CLIENT_CONNECTIONS))
+            per_client = math.ceil(self._max_concurrency / n)
+            limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client)
+            self._clients = [
+                httpx.AsyncClient(timeout=self._timeout, headers=self._headers, limits=limits)
+                for _ in range(n)
+            ]
+            self._in_flight = [0] * n
             self._semaphore = asyncio.Semaphore(self._max_concurrency)
-        return self._client, self._semaphore
+        return self._clients, self._semaphore
+
+    async def _post(self, clients: list[httpx.AsyncClient], body: dict[str, Any]) -> httpx.Response:
+        """On the client with the fewest requests in flight: with the semaphore's bound, none
+        holds more than its pool, so no request queues inside httpcore."""
+        i = min(range(len(clients)), key=self._in_flight.__getitem__)
+        self._in_flight[i] += 1
+        try:
+            return await clients[i].post(self.url, json=body)
+        finally:
+            self._in_flight[i] -= 1
 
     async def _complete(self, request: ChatRequest) -> ChatResponse:
         body = self.body(request)
         self.last_body = body
-        client, semaphore = self._session()
+        clients, semaphore = self._session()
         last_error, why = "no attempt made", ""
         refused = False
         for attempt in range(self.max_retries + 1):
@@ -133,7 +158,7 @@ class OpenAIEngine(Engine):
             started = time.perf_counter()
             try:
                 async with semaphore:
-                    reply = await client.post(self.url, json=body)
+                    reply = await self._post(clients, body)
             except (httpx.TransportError, httpx.TimeoutException) as e:
                 last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 # Nobody listening (or answering a connect): the server, not this request.
@@ -178,6 +203,6 @@ class OpenAIEngine(Engine):
         )
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        clients, self._clients = self._clients, []
+        for client in clients:
+            await client.aclose()

@@ -217,3 +217,24 @@ def test_requests_sent_again_are_counted_by_why_and_the_run_warns_of_timeouts(se
     assert lines[1].startswith("slow: 1 of 1 requests sent again (timeout 1); the server was")
     assert "raise the model's `timeout_s`" in lines[1]
     assert retry_warnings({"m": OpenAIEngine("m", url).stats}) == []
+
+
+def test_requests_past_one_client_s_pool_spread_over_several_clients(server, monkeypatch):
+    """One HTTP client's pool is kept small (httpcore scans it per request); an engine allowed
+    more requests in flight opens more clients, so all of them are in flight at once."""
+    import serving.openai_engine
+
+    monkeypatch.setattr(serving.openai_engine, "CLIENT_CONNECTIONS", 2)
+    url, script = server
+    script.replies = [(200, completion("yes"))]
+    script.delay_s = 0.3
+    engine = OpenAIEngine("m", url, max_concurrency=5, max_retries=0)
+
+    async def burst() -> None:
+        answers = await asyncio.gather(*(engine.chat(YES_NO) for _ in range(7)))
+        assert [a.parsed for a in answers] == ["yes"] * 7
+        assert len(engine._clients) == 3  # ceil(5 / 2), each with a pool of ceil(5 / 3) = 2
+        await engine.aclose()
+
+    asyncio.run(burst())
+    assert script.peak == 5  # the engine's bound, not one pool's 2
