@@ -33,8 +33,9 @@ ConstraintField = Literal["structured_outputs", "response_format"]
 _RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 #: Connections per HTTP client. httpcore's pool scans its connections for each request it
 #: places, so one client past ~100 requests in flight spends more CPU than the requests take
-#: (bench/RESULTS.md: 221 -> 141 calls/s at 256, and worse with a larger pool); an engine
-#: allowed more in flight spreads them over several clients.
+#: (bench/RESULTS.md, 256 in flight on a simulated server: 41 calls/s on one client with
+#: httpx's pool of 100, 427 on a client per 64); an engine allowed more in flight spreads them
+#: over several clients.
 CLIENT_CONNECTIONS = 64
 
 
