@@ -175,3 +175,36 @@ def test_the_gpu_check_defaults_fill_its_concurrency_with_keys(gpu_check):
     assert args.ceiling == [16, 64, 128, 256]
     assert args.instances * 5 >= args.concurrency  # 5 conditions per instance
     assert gpu_check.parse_args(["--ceiling", "4,8"]).ceiling == [4, 8]
+
+
+def test_the_gpu_check_table_reads_every_figure_its_stages_write(gpu_check):
+    """The table comes last in a GPU session that may not be had again: a missing key there
+    would lose the session's figures (they are in the JSON, but unread)."""
+    pipeline = {
+        "in_flight": {"running_mean": 3.0, "running_max": 5, "waiting_mean": 0.1, "waiting_max": 2},
+        "failures": {"engine_timeout": 1},
+        "keys_run": 5,
+        "wall_s": 10.0,
+        "tokens_per_s": 5.0,
+        "tokens_per_s_active": 6.0,
+        "answered_tokens_per_s": 4.5,
+        "tokens_per_s_queued": None,
+        "prefix_cache_hit_rate": 0.5,
+    }
+    ceiling = {"rows": [{"concurrency": 16, "tokens_per_s": 6.0, "in_flight": {}}]}
+    ceiling["best_tokens_per_s"] = 6.0
+    stats = {"calls": 30, "constrained": 30, "completion_tokens": 900, "errors": {}}
+    results = {
+        "server": {"ready_s": 61.0, "first_requests_s": {"free": 0.5}},
+        "settings": {"concurrency": 64, "max_concurrency": 64},
+        "pipeline": pipeline,
+        "engine_stats": {**stats, "retried": {"timeout": 2}},
+        "ceiling": ceiling,
+        "ratios": gpu_check.over_ceiling(pipeline, ceiling),
+        "burst": {"requests": 6, "completion_tokens": 60, "seconds": 2.0, "valid": 6, "errors": {}},
+    }
+    rows = gpu_check.table_rows(results)
+    assert rows["pipeline ÷ best ceiling (active span; while keys queued)"] == "0.833 (1.0; None)"
+    assert rows["pipeline's answered tokens ÷ best ceiling"] == "0.75"
+    assert rows["pipeline requests sent again"] == '{"timeout": 2}'
+    assert rows["burst constrained validity"] == "6/6"
