@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -221,13 +222,9 @@ def test_a_shard_another_live_process_runs_is_refused_and_free_once_it_ends(tmp_
     assert outcome.ran == 0
 
 
-def test_a_stopped_run_lets_the_record_being_written_finish_before_it_returns(tmp_path):
-    """Records are written in a worker thread: a run cancelled (a signal) while one is being
-    written returns, and lets go of its shard's lock, only once that record is whole on disk,
-    so that a resumed run cannot cut a line still being written."""
-    import threading
-
-    store = RecordStore(tmp_path)
+def held_writes(store: RecordStore) -> tuple[threading.Event, threading.Event]:
+    """Each record `store` appends waits in its writer thread until `release` is set;
+    `writing` is set once one is being written."""
     writing, release = threading.Event(), threading.Event()
     real_append = store.append
 
@@ -237,12 +234,22 @@ def test_a_stopped_run_lets_the_record_being_written_finish_before_it_returns(tm
         real_append(record, shard)
 
     store.append = slow_append  # type: ignore[method-assign]
+    return writing, release
 
-    async def run_one(instance: Instance, condition: str, seed: int) -> Record:
-        return Record(instance_id=instance.id, condition=condition, seed=seed)
+
+async def blank_record(instance: Instance, condition: str, seed: int) -> Record:
+    return Record(instance_id=instance.id, condition=condition, seed=seed)
+
+
+def test_a_stopped_run_lets_the_record_being_written_finish_before_it_returns(tmp_path):
+    """Records are written in a worker thread: a run cancelled (a signal) while one is being
+    written returns, and lets go of its shard's lock, only once that record is whole on disk,
+    so that a resumed run cannot cut a line still being written."""
+    store = RecordStore(tmp_path)
+    writing, release = held_writes(store)
 
     async def stopped_while_writing() -> None:
-        work = asyncio.ensure_future(run_keys(instances(1), ["blurred"], [0], run_one, store))
+        work = asyncio.ensure_future(run_keys(instances(1), ["blurred"], [0], blank_record, store))
         while not writing.is_set():
             await asyncio.sleep(0.01)
         work.cancel()  # what the SIGTERM handler does
@@ -262,19 +269,12 @@ def test_a_second_signal_while_a_record_is_written_keeps_the_shard_locked_until_
 ):
     """A second SIGTERM cancels the run's wait for its writes too: the shard's lock must still
     be held until the record being written is whole (else a resumed run could cut it)."""
-    import threading
-
     from eval.runner import ShardBusy, shard_lock
 
     store = RecordStore(tmp_path)
-    writing, cancelled_twice, release = threading.Event(), threading.Event(), threading.Event()
+    writing, release = held_writes(store)
+    cancelled_twice = threading.Event()
     lock_while_writing: list[str] = []
-    real_append = store.append
-
-    def slow_append(record: Record, shard: Shard) -> None:
-        writing.set()
-        assert release.wait(10)
-        real_append(record, shard)
 
     def probe() -> None:  # in a thread: the event loop may be blocked waiting for the writer
         assert cancelled_twice.wait(10)
@@ -286,13 +286,8 @@ def test_a_second_signal_while_a_record_is_written_keeps_the_shard_locked_until_
             lock_while_writing.append("held")
         release.set()
 
-    store.append = slow_append  # type: ignore[method-assign]
-
-    async def run_one(instance: Instance, condition: str, seed: int) -> Record:
-        return Record(instance_id=instance.id, condition=condition, seed=seed)
-
     async def stopped_twice_while_writing() -> None:
-        work = asyncio.ensure_future(run_keys(instances(1), ["blurred"], [0], run_one, store))
+        work = asyncio.ensure_future(run_keys(instances(1), ["blurred"], [0], blank_record, store))
         while not writing.is_set():
             await asyncio.sleep(0.01)
         work.cancel()
