@@ -1615,9 +1615,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--ceiling-mode",
         choices=("window", "pass"),
         default="window",
-        help="window: the mix replayed in a loop, counted over a window after a warm-up; pass: "
-        "the whole mix once, counted while every worker had a request to send (slower, but "
-        "the whole mix; a window sees only the first requests of a long mix)",
+        help="window: the mix replayed shuffled in a loop, counted over a window after a "
+        "warm-up (a sample of a long mix); pass: the whole mix once, counted while every worker "
+        "had a request to send (slower, but all of it)",
     )
     parser.add_argument("--ceiling-warmup-s", type=float, default=10.0)
     parser.add_argument("--ceiling-window-s", type=float, default=30.0)
