@@ -599,6 +599,24 @@ def replay_body(call: Call, model: str, nonce: str | None, *, ignore_eos: bool =
     return body
 
 
+class Replayed:
+    """What a ceiling replay got back: (replayed, recorded) completion lengths, and errors."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[int, int]] = []
+        self.errors: Counter[str] = Counter()
+
+    async def send(self, client: httpx.AsyncClient, url: str, body: dict, call: Call) -> bool:
+        """Send one replayed request; False when the server refused it."""
+        reply = await client.post(f"{url}/chat/completions", json=body)
+        if reply.status_code != 200:
+            self.errors[f"HTTP {reply.status_code}: {reply.text[:120]}"] += 1
+            return False
+        usage = reply.json().get("usage") or {}
+        self.done.append((usage.get("completion_tokens", 0), call.completion_tokens))
+        return True
+
+
 async def saturate(
     url: str,
     model: str,
@@ -615,8 +633,7 @@ async def saturate(
     # In a shuffled order (fixed): a window sees a sample of the whole mix, not the recorded
     # order's first requests (a long run's first clarifier and searcher turns).
     mix = random.Random(0).sample(mix, len(mix))
-    done: list[tuple[int, int]] = []  # (replayed completion tokens, recorded)
-    errors: Counter[str] = Counter()
+    replayed = Replayed()
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
@@ -625,18 +642,13 @@ async def saturate(
                 i = next(cycle_of)
                 call = mix[i % len(mix)]
                 body = replay_body(call, model, f"replay {concurrency}.{i // len(mix)}")
-                reply = await client.post(f"{url}/chat/completions", json=body)
-                if reply.status_code != 200:
-                    errors[f"HTTP {reply.status_code}: {reply.text[:120]}"] += 1
+                if not await replayed.send(client, url, body, call):
                     await asyncio.sleep(0.5)  # a refused request must not spin
-                    continue
-                usage = reply.json().get("usage") or {}
-                done.append((usage.get("completion_tokens", 0), call.completion_tokens))
 
         workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
         try:
             await asyncio.sleep(warmup_s)
-            before, counted = await asyncio.to_thread(metrics.read), len(done)
+            before, counted = await asyncio.to_thread(metrics.read), len(replayed.done)
             with metrics.sampling() as samples:
                 await asyncio.sleep(window_s)
             after = await asyncio.to_thread(metrics.read)
@@ -646,15 +658,15 @@ async def saturate(
             await asyncio.gather(*workers, return_exceptions=True)
     await asyncio.to_thread(metrics.wait_idle)
     served = deltas(before, after)
-    replayed = done[counted:]
+    in_window = replayed.done[counted:]
     return {
         "concurrency": concurrency,
         "mode": "window",
         "window_s": window_s,
         "tokens_per_s": round(served["generation_tokens"] / window_s, 2),
-        "requests_finished": len(replayed),
-        "length_matched": sum(a == b for a, b in replayed),
-        "errors": dict(errors),
+        "requests_finished": len(in_window),
+        "length_matched": sum(a == b for a, b in in_window),
+        "errors": dict(replayed.errors),
         "in_flight": in_flight(samples),
         "prefix_cache_hit_rate": hit_rate(served),
     }
@@ -670,21 +682,14 @@ async def replay_pass(url: str, model: str, mix: list[Call], concurrency: int) -
     await asyncio.to_thread(reset_prefix_cache, url)
     cycles = max(1, math.ceil(4 * concurrency / len(mix)))
     pending = iter([(call, f"pass {concurrency}.{n}") for n in range(cycles) for call in mix])
-    done: list[tuple[int, int]] = []  # (replayed completion tokens, recorded)
-    errors: Counter[str] = Counter()
+    replayed = Replayed()
     idle: list[float] = []
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
 
         async def worker() -> None:
             for call, nonce in pending:  # one iterator shared by the workers: each request once
-                body = replay_body(call, model, nonce)
-                reply = await client.post(f"{url}/chat/completions", json=body)
-                if reply.status_code != 200:
-                    errors[f"HTTP {reply.status_code}: {reply.text[:120]}"] += 1
-                    continue
-                usage = reply.json().get("usage") or {}
-                done.append((usage.get("completion_tokens", 0), call.completion_tokens))
+                await replayed.send(client, url, replay_body(call, model, nonce), call)
             idle.append(time.monotonic())
 
         before = await asyncio.to_thread(metrics.read)
@@ -703,9 +708,9 @@ async def replay_pass(url: str, model: str, mix: list[Call], concurrency: int) -
         "full_load_s": round(min(idle) - started, 1),
         "tokens_per_s": round(full, 2) if full is not None else 0.0,
         "tokens_per_s_whole_pass": round(served["generation_tokens"] / (ended - started), 2),
-        "requests_finished": len(done),
-        "length_matched": sum(a == b for a, b in done),
-        "errors": dict(errors),
+        "requests_finished": len(replayed.done),
+        "length_matched": sum(a == b for a, b in replayed.done),
+        "errors": dict(replayed.errors),
         "in_flight": in_flight(samples),
         "prefix_cache_hit_rate": hit_rate(served),
     }
