@@ -260,7 +260,8 @@ def retry_warnings(stats: dict[str, EngineStats]) -> list[str]:
                 else ""
             )
             lines.append(
-                f"{name}: {s.retried.total()} of {s.calls} requests sent again ({reasons}){advice}"
+                f"{name}: {s.retried.total()} attempts sent again over {s.calls} requests "
+                f"({reasons}){advice}"
             )
     return lines
 

@@ -213,8 +213,8 @@ def test_requests_sent_again_are_counted_by_why_and_the_run_warns_of_timeouts(se
     assert slow.stats.retried == {"timeout": 1}
 
     lines = retry_warnings({"m": engine.stats, "slow": slow.stats})
-    assert lines[0] == "m: 1 of 1 requests sent again (HTTP 503 1)"
-    assert lines[1].startswith("slow: 1 of 1 requests sent again (timeout 1); the server was")
+    assert lines[0] == "m: 1 attempts sent again over 1 requests (HTTP 503 1)"
+    assert lines[1].startswith("slow: 1 attempts sent again over 1 requests (timeout 1); the")
     assert "raise the model's `timeout_s`" in lines[1]
     assert retry_warnings({"m": OpenAIEngine("m", url).stats}) == []
 
