@@ -199,6 +199,40 @@ class RunOutcome:
 RunOne = Callable[[Instance, str, int], Awaitable[Record]]
 
 
+class ProgressHold:
+    """A test hook: `$CTS_HOLD_AT_RECORDS=N:DIR` lets a run start N keys only; once their N
+    records are written (nothing else under way) it touches DIR/held and starts no other key
+    until DIR/release exists. Tests stop, kill or inspect a run at a point of its progress
+    rather than after a delay, which a faster machine would outrun."""
+
+    def __init__(self, at_records: int | None = None, directory: Path | None = None) -> None:
+        self.at_records, self.directory = at_records, directory
+        self.started = 0
+        self._released = asyncio.Event()
+
+    @classmethod
+    def from_env(cls) -> ProgressHold:
+        value = os.environ.get("CTS_HOLD_AT_RECORDS")
+        if not value:
+            return cls()
+        count, directory = value.split(":", 1)
+        return cls(int(count), Path(directory))
+
+    async def passed(self) -> None:
+        """Called as a key starts: past the first N, wait for the release."""
+        self.started += 1
+        if self.at_records is not None and self.started > self.at_records:
+            await self._released.wait()
+
+    async def after_record(self, written: int) -> None:
+        if written != self.at_records or self.directory is None:
+            return
+        (self.directory / "held").touch()
+        while not (self.directory / "release").exists():
+            await asyncio.sleep(0.05)
+        self._released.set()
+
+
 async def run_keys(
     instances: list[Instance],
     conditions: Iterable[str],
@@ -261,9 +295,11 @@ async def _run_keys(
     slots = KeySlots(concurrency)
     loop = asyncio.get_running_loop()
     writing: set[asyncio.Future[None]] = set()
+    hold = ProgressHold.from_env()
 
     async def one(instance: Instance, condition: str, seed: int) -> None:
         async with slots.held():
+            await hold.passed()
             record = await run_one(instance, condition, seed)
         # Written and fsync'd in a worker thread, so that the other keys' requests go on
         # meanwhile (an fsync waits on the disk). The key counts as done once the thread is
@@ -278,6 +314,7 @@ async def _run_keys(
             outcome.failures[record.error["kind"]] += 1
         if on_done:
             on_done(record)
+        await hold.after_record(outcome.ran)
 
     tasks = [asyncio.create_task(one(*key)) for key in todo]
     try:

@@ -1,11 +1,22 @@
-"""Run by tests/test_crash_safety.py in a subprocess that the test kills (SIGKILL) or stops
-(SIGTERM): a small deterministic run (scripted engines with delays) into the run directory given
-as argv[1], of shard argv[3] (I/N) when given. Signals are handled as `cts run` handles them;
-an interrupted run exits 130."""
+"""Run by tests/test_crash_safety.py in a subprocess that is killed (SIGKILL) or stopped
+(SIGTERM): a small deterministic run (scripted engines) into the run directory given as
+argv[1], of shard argv[3] (I/N, or `all`) when given. Signals are handled as `cts run` handles
+them; an interrupted run exits 130.
+
+Where it is stopped is set by progress, never by time, so that the tests behave alike on a
+fast and a slow machine:
+- `--kill-at-call N`: the process SIGKILLs itself as its N-th model call starts (whatever
+  else is in flight: other keys' calls, a record being written by the writer thread);
+- `--hold-at-records M`: once the run directory holds M records, every model call touches
+  `<run_dir>/held` and waits forever: keys are under way and the run cannot finish until it
+  is signalled."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,17 +25,45 @@ from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.pipeline import run_instance
 from eval.run import until_signalled
 from eval.runner import RecordStore, Shard, run_keys
-from tests.scripted import scripted_context
+from serving.types import ChatRequest, ChatResponse
+from tests.scripted import ScriptedEngine, scripted_context
 from webdancer.backends.local import LocalSearch
 
 CONDITIONS: list[str] = list(ALL_CONDITIONS)
 LIMIT = 10
 
 
-def main(run_dir: Path, index_dir: Path, shard: Shard) -> None:
+def recorded(run_dir: Path) -> int:
+    return sum(len(f.read_text().splitlines()) for f in run_dir.glob("records/*/*.jsonl"))
+
+
+class Stops:
+    """Where this process stops, checked as each model call (over every role) starts."""
+
+    def __init__(self, run_dir: Path, kill_at_call: int | None, hold_at_records: int | None):
+        self.run_dir = run_dir
+        self.kill_at_call, self.hold_at_records = kill_at_call, hold_at_records
+        self.calls = 0
+
+    def wrap(self, engine: ScriptedEngine) -> None:
+        complete = engine._complete
+
+        async def _complete(request: ChatRequest) -> ChatResponse:
+            self.calls += 1
+            if self.calls == self.kill_at_call:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.hold_at_records is not None and recorded(self.run_dir) >= self.hold_at_records:
+                (self.run_dir / "held").touch()
+                await asyncio.Event().wait()
+            return await complete(request)
+
+        engine._complete = _complete  # type: ignore[method-assign]
+
+
+def main(run_dir: Path, index_dir: Path, shard: Shard, stops: Stops) -> None:
     ctx, roles = scripted_context(LocalSearch(corpus_path("sample"), index_dir))
     for engine in roles.values():
-        engine.delay_s = 0.1
+        stops.wrap(engine)
     instances = load_instances(DatasetSource(path="sample", split="dev", limit=LIMIT))
     outcome = asyncio.run(
         until_signalled(
@@ -44,6 +83,16 @@ def main(run_dir: Path, index_dir: Path, shard: Shard) -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("index_dir", type=Path)
+    parser.add_argument("shard", nargs="?", default="all")
+    parser.add_argument("--kill-at-call", type=int)
+    parser.add_argument("--hold-at-records", type=int)
+    args = parser.parse_args()
     main(
-        Path(sys.argv[1]), Path(sys.argv[2]), Shard.parse(sys.argv[3]) if sys.argv[3:] else Shard()
+        args.run_dir,
+        args.index_dir,
+        Shard() if args.shard == "all" else Shard.parse(args.shard),
+        Stops(args.run_dir, args.kill_at_call, args.hold_at_records),
     )

@@ -65,7 +65,10 @@ def piped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = root / "run"
     # 80 columns, as rich assumes without a terminal.
     env = {"CTS_PROGRESS_EVERY_S": "0", "CTS_SCRIPTED_DELAY_S": "0.02", "COLUMNS": "80"}
-    first = start(run_args(out, "--limit", "2"), root / "home", **env)
+    # Held at its first record until released (eval/runner.py ProgressHold), so the first run
+    # cannot end before its first progress line is read, however fast the machine.
+    hold = {"CTS_HOLD_AT_RECORDS": f"1:{root}"}
+    first = start(run_args(out, "--limit", "2"), root / "home", **env, **hold)
     assert first.stdout is not None
     # Flushed as it is printed: the first progress line is read while the keys still run.
     head = ""
@@ -74,6 +77,7 @@ def piped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         assert line, "no progress line"
         head += line
     still_running = first.poll() is None
+    (root / "release").touch()
     rest, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     second = start(run_args(out), root / "home", **env)

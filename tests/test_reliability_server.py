@@ -119,21 +119,24 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path,
 
         cut = tmp_path / "cut"
         home = tmp_path / "home-cut"
+        # Held after its first record (eval/runner.py ProgressHold) while the server is
+        # killed, so the second key meets a dead server however fast the machine.
         running = subprocess.Popen(
             cts_run(config, cut, home),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
+            env={**env, "CTS_HOLD_AT_RECORDS": f"1:{tmp_path}"},
         )
-        deadline = time.monotonic() + 900
-        while not record_lines(cut):
+        deadline = time.monotonic() + 900  # a hang guard, not a speed assumption
+        while not (tmp_path / "held").exists():
             assert running.poll() is None, running.communicate()
             assert time.monotonic() < deadline, "no record written"
             time.sleep(0.2)
         assert first.process is not None
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait()
+        (tmp_path / "release").touch()
         _, err = running.communicate(timeout=300)
     finally:
         first.stop()

@@ -49,11 +49,12 @@ def cluster_up() -> None:
         pytest.skip("no Slurm cluster: bash scripts/slurm_cluster.sh up")
 
 
-def cts(*args: str, scripted: bool = False) -> subprocess.CompletedProcess[str]:
+def cts(*args: str, scripted: bool = False, **more: str) -> subprocess.CompletedProcess[str]:
     """`cts ARGS`; `scripted`: every role on a scripted engine (tests/scripted_cts.py), in the
     jobs it submits too, each model call taking up to a second: for the tests whose fault (a
-    corrupt file, a preemption) is the point and the model's decoding only their cost."""
-    module, env = "cts", dict(os.environ)
+    corrupt file, a preemption) is the point and the model's decoding only their cost. `more`:
+    environment variables (sbatch passes them on to the jobs)."""
+    module, env = "cts", dict(os.environ) | more
     if scripted:
         module = "tests.scripted_cts"
         env |= {"PYTHONPATH": str(ROOT), "CTS_SCRIPTED_DELAY_S": "1"}
@@ -106,12 +107,17 @@ def slurm_status(run_dir: Path) -> dict:
 
 
 def submit(
-    run_dir: Path, shards: int, tmp_path: Path, extra: Sequence[str] = (), scripted: bool = False
+    run_dir: Path,
+    shards: int,
+    tmp_path: Path,
+    extra: Sequence[str] = (),
+    scripted: bool = False,
+    **env: str,
 ) -> tuple[str, str]:
     """`cts slurm submit` the small quickstart; (evaluation job id, merge job id)."""
     result = cts(
         "slurm", "submit", "--shards", str(shards), "--output-dir", str(run_dir), *TASK,
-        *overrides(tmp_path, extra), scripted=scripted,
+        *overrides(tmp_path, extra), scripted=scripted, **env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("submitted evaluation job"))
@@ -183,16 +189,18 @@ def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
     the merge still finds every key exactly once."""
     cluster_up()
     run_dir = tmp_path / "run"
-    # One key at a time, so that the requeue comes with keys still to do.
-    extra = ["conditions=[blurred, oracle]", "dataset.limit=2", "concurrency=1"]
-    eval_job, merge_job = submit(run_dir, 1, tmp_path, extra, scripted=True)
-    records_file = run_dir / "records" / "blurred" / "shard-0-of-1.jsonl"
-    deadline = time.monotonic() + 600
-    while not (records_file.is_file() and records_file.read_text().count("\n") >= 1):
+    # The task holds after its first record (eval/runner.py ProgressHold) until the requeue has
+    # been sent, so the requeue comes with keys still to do however fast the machine.
+    extra = ["conditions=[blurred, oracle]", "dataset.limit=2"]
+    hold = {"CTS_HOLD_AT_RECORDS": f"1:{tmp_path}"}
+    eval_job, merge_job = submit(run_dir, 1, tmp_path, extra, scripted=True, **hold)
+    deadline = time.monotonic() + 600  # a hang guard, not a speed assumption
+    while not (tmp_path / "held").exists():
         assert time.monotonic() < deadline, "no record before the requeue"
         time.sleep(1)
     requeue = subprocess.run(["scontrol", "requeue", eval_job], capture_output=True, text=True)
     assert requeue.returncode == 0, requeue.stderr
+    (tmp_path / "release").touch()  # the restarted task holds at its first record until now
     wait_for([eval_job, merge_job], 1200)
     status = slurm_status(run_dir)
     assert status["shards"][0]["job"]["state"] == "COMPLETED", status
