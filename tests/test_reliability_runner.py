@@ -7,7 +7,7 @@ import asyncio
 import os
 import stat
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -199,12 +199,13 @@ def test_a_shard_another_live_process_runs_is_refused_and_free_once_it_ends(tmp_
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path\n"
+            "import sys; from pathlib import Path\n"
             "from eval.runner import Shard, shard_lock\n"
             "with shard_lock(Path(sys.argv[1]), Shard(0, 2)):\n"
-            "    print('held', flush=True); time.sleep(60)",
+            "    print('held', flush=True); sys.stdin.read()",  # held until killed
             str(store.root),
         ],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
@@ -265,20 +266,30 @@ def test_a_stopped_run_lets_the_record_being_written_finish_before_it_returns(tm
 
 
 def test_a_second_signal_while_a_record_is_written_keeps_the_shard_locked_until_it_is_whole(
-    tmp_path,
+    tmp_path, monkeypatch
 ):
     """A second SIGTERM cancels the run's wait for its writes too: the shard's lock must still
-    be held until the record being written is whole (else a resumed run could cut it)."""
+    be held until the record being written is whole (else a resumed run could cut it). The
+    lock is probed once the run has gone as far as it can without the write (it waits for
+    the record writer to end, or it has returned), not after a delay."""
+    import eval.runner
     from eval.runner import ShardBusy, shard_lock
 
     store = RecordStore(tmp_path)
     writing, release = held_writes(store)
-    cancelled_twice = threading.Event()
+    stopping = threading.Event()  # the run waits for its writer, or has returned
     lock_while_writing: list[str] = []
 
+    class Writer(ThreadPoolExecutor):
+        def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+            if wait:  # it waits below for the held record
+                stopping.set()
+            super().shutdown(wait, cancel_futures=cancel_futures)
+
+    monkeypatch.setattr(eval.runner, "ThreadPoolExecutor", Writer)
+
     def probe() -> None:  # in a thread: the event loop may be blocked waiting for the writer
-        assert cancelled_twice.wait(10)
-        time.sleep(0.2)
+        assert stopping.wait(60)
         try:
             with shard_lock(store.root, Shard()):
                 lock_while_writing.append("free")
@@ -293,9 +304,11 @@ def test_a_second_signal_while_a_record_is_written_keeps_the_shard_locked_until_
         work.cancel()
         await asyncio.sleep(0.05)
         work.cancel()  # the second signal
-        cancelled_twice.set()
-        with pytest.raises(asyncio.CancelledError):
-            await work
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                await work
+        finally:
+            stopping.set()
 
     prober = threading.Thread(target=probe)
     prober.start()
