@@ -30,15 +30,18 @@ def completion(text: str) -> dict:
 
 
 class Scripted:
-    """Replies in order from `replies` (status, payload); the last one repeats."""
+    """Replies in order from `replies` (status, payload); the last one repeats. With `gather`
+    set, each request waits until that many have been in flight at once (a point of progress,
+    so a slow machine cannot miss the peak), then `delay_s` more."""
 
     def __init__(self, replies: list[tuple[int, dict]]) -> None:
         self.replies = replies
         self.bodies: list[dict] = []
         self.delay_s = 0.0
+        self.gather: int | None = None
         self.active = 0
         self.peak = 0
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
 
 
 @pytest.fixture
@@ -52,6 +55,9 @@ def server() -> Iterator[tuple[str, Scripted]]:
                 script.bodies.append(body)
                 script.active += 1
                 script.peak = max(script.peak, script.active)
+                script.lock.notify_all()
+                if script.gather is not None:  # a hang guard, not a speed assumption
+                    assert script.lock.wait_for(lambda: script.peak >= script.gather, 60)
             time.sleep(script.delay_s)
             with script.lock:
                 script.active -= 1
@@ -163,7 +169,7 @@ def test_api_key_comes_from_the_environment(monkeypatch):
 
 def test_concurrency_is_bounded(server):
     url, script = server
-    script.delay_s = 0.1
+    script.gather, script.delay_s = 2, 0.1
     engine = OpenAIEngine("m", url, max_concurrency=2)
 
     async def go() -> None:
@@ -227,7 +233,7 @@ def test_requests_past_one_client_s_pool_spread_over_several_clients(server, mon
     monkeypatch.setattr(serving.openai_engine, "CLIENT_CONNECTIONS", 2)
     url, script = server
     script.replies = [(200, completion("yes"))]
-    script.delay_s = 0.3
+    script.gather, script.delay_s = 5, 0.3
     engine = OpenAIEngine("m", url, max_concurrency=5, max_retries=0)
 
     async def burst() -> None:
