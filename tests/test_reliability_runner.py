@@ -231,7 +231,7 @@ def held_writes(store: RecordStore) -> tuple[threading.Event, threading.Event]:
 
     def slow_append(record: Record, shard: Shard) -> None:
         writing.set()
-        assert release.wait(10)
+        assert release.wait(60)  # a hang guard
         real_append(record, shard)
 
     store.append = slow_append  # type: ignore[method-assign]

@@ -628,8 +628,8 @@ def driver() -> Iterator[Any]:
         chrome.quit()
 
 
-def wait_for(driver: Any, condition: str, what: str, timeout: float = 15) -> Any:
-    """Poll a JavaScript expression until it is truthy."""
+def wait_for(driver: Any, condition: str, what: str, timeout: float = 60) -> Any:
+    """Poll a JavaScript expression until it is truthy (the timeout is a hang guard)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = driver.execute_script(f"return {condition}")
