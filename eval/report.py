@@ -35,9 +35,10 @@ from eval.diagnostics import (
     score_records,
     summarize,
 )
+from eval.oracle import oracle_independence, oracle_warning
 from eval.run_dir import RunDir
 from eval.runner import MergeReport, RecordStore, merge
-from eval.schema import Record
+from eval.schema import Instance, Record
 from serving.disk import write_whole
 
 if TYPE_CHECKING:
@@ -53,12 +54,19 @@ class RunView:
     name: str
     experiment: ExperimentConfig
     records: list[Record]
+    #: Whether its oracle is golden construction again (eval/oracle.py).
+    oracle: dict[str, Any] | None = None
 
 
 def load_run(run_dir: Path) -> RunView:
     resolved = RunDir(run_dir).read_config()
     records = list(RecordStore(run_dir).completed().values())
-    return RunView(resolved.system_name(), resolved.experiment, records)
+    try:
+        instances: list[Instance] | None = load_instances(resolved.experiment.dataset)
+    except DatasetError:
+        instances = None
+    oracle = oracle_independence(resolved, instances)
+    return RunView(resolved.system_name(), resolved.experiment, records, oracle)
 
 
 @dataclass
@@ -159,6 +167,9 @@ def warnings(name: str, summary: dict[str, Any]) -> list[str]:
             "first j of clarify@k: records of different dialogues are mixed (a run resumed "
             "with another clarifier?); clarify@k does not extend clarify@(k−1) there."
         )
+    oracle = oracle_warning(name, summary.get("oracle_independence"))
+    if oracle:
+        found.append(oracle)
     judge = summary["judge"]
     if judge["degenerate"]:
         found.append(
@@ -684,6 +695,8 @@ def _compute(
         )
         for run, s in zip(runs, scored, strict=True)
     ]
+    for run, (_, summary) in zip(runs, systems, strict=True):
+        summary["oracle_independence"] = run.oracle
     conditions = [c for c in MAIN_COLUMNS if any(c in r.experiment.conditions for r in runs)]
     comparisons = compare_systems(
         [(run.name, s) for run, s in zip(runs, scored, strict=True)], conditions
