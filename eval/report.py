@@ -40,6 +40,7 @@ from eval.oracle import oracle_independence, oracle_warning
 from eval.run_dir import RunDir
 from eval.runner import MergeReport, RecordStore, merge
 from eval.schema import Instance, Record
+from eval.scope import ignored_note, in_scope
 from serving.disk import write_whole
 
 if TYPE_CHECKING:
@@ -59,22 +60,34 @@ class RunView:
     oracle: dict[str, Any] | None = None
     #: Everything but the clarifier its records depend on (eval/comparability.py).
     setup: dict[str, Any] = field(default_factory=dict)
+    #: Stored records config.yaml no longer names (eval/scope.py), counted by why.
+    ignored: dict[str, Any] = field(default_factory=dict)
 
 
 def load_run(run_dir: Path) -> RunView:
+    """A run as its config.yaml names it: the records of its instances, conditions and seeds
+    (those a narrowing resume left outside are counted in `ignored`)."""
     run = RunDir(run_dir)
     resolved = run.read_config()
-    records = list(RecordStore(run_dir).completed().values())
-    dataset = resolved.experiment.dataset
+    experiment = resolved.experiment
+    dataset = experiment.dataset
     everything: list[Instance] | None
     try:
         everything = load_instances(dataset.model_copy(update={"limit": None}))
     except DatasetError:
         everything = None
     instances = everything[: dataset.limit] if everything and dataset.limit else everything
+    scoped = in_scope(
+        RecordStore(run_dir).completed().values(),
+        experiment.conditions,
+        experiment.seeds,
+        None if everything is None else [i.id for i in everything[len(instances or ()) :]],
+    )
     oracle = oracle_independence(resolved, instances)
     setup = setup_of(resolved, run.read_fingerprint(), everything)
-    return RunView(resolved.system_name(), resolved.experiment, records, oracle, setup)
+    return RunView(
+        resolved.system_name(), experiment, scoped.records, oracle, setup, scoped.as_dict()
+    )
 
 
 @dataclass
@@ -178,6 +191,9 @@ def warnings(name: str, summary: dict[str, Any]) -> list[str]:
     oracle = oracle_warning(name, summary.get("oracle_independence"))
     if oracle:
         found.append(oracle)
+    ignored = ignored_note(name, summary.get("ignored_records"))
+    if ignored:
+        found.append(ignored)
     judge = summary["judge"]
     if judge["degenerate"]:
         found.append(
@@ -748,6 +764,7 @@ def _compute(
     ]
     for run, (_, summary) in zip(runs, systems, strict=True):
         summary["oracle_independence"] = run.oracle
+        summary["ignored_records"] = run.ignored
     conditions = [c for c in MAIN_COLUMNS if any(c in r.experiment.conditions for r in runs)]
     comparisons = compare_systems(
         [(run.name, s) for run, s in zip(runs, scored, strict=True)], conditions
