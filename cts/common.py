@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from eval.comparability import IncomparableRuns
 from eval.config import ResolvedExperiment
 from eval.dataset import DatasetError
 from eval.dialogue import DialogueFileError
@@ -55,6 +56,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (ShardError, "", 2),
     (SlurmOptionError, "error: ", 2),
     (RunDirError, "", 2),
+    (IncomparableRuns, "", 2),
     (RecordFileError, "records error: ", 1),
     (DialogueFileError, "dialogues error: ", 1),
     (PairsError, "pairs error: ", 1),

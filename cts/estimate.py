@@ -27,6 +27,7 @@ from cts.common import (
 )
 from eval.config import ResolvedExperiment, load_experiment
 from eval.estimate import Estimate, Figure, estimate_run
+from eval.pilot import PILOT_DATASET, write_pilot
 from eval.run import require_roles
 from eval.run_dir import RunDir
 from eval.runner import Shard
@@ -48,7 +49,11 @@ def estimate(
         None,
         "--pilot",
         min=1,
-        help=f"Instances the pilot runs, every condition and seed (default {DEFAULT_PILOT}).",
+        help=f"Instances the pilot runs, every condition and seed (default {DEFAULT_PILOT}): "
+        "a sample of the sweep's instances stratified by language, then removed-constraint type.",
+    ),
+    pilot_seed: int = typer.Option(
+        0, "--pilot-seed", help="Seed of the pilot's draw (the same seed, the same instances)."
     ),
     from_run: Path | None = typer.Option(
         None,
@@ -83,8 +88,10 @@ def estimate(
     95% bootstrap over the pilot's instances: rough with a few instances."""
     if not target_hours > 0:
         raise usage_error(f"--target-hours {target_hours}: expected hours > 0, e.g. 24")
-    if from_run is not None and (pilot is not None or pilot_dir is not None):
-        raise usage_error("--from-run reads a finished run: give no --pilot or --pilot-dir")
+    if from_run is not None and (pilot is not None or pilot_dir is not None or pilot_seed):
+        raise usage_error(
+            "--from-run reads a finished run: give no --pilot, --pilot-seed or --pilot-dir"
+        )
     sweep = load_experiment(config, set_)
     console = output_console()
     if from_run is None:
@@ -93,7 +100,7 @@ def estimate(
             sweep,
             config,
             set_,
-            pilot or DEFAULT_PILOT,
+            (pilot or DEFAULT_PILOT, pilot_seed),
             output_dir_option(pilot_dir) or default_pilot_dir(sweep),
             ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
             console,
@@ -111,13 +118,15 @@ def default_pilot_dir(sweep: ResolvedExperiment) -> Path:
     return sweep.output_dir() / "estimate-pilot"
 
 
-def pilot_overrides(sweep: ResolvedExperiment, instances: int, root: Path) -> list[Override]:
-    """The sweep's experiment cut to `instances`, with caches of the pilot's own: a shared
-    cache would answer earlier runs' calls, and those would count as no work. A replay-only
-    tool cache (`search.offline`) is kept: it is the only source of tool results."""
-    limit = sweep.experiment.dataset.limit
+def pilot_overrides(sweep: ResolvedExperiment, root: Path) -> list[Override]:
+    """The sweep's experiment on the pilot's drawn instances (root/pilot.jsonl, written by
+    eval/pilot.py's write_pilot), with caches of the pilot's own: a shared cache would answer
+    earlier runs' calls, and those would count as no work. A replay-only tool cache
+    (`search.offline`) is kept: it is the only source of tool results."""
+    drawn = {"path": str(root.absolute() / PILOT_DATASET), "split": None}
+    drawn["corpus"] = sweep.experiment.dataset.corpus
     overrides = [
-        Override(("dataset", "limit"), min(instances, limit or instances), "--pilot"),
+        Override(("dataset",), drawn, "--pilot"),
         Override(("cache", "path"), str(RunDir(root.absolute()).own_cache), "--pilot"),
     ]
     if not sweep.experiment.search.offline:
@@ -130,17 +139,18 @@ def run_pilot(
     sweep: ResolvedExperiment,
     config: str | None,
     set_: list[str],
-    instances: int,
+    draw: tuple[int, int],
     root: Path,
     options: ServeOptions,
     console: Console,
 ) -> Path:
-    """Run (or resume) the pilot into `root`; its directory."""
-    resolved = load_experiment(config, [*set_, *pilot_overrides(sweep, instances, root)])
+    """Draw (`draw`: instances, seed) and run (or resume) the pilot into `root`; its
+    directory."""
+    drawn = write_pilot(sweep, *draw, root)
+    resolved = load_experiment(config, [*set_, *pilot_overrides(sweep, root)])
     run_dir = RunDir(root)
     console.print(
-        f"pilot of [bold]{resolved.experiment.name}[/bold] on "
-        f"{resolved.experiment.dataset.limit} instance(s) → {root}",
+        f"pilot of [bold]{resolved.experiment.name}[/bold] on {drawn.describe()} → {root}",
         highlight=False,
     )
     run_keyed(
@@ -206,6 +216,7 @@ def print_estimate(console: Console, found: Estimate) -> None:
         highlight=False,
         markup=False,
     )
+    console.print(f"pilot: {found.pilot_drawn}", highlight=False, markup=False)
     roles = Table(
         "role",
         "model",

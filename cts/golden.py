@@ -84,12 +84,14 @@ def build(
     """Build golden nuggets for the experiment's dataset (its config needs roles.nugget_builder).
 
     For each instance: the searcher (WebDancer) on the fused query with golden.seed (default
-    1000; never an evaluation seed, so that the oracle condition is an independent run), its
-    trace kept under traces/golden/, then the nugget_builder role lists weighted
-    nuggets (3 essential, 2 important, 1 context) whose source_ids can only be evidence ids
-    that trace showed (corpus doc ids, or URLs with web search). Resumes like `cts run`; a
-    sharded build is finished by `cts golden merge`. The result, OUTPUT_DIR/dataset.jsonl, is
-    the dataset with `golden` filled in: point an experiment's dataset.path at it."""
+    1000; never an evaluation seed, and cached apart from evaluation runs, so that the oracle
+    condition is a fresh run; a greedy searcher on the same model still decodes the same
+    trajectory, and the evaluation's report warns), its trace kept under traces/golden/, then
+    the nugget_builder role lists weighted nuggets (3 essential, 2 important, 1 context) whose
+    source_ids can only be evidence ids that trace showed (corpus doc ids, or URLs with web
+    search). Resumes like `cts run`; a sharded build is finished by `cts golden merge`. The
+    result, OUTPUT_DIR/dataset.jsonl, is the dataset with `golden` filled in: point an
+    experiment's dataset.path at it."""
     limited = [Override(("dataset", "limit"), limit, "--limit")] if limit is not None else []
     overrides: list[str | Override] = [*set_, *limited]
     part = shard_of(shard)

@@ -26,6 +26,13 @@ def report_command(
         help="Gain recovered only when oracle beats blurred by at least this many points. "
         "Default: the first run's report.min_gap (1.0).",
     ),
+    allow_unlike: bool = typer.Option(
+        False,
+        "--allow-unlike",
+        help="Compare runs that differ beyond the clarifier (judge, User Answerer, rewriter, "
+        "searcher, summarizer, search, budgets, nuggets, dataset) anyway, with a warning on "
+        "every row. Without it such runs are refused, listing what differs.",
+    ),
     strict: bool = typer.Option(
         False,
         "--strict",
@@ -37,8 +44,10 @@ def report_command(
 
     The main table has one row per system, paired on the instances every run scored; systems
     are compared pairwise per condition (paired bootstrap CI, sign-flip test, Holm across k);
-    then diagnostics and figures. A run missing keys of its config, or holding one twice, is
-    warned about on stderr (an error with --strict)."""
+    then diagnostics and figures. Runs that differ in anything but the clarifier (and its
+    sampling) are refused with the list (exit 2; runs that differ by judge: `cts judge
+    agreement`), unless --allow-unlike. A run missing keys of its config, or holding one
+    twice, is warned about on stderr (an error with --strict)."""
     if failures not in (None, "exclude", "zero"):
         raise usage_error(f"--failures {failures!r}: expected exclude or zero")
     if min_gap is not None and not min_gap > 0:
@@ -53,6 +62,6 @@ def report_command(
     if incomplete and strict:
         typer.echo(f"{len(incomplete)} incomplete run(s): nothing written (--strict)", err=True)
         raise typer.Exit(1)
-    paths = write_report(run_dirs, out, failures, min_gap)  # type: ignore[arg-type]
+    paths = write_report(run_dirs, out, failures, min_gap, allow_unlike)  # type: ignore[arg-type]
     print_summary(output_console(), paths["summary"])
     typer.echo(f"report: {paths['html']}")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from eval.config import ResolvedExperiment, Role
 from eval.usage import metered
-from serving.cache import ResponseCache
+from serving.cache import EVALUATION, CachedEngine, ResponseCache
 from serving.engine import ChatModel
 from serving.model_config import build_engine
 
@@ -19,10 +19,22 @@ class Engines:
     by_model: dict[str, ChatModel]
     roles: dict[Role, ChatModel]
     cache: ResponseCache | None
+    #: What the cached answers (and the tool cache's visits) are for: see `for_purpose`.
+    purpose: str = EVALUATION
 
     def __post_init__(self) -> None:
         # Each role's calls are charged to the key in flight, per role (eval/usage.py).
         self.roles = {role: metered(engine, role) for role, engine in self.roles.items()}
+
+    def for_purpose(self, purpose: str) -> Engines:
+        """Key every cached answer under `purpose` (serving.cache.PURPOSES), before any call:
+        golden construction's answers then never answer an evaluation run, whose oracle sends
+        its very requests when the searcher is greedy."""
+        self.purpose = purpose
+        for engine in self.by_model.values():
+            if isinstance(engine, CachedEngine):
+                engine.purpose = purpose
+        return self
 
     def stats(self) -> dict[str, object]:
         return {

@@ -20,7 +20,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,11 @@ import numpy as np
 
 from eval.config import ResolvedExperiment
 from eval.dataset import load_instances
+from eval.pilot import read_draw
 from eval.pipeline import clarify_turns
 from eval.run import CLARIFY_ROLES, SEARCH_ROLES
 from eval.run_dir import RunDir, RunDirError
-from eval.runner import RecordStore
+from eval.runner import RecordStore, counts_over
 from eval.schema import Record
 from eval.usage import RoleUsage, role_usage
 from eval.view import MAX_TRACE_BYTES, inside
@@ -145,6 +146,11 @@ class Estimate:
     #: The suggested `--shards`: the most any model with a known throughput needs.
     shards: int | None
     notes: list[str] = field(default_factory=list)
+    #: How the pilot's instances were chosen (eval/pilot.py), or that a run was read as it is.
+    pilot_drawn: str = ""
+    #: Records of the pilot replaced by a later one of their key (a failure retried with
+    #: `--retry-failed`, a key recorded again on a resume): their model work is counted.
+    pilot_replaced: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -347,9 +353,13 @@ def estimate(
     source: str,
     target_hours: float = 24.0,
     resamples: int = RESAMPLES,
+    replaced: Sequence[Record] = (),
 ) -> Estimate:
     """The sweep of `sweep` (its conditions and seeds on `sweep_instances` instances)
-    extrapolated from the pilot's `records` and their `traces` (by trace id)."""
+    extrapolated from the pilot's `records` and their `traces` (by trace id). The model work
+    of `replaced` records (earlier attempts of a key, see `attempts`) is added to their key's:
+    a sweep pays for its retries too. Their tool calls are not known (a retry's trace takes
+    the place of the attempt's)."""
     if target_hours <= 0:
         raise ValueError("target_hours must be > 0")
     experiment = sweep.experiment
@@ -373,6 +383,10 @@ def estimate(
         r.key: key_figures(r, traces.get(r.trace_id or ""), roles, max_queries, metered)
         for r in pilot
     }
+    counted = [r for r in replaced if r.key in keyed]
+    for r in counted:
+        for name, value in key_figures(r, None, roles, max_queries, metered).items():
+            keyed[r.key][name] = keyed[r.key].get(name, 0.0) + value
     names = sorted({name for figures in keyed.values() for name in figures})
     ids = sorted(complete)
     column = {name: j for j, name in enumerate(names)}
@@ -486,7 +500,9 @@ def estimate(
         completion_tokens=figure("all:completion_tokens") if metered else None,
         target_hours=target_hours,
         shards=max(known) if known else None,
-        notes=_notes(sweep, pilot, keyed, incomplete, metered, model_rows, tools, len(ids)),
+        notes=_notes(sweep, pilot, keyed, incomplete, metered, model_rows, tools, len(ids))
+        + _replaced_note(counted, roles, metered),
+        pilot_replaced=len(counted),
     )
 
 
@@ -554,6 +570,37 @@ def _notes(
     return notes
 
 
+def _replaced_note(counted: list[Record], roles: Mapping[str, str], metered: bool) -> list[str]:
+    """What the replaced records added, if any."""
+    if not counted:
+        return []
+    calls = sum(
+        used.calls
+        for r in counted
+        for role in roles
+        if (used := role_usage(r.usage, role) if metered else None) is not None
+    )
+    return [
+        f"{len(counted)} record(s) of the pilot were replaced by a later attempt of their key "
+        f"(--retry-failed, or a resume): their {calls} model call(s) and tokens are counted in "
+        "their keys, their tool calls are not (the retry's trace took the place of theirs)"
+    ]
+
+
+def attempts(run_dir: Path) -> tuple[list[Record], list[Record]]:
+    """The record that counts for each key of a run (`counts_over`), and every other record
+    of its files: earlier attempts a retry or a resume replaced, whose work was done."""
+    store = RecordStore(run_dir)
+    counted: dict[tuple[str, str, int], Record] = {}
+    everything: list[Record] = []
+    for path in store.all_files():
+        for record in store.read(path):
+            everything.append(record)
+            counted[record.key] = counts_over(counted.get(record.key), record)
+    kept = {id(r) for r in counted.values()}
+    return list(counted.values()), [r for r in everything if id(r) not in kept]
+
+
 def model_changes(pilot: ResolvedExperiment, sweep: ResolvedExperiment) -> list[str]:
     """Roles the pilot ran on another model than the sweep names: their figures are the
     pilot's model's."""
@@ -585,7 +632,7 @@ def estimate_run(
     except ConfigError as e:
         # The records still count; only the models they were made with cannot be compared.
         ran, unreadable = None, str(e).splitlines()[-1]
-    records = list(RecordStore(run_dir).completed().values())
+    records, replaced = attempts(run_dir)
     traces, unread = read_traces(run_dir, records)
     found = estimate(
         records,
@@ -594,7 +641,13 @@ def estimate_run(
         sweep_size(sweep) if sweep_instances is None else sweep_instances,
         source=str(run_dir),
         target_hours=target_hours,
+        replaced=replaced,
     )
+    drawn = read_draw(run_dir) or (
+        f"the instances of {run_dir} as it ran them (not drawn by `cts estimate`: they may "
+        "not represent the sweep's languages and constraint types)"
+    )
+    found = replace(found, pilot_drawn=drawn)
     extra = (
         model_changes(ran, sweep)
         if ran is not None

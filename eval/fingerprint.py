@@ -110,17 +110,38 @@ def dataset_digest(instances: Sequence[Instance]) -> str:
 NOT_IN_RECORDS = frozenset({"grounding.yaml"})
 
 
-def prompts_digest() -> str:
-    """The text of every role's prompt and of the search agent's, as this version ships them."""
-    h = hashlib.sha256()
+def _prompt_files() -> list[tuple[str, bytes]]:
+    """(package/file, text) of every prompt a record is made with, as this version ships them."""
+    found = []
     for package in ("agents", "webdancer"):
         folder = resources.files(package).joinpath("prompts")
         for entry in sorted(folder.iterdir(), key=lambda e: e.name):
             if entry.is_file() and entry.name not in NOT_IN_RECORDS:
-                h.update(entry.name.encode() + b"\0" + entry.read_bytes() + b"\0")
+                found.append((f"{package}/{entry.name}", entry.read_bytes()))
+    return found
+
+
+def prompts_digest() -> str:
+    """The text of every role's prompt and of the search agent's, as this version ships them."""
+    h = hashlib.sha256()
+    for name, text in _prompt_files():
+        h.update(name.split("/", 1)[1].encode() + b"\0" + text + b"\0")
     return h.hexdigest()
+
+
+#: Fingerprint keys of one prompt file each (`prompt:agents/judge.yaml`): which role's prompt
+#: two runs differ by (eval/comparability.py), where `prompts` only says that one does.
+PROMPT_KEY = "prompt:"
 
 
 def fingerprint(instances: Sequence[Instance]) -> dict[str, str]:
     """What config.yaml keeps beside the config itself (compared key by key)."""
-    return {"dataset": dataset_digest(instances), "prompts": prompts_digest()}
+    files = {
+        f"{PROMPT_KEY}{name}": hashlib.sha256(text).hexdigest() for name, text in _prompt_files()
+    }
+    return {"dataset": dataset_digest(instances), "prompts": prompts_digest(), **files}
+
+
+def model_view(model: dict[str, Any]) -> dict[str, Any]:
+    """The dotted keys of one model config (as config.yaml holds it) that records depend on."""
+    return _bound(_leaves(model), FREE_MODEL_KEYS)

@@ -3,10 +3,11 @@ archived, weighted nuggets extracted from that trace, each nugget's `source_ids`
 evidence ids the trace showed.
 
 The search run is the pipeline's `golden` key (one per instance, seeded with `golden.seed`,
-which is never an evaluation seed: the `oracle` condition is then an independent run on the same
-fused query, not a replay of the run its nuggets came from), so it shards, resumes and survives
-preemption like any evaluation; `finish` then writes the dataset with `golden` filled in, which
-an experiment's `dataset.path` can point at."""
+which is never an evaluation seed, and cached apart from evaluation runs: the `oracle` condition
+is then a fresh run on the same fused query, never served the answers of the run its nuggets came
+from; eval/oracle.py says when a greedy searcher makes it decode that run again), so it shards,
+resumes and survives preemption like any evaluation; `finish` then writes the dataset with
+`golden` filled in, which an experiment's `dataset.path` can point at."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.nugget_builder import Evidence, build_nuggets
-from eval.schema import Golden, Instance, Nugget
+from eval.schema import Golden, GoldenSearcher, Instance, Nugget
 from serving.engine import ChatModel
 from serving.types import Sampling
 
@@ -88,9 +89,15 @@ class GoldenReport:
         return not self.missing and not self.failed
 
 
-def golden_dataset(instances: list[Instance], records: dict[str, Any], out: Path) -> GoldenReport:
+def golden_dataset(
+    instances: list[Instance],
+    records: dict[str, Any],
+    out: Path,
+    searcher: GoldenSearcher | None = None,
+) -> GoldenReport:
     """Write `out` (JSONL, dataset order): every instance whose golden record has nuggets, with
-    `golden` replaced by them. `records` maps instance id → its golden Record."""
+    `golden` replaced by them and the `searcher` that ran the search. `records` maps instance
+    id → its golden Record."""
     report = GoldenReport(dataset=out, built=0)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
@@ -104,7 +111,12 @@ def golden_dataset(instances: list[Instance], records: dict[str, Any], out: Path
                 error = record.error or {"kind": "no_nuggets", "message": ""}
                 report.failed[instance.id] = f"{error['kind']}: {error['message']}"[:300]
                 continue
-            golden = Golden(nuggets=record.nuggets, trace_id=record.trace_id, seed=record.seed)
+            golden = Golden(
+                nuggets=record.nuggets,
+                trace_id=record.trace_id,
+                seed=record.seed,
+                searcher=searcher,
+            )
             row = instance.model_copy(update={"golden": golden}).model_dump(mode="json")
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             report.built += 1

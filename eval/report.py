@@ -18,11 +18,12 @@ import io
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eval.bulk import collector_paused
+from eval.comparability import Unlike, parts, refusal, setup_of, unlike_pairs
 from eval.config import ALL_CONDITIONS, ExperimentConfig
 from eval.dataset import DatasetError, load_instances
 from eval.diagnostics import (
@@ -35,9 +36,11 @@ from eval.diagnostics import (
     score_records,
     summarize,
 )
+from eval.oracle import oracle_independence, oracle_warning
 from eval.run_dir import RunDir
 from eval.runner import MergeReport, RecordStore, merge
-from eval.schema import Record
+from eval.schema import Instance, Record
+from eval.scope import ignored_note, in_scope
 from serving.disk import write_whole
 
 if TYPE_CHECKING:
@@ -53,12 +56,38 @@ class RunView:
     name: str
     experiment: ExperimentConfig
     records: list[Record]
+    #: Whether its oracle is golden construction again (eval/oracle.py).
+    oracle: dict[str, Any] | None = None
+    #: Everything but the clarifier its records depend on (eval/comparability.py).
+    setup: dict[str, Any] = field(default_factory=dict)
+    #: Stored records config.yaml no longer names (eval/scope.py), counted by why.
+    ignored: dict[str, Any] = field(default_factory=dict)
 
 
 def load_run(run_dir: Path) -> RunView:
-    resolved = RunDir(run_dir).read_config()
-    records = list(RecordStore(run_dir).completed().values())
-    return RunView(resolved.system_name(), resolved.experiment, records)
+    """A run as its config.yaml names it: the records of its instances, conditions and seeds
+    (those a narrowing resume left outside are counted in `ignored`)."""
+    run = RunDir(run_dir)
+    resolved = run.read_config()
+    experiment = resolved.experiment
+    dataset = experiment.dataset
+    everything: list[Instance] | None
+    try:
+        everything = load_instances(dataset.model_copy(update={"limit": None}))
+    except DatasetError:
+        everything = None
+    instances = everything[: dataset.limit] if everything and dataset.limit else everything
+    scoped = in_scope(
+        RecordStore(run_dir).completed().values(),
+        experiment.conditions,
+        experiment.seeds,
+        None if everything is None else [i.id for i in everything[len(instances or ()) :]],
+    )
+    oracle = oracle_independence(resolved, instances)
+    setup = setup_of(resolved, run.read_fingerprint(), everything)
+    return RunView(
+        resolved.system_name(), experiment, scoped.records, oracle, setup, scoped.as_dict()
+    )
 
 
 @dataclass
@@ -159,6 +188,12 @@ def warnings(name: str, summary: dict[str, Any]) -> list[str]:
             "first j of clarify@k: records of different dialogues are mixed (a run resumed "
             "with another clarifier?); clarify@k does not extend clarify@(k−1) there."
         )
+    oracle = oracle_warning(name, summary.get("oracle_independence"))
+    if oracle:
+        found.append(oracle)
+    ignored = ignored_note(name, summary.get("ignored_records"))
+    if ignored:
+        found.append(ignored)
     judge = summary["judge"]
     if judge["degenerate"]:
         found.append(
@@ -178,6 +213,12 @@ def markdown(
     lines = _preamble(paired, policy)
     for name, summary in systems:
         lines += [f"- {w}" for w in warnings(name, summary)]
+    unlike = {(c["a"], c["b"]): c["unlike"] for c in comparisons if c.get("unlike")}
+    lines += [
+        f"- WARNING {a} vs {b}: compared although they differ beyond the clarifier, in "
+        f"{', '.join(parts(differ))} (see Systems compared): their rows are not like for like."
+        for (a, b), differ in unlike.items()
+    ]
     lines += _main_table(systems, policy)
     lines += _clarification_modes(systems)
     lines += _cache_reuse(systems)
@@ -260,7 +301,9 @@ def _cache_reuse(systems: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def _comparisons_section(comparisons: list[dict[str, Any]]) -> list[str]:
-    """The systems compared pairwise, per condition."""
+    """The systems compared pairwise, per condition; a pair that differs beyond the clarifier
+    (shown only on request) is warned about above the table and on each of its rows."""
+    pairs = {(c["a"], c["b"]): c["unlike"] for c in comparisons if c.get("unlike")}
     lines = [
         "## Systems compared",
         "",
@@ -268,15 +311,28 @@ def _comparisons_section(comparisons: list[dict[str, Any]]) -> list[str]:
         "restore_score_100 (first − second) with a paired bootstrap 95% CI and a paired "
         "sign-flip test; p (Holm) corrects across the clarify@k conditions of each pair.",
         "",
-        "| first − second | condition | difference [95% CI] | p | p (Holm) | n |",
-        "|---|---|---|---|---|---|",
+    ]
+    for (a, b), differ in pairs.items():
+        lines.append(
+            f"- WARNING {a} vs {b}: not like for like: they differ beyond the clarifier "
+            f"({'; '.join(differ)}), so their difference is not the clarifier's."
+        )
+    if pairs:
+        lines.append("")
+    warned = " warning |" if pairs else ""
+    lines += [
+        "| first − second | condition | difference [95% CI] | p | p (Holm) | n |" + warned,
+        "|---|---|---|---|---|---|" + ("---|" if pairs else ""),
     ]
     for c in comparisons:
         holm_p = "–" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
+        differ = c.get("unlike") or []
+        if pairs:
+            warned = f" WARNING: differs in {', '.join(parts(differ))} |" if differ else " – |"
         lines.append(
             f"| {c['a']} − {c['b']} | {c['condition']} | {c['difference']:+.1f} "
             f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['p_value']:.3f} | {holm_p} | "
-            f"{c['n']} |"
+            f"{c['n']} |" + warned
         )
     lines.append("")
     return lines
@@ -646,10 +702,31 @@ class _Computed:
     ids: list[str]
     systems: list[tuple[str, dict[str, Any]]]
     comparisons: list[dict[str, Any]]
+    #: Pairs of runs that differ beyond the clarifier (shown only with `allow_unlike`).
+    unlike: list[Unlike] = field(default_factory=list)
+
+
+def _like_for_like(runs: list[RunView], run_dirs: list[Path], allow_unlike: bool) -> list[Unlike]:
+    """The pairs of runs that differ beyond the clarifier: IncomparableRuns naming them and
+    what differs, unless `allow_unlike` (then each such comparison row carries a warning)."""
+    unlike = unlike_pairs([(run.name, run.setup) for run in runs])
+    if unlike and not allow_unlike:
+        raise refusal(unlike, [str(d) for d in run_dirs])
+    return unlike
+
+
+def _mark_unlike(comparisons: list[dict[str, Any]], unlike: list[Unlike]) -> None:
+    """Each comparison row of an unlike pair gets what differs (`unlike`), {} otherwise."""
+    by_pair = {(u.first, u.second): u.differences for u in unlike}
+    for row in comparisons:
+        row["unlike"] = by_pair.get((row["a"], row["b"]), [])
 
 
 def _compute(
-    run_dirs: list[Path], failures: FailurePolicy | None, min_gap: float | None
+    run_dirs: list[Path],
+    failures: FailurePolicy | None,
+    min_gap: float | None,
+    allow_unlike: bool = False,
 ) -> _Computed:
     runs = [load_run(d) for d in run_dirs]
     names = [r.name for r in runs]
@@ -658,6 +735,7 @@ def _compute(
         if names.count(run.name) > 1:  # same experiment and clarifier: tell them apart
             where = run_dir.name if folders.count(run_dir.name) == 1 else str(run_dir)
             run.name = f"{run.name} [{where}]"
+    unlike = _like_for_like(runs, run_dirs, allow_unlike)
     settings = runs[0].experiment.report
     policy: FailurePolicy = failures or settings.failures
     gap = settings.min_gap if min_gap is None else min_gap
@@ -684,11 +762,15 @@ def _compute(
         )
         for run, s in zip(runs, scored, strict=True)
     ]
+    for run, (_, summary) in zip(runs, systems, strict=True):
+        summary["oracle_independence"] = run.oracle
+        summary["ignored_records"] = run.ignored
     conditions = [c for c in MAIN_COLUMNS if any(c in r.experiment.conditions for r in runs)]
     comparisons = compare_systems(
         [(run.name, s) for run, s in zip(runs, scored, strict=True)], conditions
     )
-    return _Computed(runs, policy, gap, ids, systems, comparisons)
+    _mark_unlike(comparisons, unlike)
+    return _Computed(runs, policy, gap, ids, systems, comparisons, unlike)
 
 
 def write_report(
@@ -696,12 +778,15 @@ def write_report(
     out: Path,
     failures: FailurePolicy | None = None,
     min_gap: float | None = None,
+    allow_unlike: bool = False,
 ) -> dict[str, Path]:
     """The report of `run_dirs` (one per clarifier system) into `out`. The failure policy and
-    gain recovered's minimum gap default to the first run's `report:` config."""
+    gain recovered's minimum gap default to the first run's `report:` config. Runs that differ
+    beyond the clarifier are refused (IncomparableRuns, nothing written) unless
+    `allow_unlike`, which shows them with a warning on every comparison row."""
     # Tens of thousands of acyclic records and the tables built from them: see eval/bulk.py.
     with collector_paused():
-        found = _compute(run_dirs, failures, min_gap)
+        found = _compute(run_dirs, failures, min_gap, allow_unlike)
     runs, ids, systems, comparisons = found.runs, found.ids, found.systems, found.comparisons
     policy, gap = found.policy, found.min_gap
     files = RunDir(out)  # a combined report is laid out like a run's own
@@ -711,6 +796,8 @@ def write_report(
             "failure_policy": policy,
             "min_gap": gap,
             "paired_instances": len(ids),
+            # Pairs shown although they differ beyond the clarifier (allow_unlike).
+            "unlike": [u.as_dict() for u in found.unlike],
         },
         "systems": dict(systems),
         "comparisons": comparisons,

@@ -22,6 +22,7 @@ from eval.dialogue import Clarification, DialogueStore
 from eval.engines import open_engines
 from eval.fingerprint import fingerprint
 from eval.golden import GOLDEN, GoldenReport, golden_dataset
+from eval.oracle import golden_searcher
 from eval.pipeline import PipelineContext, clarify_turns, run_instance
 from eval.progress import ShowProgress, key_progress
 from eval.report import write_report
@@ -37,6 +38,7 @@ from eval.runner import (
 )
 from eval.schema import Instance
 from eval.search_agent import open_agent
+from serving.cache import EVALUATION, GOLDEN_CONSTRUCTION
 from serving.engine import EngineStats
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
@@ -108,7 +110,12 @@ async def _run(
     experiment = resolved.experiment
     conditions, seeds = keys
     store = RecordStore(run.root)
-    async with open_engines(resolved) as engines, open_agent(resolved, engines) as agent:
+    # Golden construction's answers are cached apart from every evaluation's (serving/cache.py).
+    purpose = GOLDEN_CONSTRUCTION if GOLDEN in conditions else EVALUATION
+    async with (
+        open_engines(resolved) as engines,
+        open_agent(resolved, engines.for_purpose(purpose)) as agent,
+    ):
         sampling: dict[str, Sampling] = {
             role: resolved.sampling_for(role) for role in experiment.roles
         }
@@ -317,20 +324,24 @@ def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
     RUN_DIR/dataset.jsonl (instances with golden nuggets; failed ones are listed, not written)
     and RUN_DIR/golden_summary.json."""
     run = RunDir(run_dir)
-    experiment = run.read_config().experiment
+    resolved = run.read_config()
+    experiment = resolved.experiment
     instances = load_instances(experiment.dataset)
     store = RecordStore(run_dir)
     _refuse_other_golden_seeds(store, experiment.golden.seed)
     merged = merge(store, instances, [GOLDEN], [experiment.golden.seed])
     if not merged.ok:
         return merged, None
+    searcher = golden_searcher(resolved)
     report = golden_dataset(
-        instances, {key[0]: r for key, r in merged.records.items()}, run.golden_dataset
+        instances, {key[0]: r for key, r in merged.records.items()}, run.golden_dataset, searcher
     )
     summary = {
         "dataset": str(report.dataset),
-        # Provenance: the golden search runs' seed, disjoint from the evaluation seeds.
+        # Provenance: the golden search runs' seed, disjoint from the evaluation seeds, and
+        # the searcher (a greedy evaluation searcher on it makes the oracle repeat this run).
         "seed": experiment.golden.seed,
+        "searcher": searcher.model_dump(),
         "instances": len(instances),
         "built": report.built,
         "nuggets": report.nuggets,

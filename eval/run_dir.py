@@ -186,6 +186,13 @@ class RunDir:
             origins=loaded.origins,
         )
 
+    def read_fingerprint(self) -> dict[str, str]:
+        """The digests config.yaml keeps beside the config (eval/fingerprint.py); {} when it
+        was written before them."""
+        document, _ = read_yaml(self.config)
+        found = document.get("fingerprint") if isinstance(document, dict) else None
+        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
     def system_name(self) -> str:
         """How reports name the clarifier system of this run."""
         return self.read_config().system_name()

@@ -42,12 +42,23 @@ class Nugget(_Data):
         return value
 
 
+class GoldenSearcher(_Data):
+    """The searcher golden construction ran: with a greedy searcher on this model, an
+    evaluation's oracle decodes the very trajectory the nuggets came from (eval/oracle.py)."""
+
+    #: The searcher's served model name.
+    model: str = Field(min_length=1)
+    temperature: float = Field(ge=0)
+
+
 class Golden(_Data):
     nuggets: list[Nugget] = Field(min_length=1)
     #: Golden construction's trace, when the nuggets were extracted from one.
     trace_id: str | None = None
     #: The seed of that golden search run (`golden.seed`, never an evaluation seed).
     seed: int | None = None
+    #: Its searcher (None: not recorded, or the nuggets came from no search run).
+    searcher: GoldenSearcher | None = None
 
 
 #: Ids name records and dialogues, and are keys of every join; a bound keeps them sane.
@@ -174,6 +185,7 @@ __all__ = [
     "ConstraintType",
     "CorpusDocument",
     "Golden",
+    "GoldenSearcher",
     "Instance",
     "Nugget",
     "Record",

@@ -72,7 +72,14 @@ def _build_agent(
     budgets = resolved.experiment.budgets
     # Opened last: a config error above leaves no cache open, nor a new file behind.
     cache = ToolCache(expand_path(search.tool_cache), offline=search.offline)
-    tools = Tools(backend, visitor, cache, top_k=search.top_k, max_queries=search.max_queries)
+    tools = Tools(
+        backend,
+        visitor,
+        cache,
+        top_k=search.top_k,
+        max_queries=search.max_queries,
+        purpose=engines.purpose,
+    )
     agent = WebDancerAgent(
         engines.roles["searcher"],
         tools,

@@ -1,8 +1,10 @@
 """Response cache: SQLite in WAL mode, shared safely by the processes of one run (Slurm tasks).
 
-Keyed by engine identity (engine kind, model, weights), messages, sampling (seed included) and
-output spec, so a finished run re-runs without a single model call, and conditions that do not
-depend on the clarifier (blurred, oracle) are reused across clarifier comparisons.
+Keyed by purpose (evaluation or golden construction), engine identity (engine kind, model,
+weights), messages, sampling (seed included) and output spec, so a finished run re-runs without
+a single model call, conditions that do not depend on the clarifier (blurred, oracle) are
+reused across clarifier comparisons, and golden construction's answers never answer an
+evaluation (a greedy oracle sends the very requests golden construction sent).
 Only answers that passed validation are stored; errors are never cached. Requests without a
 seed ask for fresh randomness and bypass the cache.
 
@@ -169,21 +171,28 @@ class ResponseCache:
             self._db.close()
 
 
+#: What a cached answer was asked for. Keys carry it, so that golden construction's answers
+#: never answer an evaluation run (its `oracle` searches the same fused queries) and the reverse.
+EVALUATION, GOLDEN_CONSTRUCTION = "evaluation", "golden"
+PURPOSES = (EVALUATION, GOLDEN_CONSTRUCTION)
+
+
 class CachedEngine:
     """Wraps an engine (same `ChatModel` interface); identical concurrent requests share one
-    model call."""
+    model call. `purpose` (EVALUATION or GOLDEN_CONSTRUCTION) is part of every key."""
 
-    def __init__(self, inner: ChatModel, cache: ResponseCache) -> None:
+    def __init__(self, inner: ChatModel, cache: ResponseCache, purpose: str = EVALUATION) -> None:
         self.inner = inner
         self.cache = cache
         self.identity = inner.identity
         self.model = inner.model
+        self.purpose = purpose
         self._in_flight: dict[str, asyncio.Future[ChatResponse]] = {}
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         if request.sampling.seed is None:
             return await self.inner.chat(request)
-        key = request.key(self.identity)
+        key = request.key(self.identity, self.purpose)
         hit = self.cache.get(key, request.output)
         if hit is not None:
             return hit.model_copy(update={"cached": True})

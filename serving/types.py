@@ -112,9 +112,17 @@ class ChatRequest(_Frozen):
         msgs = tuple(m if isinstance(m, Message) else Message.model_validate(m) for m in messages)
         return cls(messages=msgs, sampling=Sampling(**sampling), output=output)
 
-    def key(self, engine_identity: str) -> str:
-        """Cache key: engine identity (which includes the model) + messages + sampling + output."""
-        payload = {"engine": engine_identity, "request": self.model_dump(mode="json")}
+    def key(self, engine_identity: str, purpose: str = "evaluation") -> str:
+        """Cache key: the purpose the answer serves, engine identity (which includes the model)
+        + messages + sampling + output. Golden construction's answers are kept apart from an
+        evaluation's: a greedy oracle sends golden construction's very requests (a greedy
+        request keeps its fixed seed), and must not be answered by the run its nuggets came
+        from."""
+        payload = {
+            "purpose": purpose,
+            "engine": engine_identity,
+            "request": self.model_dump(mode="json"),
+        }
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 

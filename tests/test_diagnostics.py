@@ -239,7 +239,7 @@ def test_a_report_of_a_run_with_one_failing_instance_under_one_condition(search,
 
     roles["rewriter"].script = failing
     conditions = ["blurred", "clarify@1", "clarify@2", "oracle"]
-    resolved = load_experiment(None, [f"conditions={json.dumps(conditions)}"])
+    resolved = load_experiment(None, [f"conditions={json.dumps(conditions)}", "dataset.limit=4"])
     for name in ("one", "two"):
         run_dir = tmp_path / name
         run_dir.mkdir()

@@ -116,7 +116,8 @@ def row(found: dict, role: str) -> dict:
     return match
 
 
-# Per instance of the pilot (A-dev-01 and A-dev-02: English, 5 nuggets each), every condition:
+# Per instance of the pilot (drawn with seed 0: A-dev-03 and C-dev-04, English, 5 nuggets
+# each), every condition:
 #   clarifier      3 calls   one sequential dialogue of k_max = 3 turns (question types by
 #   user_answerer  3 calls   keywords: no call), shared by clarify@1..3
 #   rewriter       3 calls   one per clarify@k key
@@ -181,7 +182,7 @@ def test_a_pilot_of_two_instances_gives_the_hand_counted_sweep(scripted):
 
     # What it printed: the header, the role table's totals, the servers, the suggestion.
     out = result.output
-    assert "pilot of quickstart on 2 instance(s)" in out
+    assert "pilot of quickstart on 2 of the sweep's 24 instances, a sample stratified" in out
     assert "10 records written, 0 already done, 0 failed {}; 48 model calls" in out
     assert "24 instances × 5 conditions × 1 seed(s) = 120 keys" in out
     assert "a pilot of 2 instance(s) (10 keys)" in out
@@ -302,15 +303,16 @@ def test_the_default_pilot_is_inside_the_sweeps_run_directory(tmp_path):
     caches are its own, so that no earlier run answers its calls."""
     sweep = load_experiment(None)
     assert default_pilot_dir(sweep) == Path("runs/quickstart/estimate-pilot")
-    overrides = {o.keys: o.value for o in pilot_overrides(sweep, 5, tmp_path / "p")}
+    overrides = {o.keys: o.value for o in pilot_overrides(sweep, tmp_path / "p")}
     assert overrides == {
-        ("dataset", "limit"): 3,  # the quickstart's own limit is the whole sweep
+        # The drawn instances (eval/pilot.py), a dataset of the pilot's own.
+        ("dataset",): {"path": str(tmp_path / "p" / "pilot.jsonl"), "split": None, "corpus": None},
         ("cache", "path"): str(tmp_path / "p" / "cache" / "responses.sqlite"),
         ("search", "tool_cache"): str(tmp_path / "p" / "cache" / "tools.sqlite"),
     }
     offline = load_experiment(None, ["search.offline=true", "dataset.limit=null"])
-    kept = {o.keys: o.value for o in pilot_overrides(offline, 5, tmp_path / "p")}
-    assert kept[("dataset", "limit")] == 5 and ("search", "tool_cache") not in kept
+    kept = {o.keys: o.value for o in pilot_overrides(offline, tmp_path / "p")}
+    assert ("search", "tool_cache") not in kept
 
 
 # -- the arithmetic, without a run ------------------------------------------------------------

@@ -339,8 +339,13 @@ def test_the_command_line_rejudges(source, tmp_path, monkeypatch):
     assert "3 of the failed records failed before the judge" in result.output
     assert set(requests(roles)) == {"judge"}
     assert RunDir(out).summary.is_file()
+    # `cts report` reads it, but not as a second clarifier system: the judges differ.
     report = CliRunner().invoke(
         app, ["report", str(source), str(out), "--out", str(tmp_path / "r")]
+    )
+    assert report.exit_code == 2 and "judge.model.name" in report.output, report.output
+    report = CliRunner().invoke(
+        app, ["report", str(source), str(out), "--out", str(tmp_path / "r"), "--allow-unlike"]
     )
     assert report.exit_code == 0, report.output
     # Not a run directory: exit 2 with the path.

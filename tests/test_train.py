@@ -415,15 +415,18 @@ def test_shipped_train_configs_load_and_derive_the_sampling_experiment():
     assert resolved.sampling_for("clarifier").temperature == quick.temperature
     real = load_train_config("qwen3-8b-dpo")
     assert real.experiment == "hard518" and real.method == "dpo"
-    resolved = sampling_experiment(real)
+    resolved = sampling_experiment(real, check_instances=False)  # its data is not shipped
     assert resolved.model_for("clarifier").name == "Qwen/Qwen3-8B"
     assert len(resolved.experiment.seeds) == real.candidates
     assert resolved.experiment.conditions == ["blurred", "clarify@1"]
     # Its loop's variants swap one simulator each, on hard518's own data.
     base = iterations(real, 1)[0]
-    judges = {v: evaluation(real, base, v).experiment.roles["judge"].model for v in variants(real)}
+    judges = {
+        v: evaluation(real, base, v, False).experiment.roles["judge"].model for v in variants(real)
+    }
     users = {
-        v: evaluation(real, base, v).experiment.roles["user_answerer"].model for v in variants(real)
+        v: evaluation(real, base, v, False).experiment.roles["user_answerer"].model
+        for v in variants(real)
     }
     assert judges["other_judge"] != judges["main"] == judges["other_user"]
     assert users["other_user"] != users["main"] == users["other_judge"]

@@ -83,9 +83,10 @@ def grpo_dir(config: TrainConfig) -> Path:
     return config.resolved_output_dir() / "grpo"
 
 
-def experiment(config: TrainConfig) -> ResolvedExperiment:
+def experiment(config: TrainConfig, check_instances: bool = True) -> ResolvedExperiment:
     """The experiment that scores each question (the sampling experiment: the train split,
-    sequential clarify@1, `allow_stop`); ConfigError for data the experiment evaluates on."""
+    sequential clarify@1, `allow_stop`); ConfigError for data the experiment evaluates on
+    (with `check_instances`, compared instance by instance: train/held_out.py)."""
     if config.turns != 1:
         raise GrpoError(
             f"{config.where('turns')}: GRPO trains the first question (turns: 1); whole "
@@ -97,7 +98,7 @@ def experiment(config: TrainConfig) -> ResolvedExperiment:
             f"{config.where('grpo', 'vllm_mode')}: `server` needs grpo.vllm_server_base_url "
             "(where `trl vllm-serve` listens)"
         )
-    return sampling_experiment(config)
+    return sampling_experiment(config, check_instances)
 
 
 def prompt_rows(resolved: ResolvedExperiment) -> tuple[list[dict[str, Any]], list[Instance]]:

@@ -34,6 +34,7 @@ from eval.schema import Record
 from eval.usage import role_usage
 from serving.yaml_config import ConfigError
 from train.config import TrainConfig
+from train.held_out import describe, held_out_overlap
 from train.sample import experiment_with, overlaps, sampling_experiment
 
 MAIN = "main"
@@ -107,19 +108,30 @@ def variants(config: TrainConfig) -> dict[str, list[str]]:
     return {MAIN: base, **{name: [*base, *extra] for name, extra in config.loop.robustness.items()}}
 
 
-def evaluation(config: TrainConfig, iteration: Iteration, variant: str) -> ResolvedExperiment:
+def evaluation(
+    config: TrainConfig, iteration: Iteration, variant: str, check_instances: bool = True
+) -> ResolvedExperiment:
     """The experiment that evaluates `iteration`'s clarifier; ConfigError when its data is the
-    data the loop samples on (a gain measured on the training queries is no gain)."""
+    data the loop samples on (a gain measured on the training queries is no gain): the same
+    file and split, or, with `check_instances` (both datasets loaded), the same instances
+    under any path."""
     overrides = list(variants(config)[variant])
     clarifier = iteration.clarifier()
     if clarifier is not None:
         overrides.append(f"roles.clarifier.model={clarifier.resolve()}")
     resolved = experiment_with(config, overrides)
-    sampled = sampling_experiment(config).experiment.dataset
+    sampled = sampling_experiment(config, check_instances).experiment.dataset
     if overlaps(sampled, resolved.experiment.dataset):
         raise ConfigError(
             f"{config.where('loop')}: the loop's evaluation reads the data it samples on "
             f"({sampled.path}); evaluate on held-out data (loop.evaluation_overrides)"
+        )
+    found = held_out_overlap(sampled, resolved.experiment.dataset) if check_instances else []
+    if found:
+        raise ConfigError(
+            f"{config.where('loop')}: the loop's evaluation ({resolved.experiment.dataset.path})"
+            f" holds {len(found)} of the instances it samples on ({sampled.path}): "
+            f"{describe(found)}; evaluate on held-out data (loop.evaluation_overrides)"
         )
     return resolved
 

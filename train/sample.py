@@ -16,6 +16,7 @@ from eval.config import ResolvedExperiment, load_experiment
 from eval.dataset import DatasetSource
 from serving.yaml_config import ConfigError, Override
 from train.config import TrainConfig
+from train.held_out import describe, held_out_overlap
 
 #: Splits the shipped sample reads when `split` is null (eval/dataset.py `_source_rows`).
 _SAMPLE_DEFAULT_SPLITS = {"dev", "test"}
@@ -53,9 +54,11 @@ def baseline_conditions(config: TrainConfig) -> list[str]:
     return ["blurred"] if config.reward.baseline == "blurred" else []
 
 
-def sampling_experiment(config: TrainConfig) -> ResolvedExperiment:
+def sampling_experiment(config: TrainConfig, check_instances: bool = True) -> ResolvedExperiment:
     """The experiment the candidates are sampled and scored with; ConfigError when its data
-    is the data the experiment evaluates on."""
+    is the data the experiment evaluates on: the same file and split, or, with
+    `check_instances` (which loads both datasets: DatasetError if one does not load), under
+    any path, instances with an evaluated id or query (train/held_out.py), named."""
     evaluated = load_experiment(config.experiment).experiment.dataset
     resolved = experiment_with(config, sampling_overrides(config))
     sampled = resolved.experiment.dataset
@@ -73,6 +76,16 @@ def sampling_experiment(config: TrainConfig) -> ResolvedExperiment:
             f"{resolved.experiment.name!r} evaluates on ({sampled.path}, {read}): the "
             "fine-tuned clarifier would be evaluated on its own training queries. Set `split` "
             "to another split or `dataset` to other queries."
+        )
+    found = held_out_overlap(sampled, evaluated) if check_instances else []
+    if found:
+        key = "dataset" if config.dataset else "split"
+        raise ConfigError(
+            f"{config.where(key)}: {len(found)} of the instances sampling would read "
+            f"({sampled.path}) are instances experiment {resolved.experiment.name!r} evaluates "
+            f"on ({evaluated.path}), whatever their path or split: {describe(found)}. The "
+            "fine-tuned clarifier would be evaluated on its own training queries: sample on "
+            "held-out queries."
         )
     return resolved
 
@@ -109,6 +122,8 @@ def _same_path(a: str, b: str) -> bool:
 
 
 def overlaps(sampled: DatasetSource, evaluated: DatasetSource) -> bool:
+    """The same file and split: the quick check, before the instances are compared
+    (train/held_out.py)."""
     if not _same_path(sampled.path, evaluated.path):
         return False
     a, b = _splits(sampled), _splits(evaluated)

@@ -58,12 +58,17 @@ class Tools:
         cache: ToolCache | None = None,
         top_k: int = 10,
         max_queries: int = 3,
+        purpose: str = "evaluation",
     ) -> None:
         self.search = search
         self.visitor = visitor
         self.cache = cache
         self.top_k = top_k
         self.max_queries = max_queries
+        #: Part of a cached visit's key: a visit holds the summarizer's answer, and golden
+        #: construction's must not answer an evaluation's. Search results hold no model's
+        #: answer and are shared (the same corpus or web answers both).
+        self.purpose = purpose
 
     async def call(self, call: ToolCall, seed: int | None = None) -> ToolResult:
         """Run one tool call; `seed` seeds the visit's summarizer (the search run's seed)."""
@@ -82,7 +87,7 @@ class Tools:
         if urls is None or not isinstance(goal, str) or not goal.strip():
             return ToolResult(BAD_VISIT)
         backend = f"{self.visitor.pages.name}+{self.visitor.summarizer.identity}"
-        arguments: dict[str, Any] = {"url": urls, "goal": goal.strip()}
+        arguments: dict[str, Any] = {"url": urls, "goal": goal.strip(), "purpose": self.purpose}
         summarizer_seed = self.visitor.sampling.with_seed(seed).seed
         if summarizer_seed != self.visitor.sampling.seed:
             # A sampling summarizer's notes depend on the seed: one cached visit per seed.

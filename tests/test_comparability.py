@@ -1,0 +1,167 @@
+"""Runs are compared as clarifier systems only when nothing but the clarifier differs: a run and
+its rejudged copy are refused (naming the judge), shown only with --allow-unlike and a warning
+on every row; two runs that differ only by clarifier compare as before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import eval.rejudge
+import eval.run
+from cts.cli import app
+from eval.comparability import differences, parts, setup_of
+from eval.config import load_experiment
+from eval.dataset import DatasetSource, load_instances
+from eval.fingerprint import fingerprint
+from tests.scripted_cts import scripted_engines
+
+runner = CliRunner()
+
+RUN = [
+    "--limit",
+    "2",
+    "--set",
+    "conditions=[blurred,clarify@1,oracle]",
+    "--set",
+    "search.date=2026-11-30",
+]
+
+
+@pytest.fixture
+def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The real command line, every role on a scripted engine behind the real caches."""
+    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
+    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.rejudge, "open_engines", scripted_engines)
+    return tmp_path
+
+
+def cts(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _comparison_rows(report: Path) -> list[str]:
+    text = report.read_text()
+    section = text.split("## Systems compared", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and " − " in line]
+    return [row for row in rows if not row.startswith("| first − second")]
+
+
+def test_a_run_and_its_rejudged_copy_are_not_compared_as_clarifier_systems(scripted):
+    source, rejudged, out = scripted / "a", scripted / "a-judge2", scripted / "report"
+    assert cts("run", "--output-dir", source, *RUN).exit_code == 0
+    judged = cts("rejudge", source, "--output-dir", rejudged, "--set", "roles.judge.model=qwen3-8b")
+    assert judged.exit_code == 0, judged.output
+
+    refused = cts("report", source, rejudged, "--out", out)
+    assert refused.exit_code == 2, refused.output
+    assert "differ beyond the clarifier" in refused.output
+    assert 'judge.model.name: "smollm2-135m-instruct" → "Qwen/Qwen3-8B"' in refused.output
+    assert f"cts judge agreement {source} {rejudged}" in refused.output
+    assert "--allow-unlike" in refused.output
+    assert not out.exists()  # refused before anything is written
+
+    shown = cts("report", source, rejudged, "--out", out, "--allow-unlike")
+    assert shown.exit_code == 0, shown.output
+    rows = _comparison_rows(out / "report.md")
+    assert len(rows) == 3  # blurred, clarify@1, oracle
+    assert all("WARNING: differs in judge" in row for row in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    (pair,) = summary["report"]["unlike"]
+    assert any(d.startswith("judge.model.name") for d in pair["differences"])
+    assert all(row["unlike"] for row in summary["comparisons"])
+
+
+def test_runs_that_differ_only_by_clarifier_compare_as_before(scripted):
+    first, second, out = scripted / "a", scripted / "b", scripted / "report"
+    assert cts("run", "--output-dir", first, *RUN).exit_code == 0
+    other_clarifier = ["--set", "roles.clarifier.model=qwen3-8b"]
+    other_clarifier += ["--set", "roles.clarifier.sampling.temperature=0.7"]
+    ran = cts("run", "--output-dir", second, *RUN, *other_clarifier)
+    assert ran.exit_code == 0, ran.output
+    compared = cts("report", first, second, "--out", out)
+    assert compared.exit_code == 0, compared.output
+    rows = _comparison_rows(out / "report.md")
+    assert len(rows) == 3 and not any("WARNING" in row for row in rows)
+    assert "not like for like" not in (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["report"]["unlike"] == []
+    assert len(summary["comparisons"]) == 3
+
+
+@pytest.fixture(scope="module")
+def dataset():  # type: ignore[no-untyped-def]
+    return load_instances(DatasetSource(path="sample", split="dev"))
+
+
+def _setup(dataset, overrides=(), prints=None):  # type: ignore[no-untyped-def]
+    resolved = load_experiment(None, list(overrides))
+    return setup_of(resolved, prints or fingerprint(dataset), dataset)
+
+
+@pytest.mark.parametrize(
+    ("override", "part"),
+    [
+        ("roles.user_answerer.model=qwen3-8b", "user_answerer"),
+        ("clarification.answerer=abstractive", "user_answerer"),
+        ("clarification.answer_span.max_words=4", "user_answerer"),
+        ("roles.rewriter.sampling.temperature=0.5", "rewriter"),
+        ("roles.searcher.model=webdancer-32b", "searcher"),
+        ("roles.summarizer.sampling.temperature=0.5", "summarizer"),
+        ("judge.show_query=true", "judge"),
+        ("search.top_k=5", "search"),
+        ("search.corpus=other.jsonl", "search"),
+        ("budgets.max_llm_calls=2", "budgets"),
+        # A model every role shares: its change is every other role's too.
+        ("models.smollm2-135m-instruct.dtype=float32", "judge"),
+    ],
+)
+def test_what_is_not_the_clarifiers_is_named(dataset, override, part):
+    differ = differences(_setup(dataset), _setup(dataset, [override]))
+    assert differ and part in parts(differ), differ
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "roles.clarifier.model=qwen3-8b",
+        "roles.clarifier.sampling.temperature=0.9",
+        "clarification.mode=all_at_once",
+        "clarification.allow_stop=true",
+        "seeds=[1,2]",
+        "conditions=[blurred,oracle]",
+        "dataset.limit=5",
+        "search.tool_cache=/elsewhere/tools.sqlite",
+        "cache.path=/elsewhere/responses.sqlite",
+        "concurrency=16",
+        "golden.max_nuggets=3",
+    ],
+)
+def test_the_clarifier_and_what_selects_keys_may_differ(dataset, override):
+    assert differences(_setup(dataset), _setup(dataset, [override])) == []
+
+
+def test_nuggets_queries_and_prompts_are_compared_by_content(dataset):
+    base = _setup(dataset)
+    renugget = [i.model_copy(deep=True) for i in dataset]
+    assert renugget[0].golden is not None
+    renugget[0].golden.nuggets[0].text = "Another fact."
+    assert parts(differences(base, _setup(renugget))) == ["golden nuggets"]
+    requery = [
+        i.model_copy(update={"fused_query": "x"}) if n == 3 else i for n, i in enumerate(dataset)
+    ]
+    assert parts(differences(base, _setup(requery))) == ["dataset (queries)"]
+    # The same queries under another path (a copy): no difference.
+    assert differences(base, _setup(list(dataset))) == []
+    prints = fingerprint(dataset)
+    judge_prompt = {**prints, "prompt:agents/judge.yaml": "edited"}
+    clarifier_prompt = {**prints, "prompt:agents/clarifier.yaml": "edited"}
+    assert parts(differences(base, _setup(dataset, prints=judge_prompt))) == [
+        "prompt:agents/judge.yaml"
+    ]
+    assert differences(base, _setup(dataset, prints=clarifier_prompt)) == []
