@@ -172,6 +172,18 @@ def _content_units(text: str) -> list[str]:
     return units
 
 
+# What a free-worded "I don't know" looks like: the prompt asks for exactly `unknown`, but a
+# model adds a full stop or capitalises it, and a Chinese reply says it in Chinese.
+_UNKNOWN_REPLIES = frozenset({UNKNOWN, "未知", "不知道"})
+_TRAILING = " \t\n.。!！"
+
+
+def means_unknown(text: str) -> bool:
+    """Whether an abstractive reply is `unknown` in another dress: any case, a trailing full
+    stop or exclamation mark, or 未知 / 不知道."""
+    return text.strip().rstrip(_TRAILING).strip().lower() in _UNKNOWN_REPLIES
+
+
 def unsupported_words(answer: str, fused_query: str) -> list[str]:
     """The answer's content words the fused query does not contain (none for `unknown`)."""
     if answer == UNKNOWN:
@@ -200,7 +212,7 @@ async def answer(
             )
         )
         text = FreeAnswer.model_validate(reply.parsed).answer.strip()
-        return UNKNOWN if text.lower() == UNKNOWN else text
+        return UNKNOWN if means_unknown(text) else text
     system, user = render("user_answerer", language, fused_query=fused_query, question=question)
     response = await engine.chat(
         ChatRequest(

@@ -264,3 +264,24 @@ def test_abstractive_answers_are_free_text_and_unknown_is_normalised():
     assert text == "unknown"
     assert "your full intent" in engine.requests[0].messages[0].content
     assert engine.requests[0].output.json_schema["required"] == ["answer"]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["Unknown.", "unknown.", "UNKNOWN", " Unknown! ", "unknown。", "未知", "未知。", "不知道"],
+)
+def test_abstractive_unknown_in_any_dress_is_unknown(reply):
+    engine = ScriptedEngine(lambda r: json.dumps({"answer": reply}))
+    text = asyncio.run(
+        user_answerer.answer(engine, "里昂的酒店", "哪一年？", "zh", SAMPLING, mode="abstractive")
+    )
+    assert text == "unknown"
+
+
+@pytest.mark.parametrize("reply", ["Unknown brand", "not unknown", "未知数", "2024."])
+def test_abstractive_answers_that_only_contain_unknown_are_kept(reply):
+    engine = ScriptedEngine(lambda r: json.dumps({"answer": reply}))
+    text = asyncio.run(
+        user_answerer.answer(engine, "hotels in Lyon", "When?", "en", SAMPLING, mode="abstractive")
+    )
+    assert text == reply
