@@ -11,8 +11,9 @@ Clarification diagnostics are descriptive rates over the clarify@k records that 
 each with its own n:
 User Answerer answerability per turn within each k and per k, all-unknown rate, question-type
 mix (a question may have several types) with the unknown rate per type — the study's region
-figure is the unknown rate of region questions — the score split by whether any answer was
-given, breakdowns per language and removed constraint, and a degenerate-judge warning.
+figure is the unknown rate of region-only questions (whose only type is region), shown beside
+the unknown rate of any-region questions — the score split by whether any answer was given,
+breakdowns per language and removed constraint, and a degenerate-judge warning.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from eval.schema import Record
 SCORE = "restore_score_100"
 SCORE_VARIANTS = (SCORE, "strict", "unweighted")
 FailurePolicy = Literal["exclude", "zero"]
-#: The study's unknown rate of region questions (its region finding).
+#: The study's unknown rate of region-only questions (its region finding).
 STUDY_REGION_UNKNOWN = "0.75–0.87"
 #: One judge label this common says the judge does not discriminate.
 DEGENERATE_SHARE = 0.95
@@ -269,18 +270,29 @@ def clarification(records: list[Record], mode: str = "sequential") -> dict[str, 
             t: {"rate": unknown[t] / counts[t] if counts[t] else None, "n": counts[t]}
             for t in QUESTION_TYPES
         },
-        # The study's region figure: of the questions about region, the share answered unknown.
-        "region_question_unknown_rate": {
-            "rate": unknown["region"] / counts["region"] if counts["region"] else None,
-            "n": counts["region"],
+        # The study's region figure: of the questions whose only type is region, the share
+        # answered unknown; then the same over every question with region among its types.
+        "region_only_unknown_rate": {
+            **_unknown_rate([a for types, a in questions if list(types) == ["region"]]),
             "study": STUDY_REGION_UNKNOWN,
         },
+        "any_region_unknown_rate": _unknown_rate([a for t, a in questions if "region" in t]),
         # Not the study's figure: dialogues (as counted for the question types) in which every
         # question asked about region.
         "all_region_interaction_rate": _rate(all_region),
         "dialogue_mismatches": len(dialogue_mismatches(records)) if mode == "sequential" else 0,
         # Abstractive User Answerer only: answers with content words not in the fused query.
         "unsupported_answers": {"checked": len(checked), "rate": _rate(checked)["rate"]},
+    }
+
+
+def _unknown_rate(answers: list[str]) -> dict[str, Any]:
+    """The share of `answers` that are `unknown`, with how many were and the n."""
+    unknown = sum(a == UNKNOWN for a in answers)
+    return {
+        "rate": unknown / len(answers) if answers else None,
+        "unknown": unknown,
+        "n": len(answers),
     }
 
 

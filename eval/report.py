@@ -297,9 +297,7 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
 
 
 def _system_header(name: str, summary: dict[str, Any]) -> list[str]:
-    """The system's heading, its counts and the unknown rate of region questions."""
-    c = summary["clarification"]
-    region = c["region_question_unknown_rate"]
+    """The system's heading, its counts and the study's region figure."""
     return [
         f"## {name}",
         "",
@@ -307,12 +305,28 @@ def _system_header(name: str, summary: dict[str, Any]) -> list[str]:
         f"{len(summary['excluded_instances'])} excluded), seeds {summary['seeds']}, "
         f"{summary['records']} records.",
         "",
-        "Unknown rate of region questions: "
-        + (f"{_pct(region)} region questions" if region["n"] else "no region question asked")
-        + f" (the study: {region['study']}). Not to be confused with the share of dialogues "
-        f"in which every question asked about region: {_pct(c['all_region_interaction_rate'])} "
-        "dialogues.",
+        *_region_lines(summary["clarification"]),
         "",
+    ]
+
+
+def _region_lines(c: dict[str, Any]) -> list[str]:
+    """The study's region figure (region-only questions) and, named apart, the any-region
+    rate and the all-region dialogues."""
+    only, anyr = c["region_only_unknown_rate"], c["any_region_unknown_rate"]
+
+    def rate(entry: dict[str, Any], what: str) -> str:
+        if not entry["n"]:
+            return f"no {what} asked"
+        return f"{_pct(entry['rate'])} ({entry['unknown']} unknown of {entry['n']} {what})"
+
+    return [
+        f"- **Unknown rate of region-only questions** (the study's region figure): "
+        f"{rate(only, 'questions whose only type is region')}; the study: {only['study']}.",
+        f"- Unknown rate of any-region questions: "
+        f"{rate(anyr, 'questions with region among their types')}.",
+        f"- Dialogues in which every question asked about region: "
+        f"{_pct(c['all_region_interaction_rate'])} dialogues (not an unknown rate).",
     ]
 
 
@@ -567,8 +581,10 @@ def _viewer_block(runs: Sequence[tuple[str, Path]]) -> str:
 
 
 def _inline(text: str) -> str:
-    """Escaped text with its `code` spans as <code>: the Markdown the report writes inline."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    """Escaped text with its `code` spans as <code> and **bold** as <strong>: the Markdown
+    the report writes inline."""
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
 
 
 def to_html(markdown_text: str, images: list[Path], runs: Sequence[tuple[str, Path]] = ()) -> str:
