@@ -20,6 +20,7 @@ other separator never starts or ends a span. `SpanLimits` caps its length."""
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,14 +82,27 @@ class _Unit:
 @dataclass(frozen=True)
 class SpanLimits:
     """How long an extractive answer may be: at most `max_words` letter/digit units and at
-    most `max_cjk_chars` CJK characters (a mixed span must satisfy both)."""
+    most `max_cjk_chars` CJK characters (a mixed span must satisfy both), and, when
+    `max_share` is set, at most that share of the fused query's units (at least one unit):
+    an opt-in cap against answers that hand over most of the full intent (the study's
+    simulator has none)."""
 
     max_words: int = 16
     max_cjk_chars: int = 32
+    max_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_words < 1 or self.max_cjk_chars < 1:
             raise ValueError(f"span limits must be at least 1, got {self}")
+        if self.max_share is not None and not 0 < self.max_share <= 1:
+            raise ValueError(f"max_share must be in (0, 1], got {self.max_share}")
+
+    def max_units(self, units: int) -> int | None:
+        """The most units a span of a fused query with `units` units may hold (None: no
+        cap but the word and character caps)."""
+        if self.max_share is None:
+            return None
+        return max(1, math.floor(self.max_share * units + 1e-9))
 
 
 def _attached_prefix(text: str, start: int, gap_start: int) -> str:
@@ -138,6 +152,7 @@ def _runs(fused_query: str, limits: SpanLimits) -> Iterator[list[_Unit]]:
     prefix of one of these runs (with or without the attached symbols at its ends), since
     shortening a run never breaks a cap."""
     units = _units(fused_query)
+    most = limits.max_units(len(units))
     for start in range(len(units)):
         words = cjk = 0
         end = start
@@ -148,8 +163,15 @@ def _runs(fused_query: str, limits: SpanLimits) -> Iterator[list[_Unit]]:
                 words += 1
             if words > limits.max_words or cjk > limits.max_cjk_chars:
                 break
+            if most is not None and words + cjk > most:
+                break
             end += 1
         yield units[start:end]
+
+
+def unit_spans(text: str) -> list[tuple[int, int]]:
+    """Where the units of `text` are (start, end): what a span is made of."""
+    return [m.span() for m in _UNIT.finditer(text)]
 
 
 # Only what is special in a regex is escaped, and whitespace controls become their letter

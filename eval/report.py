@@ -366,23 +366,47 @@ def _answerer_table(summary: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "User Answerer, per k (rates of the clarify@k records that did not fail): "
-        "answerability (answers not `unknown`), per turn within k; all-unknown rate; the "
-        "score when some answer was given against when all were `unknown`.",
+        "answerability (answers not `unknown`), per turn within k; over-answer rate (of the "
+        "answers not `unknown`, those revealing two or more pieces of the fused query's "
+        "missing information) and those holding most (over half) of the fused query; "
+        "all-unknown rate; the score when some answer was given against when all were "
+        "`unknown`.",
         "",
-        "| k | answerability | per turn | all-unknown rate | stopped early "
-        "| score, some answered | score, all unknown |",
-        "|---|---|---|---|---|---|---|",
+        "| k | answerability | per turn | over-answer | most of fused query | all-unknown rate "
+        "| stopped early | score, some answered | score, all unknown |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    over, most = c["over_answer_rate_per_k"], c["most_of_fused_rate_per_k"]
     for k, value in c["answerability_per_k"].items():
         turns = "; ".join(f"t{t}: {_pct(v)}" for t, v in c["answerability_per_turn"][k].items())
         split = answered.get(k, {})
         lines.append(
-            f"| {k} | {_pct(value)} | {turns} | {_pct(c['all_unknown_rate_per_k'][k])} | "
+            f"| {k} | {_pct(value)} | {turns} | {_pct(over.get(k))} | {_pct(most.get(k))} | "
+            f"{_pct(c['all_unknown_rate_per_k'][k])} | "
             f"{_pct(c['stopped_early_rate_per_k'][k])} | "
             f"{_score(split['some_answered']) if split else '–'} | "
             f"{_score(split['all_unknown']) if split else '–'} |"
         )
-    return lines
+    return [*lines, *_over_answer_note(c)]
+
+
+def _over_answer_note(c: dict[str, Any]) -> list[str]:
+    """How the over-answer rate's pieces were found, and the answers it could not measure."""
+    basis, skipped = c["over_answer_basis"], c["over_answer_unmeasured"]
+    if not basis and not skipped:
+        return []
+    how = {
+        "spans": "the instance's removed spans",
+        "one_constraint": "one removed constraint (all missing words one piece)",
+        "runs": "runs of missing words (a proxy; a lower bound)",
+    }
+    found = "; ".join(f"{how[b]}: {n} answers" for b, n in basis.items())
+    return [
+        "",
+        f"Over-answer pieces found by {found or 'nothing'}"
+        + (f"; {skipped} answers of older records not measured" if skipped else "")
+        + " (README, How to read the report).",
+    ]
 
 
 def _question_types_table(summary: dict[str, Any]) -> list[str]:
