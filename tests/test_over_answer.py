@@ -4,6 +4,8 @@ opt-in cap on the share of the fused query one answer may hold."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import re
 
 import pytest
@@ -13,6 +15,7 @@ from agents.user_answerer import SpanLimits, is_span, span_regex
 from eval.config import AnswerSpan, ClarificationConfig
 from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.diagnostics import clarification, score_records, summarize
+from eval.dialogue import _fingerprint
 from eval.over_answer import reveal
 from eval.pipeline import run_instance
 from eval.report import markdown
@@ -185,3 +188,17 @@ def test_the_opt_in_cap_keeps_answers_to_a_share_of_the_fused_query():
     assert engine.requests[0].output.pattern == span_regex(fused, capped)
     with pytest.raises(ValueError):
         AnswerSpan(max_share=0)
+
+
+def test_the_cap_option_keeps_dialogues_saved_before_it_existed():
+    """A dialogue is continued only under the same fingerprint: the unset cap must not change
+    it (runs started before the option keep their dialogues), a set cap must."""
+    roles = {"clarifier": ScriptedEngine(lambda r: "", name="clarifier")}
+    sampling = {"clarifier": Sampling(max_tokens=64)}
+    before = ClarificationConfig().model_dump(mode="json")
+    before["answer_span"].pop("max_share")  # the options as dumped before the cap existed
+    parts = {"clarifier": [roles["clarifier"].model, sampling["clarifier"].model_dump(mode="json")]}
+    old = hashlib.sha256(json.dumps([parts, before], sort_keys=True).encode()).hexdigest()[:16]
+    assert _fingerprint(roles, sampling, ClarificationConfig()) == old
+    capped = ClarificationConfig(answer_span=AnswerSpan(max_share=0.5))
+    assert _fingerprint(roles, sampling, capped) != old
