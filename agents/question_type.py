@@ -14,9 +14,12 @@ follow the same decisions):
   "历史"). A duration that delimits the period the results cover ("how many years back",
   "最近几年") is time *and* numeric; a duration as a plain amount ("how many years of
   experience", "how long will you stay", "多久") is numeric only.
-- region: where — a country, state/province, city, district, neighbourhood, "local"/"nearby",
-  domestic vs abroad. "state" is region only as a place ("which state", "US state", "state or
-  province"), never in "state of the art" / "current state" / "state of development";
+- region: where — a country, state/province, city, town, village, district, neighbourhood,
+  "local"/"nearby", domestic vs abroad, where the user is or goes ("Are you in London?",
+  "你在上海吗？", "去哪"), and places offered as alternatives ("US or UK?", "北京还是上海",
+  "朝阳区还是海淀区"). A place named only as context ("Which Tokyo hotel?") is not region.
+  "state" is region only as a place ("which state", "US state", "state or province"), never
+  in "state of the art" / "current state" / "state of development";
   "area" is region ("which area do you live in") but "area of AI" / "research area" is scope.
 - scope: which part, aspect, subtopic, field, category, kind, purpose or depth of the topic,
   and what to include or leave out. "What kind of" / "哪种" / "什么类型" is scope (it narrows
@@ -61,6 +64,44 @@ class Rule:
     zh: str
 
 
+# Places a clarifying question names when it offers alternatives ("US or UK?", "北京还是上海？")
+# or asks where the user is ("Are you in London?", "你在上海吗？"). A place named as context
+# ("Which Tokyo hotel?", "北京的房价你想看哪一年的？") is not region: these lists only count
+# beside an alternative or an "are you in". Capitalised abbreviations are matched case-
+# sensitively (`US`, not the pronoun "us").
+_PLACES_EN = (
+    "america|north america|south america|latin america|europe|asia|africa|oceania|antarctica"
+    "|middle east|southeast asia|east asia|scandinavia|the balkans|the caribbean"
+    "|china|japan|korea|south korea|india|russia|germany|france|italy|spain|portugal|canada"
+    "|mexico|brazil|argentina|chile|australia|new zealand|britain|great britain|england"
+    "|scotland|wales|northern ireland|ireland|netherlands|belgium|switzerland|austria|sweden"
+    "|norway|denmark|finland|poland|greece|turkey|egypt|israel|iran|iraq|saudi arabia"
+    "|singapore|malaysia|indonesia|thailand|vietnam|philippines|pakistan|bangladesh|nigeria"
+    "|kenya|south africa|ukraine|hong kong|taiwan|macau|mainland china"
+    "|california|texas|florida|new york|new jersey|illinois|ohio|michigan|massachusetts"
+    "|pennsylvania|arizona|colorado|oregon|nevada|virginia|north carolina|ontario|quebec"
+    "|british columbia|alberta|bavaria|london|paris|berlin|madrid|rome|tokyo|osaka|seoul"
+    "|beijing|shanghai|shenzhen|guangzhou|sydney|melbourne|toronto|vancouver|montreal"
+    "|chicago|los angeles|san francisco|seattle|boston|washington d\\.?c\\.?|dubai|mumbai"
+    "|delhi|bangalore|moscow|istanbul|amsterdam|vienna|zurich|munich|milan|barcelona"
+    "|dublin|edinburgh|manchester|stockholm|copenhagen|oslo|helsinki|prague|warsaw"
+    "|(?-i:US|USA|U\\.S\\.?|UK|U\\.K\\.?|EU|UAE|NYC|LA)"
+)
+_PLACES_ZH = (
+    "中国|美国|英国|日本|韩国|德国|法国|加拿大|澳大利亚|澳洲|俄罗斯|印度|新加坡|马来西亚|泰国"
+    "|越南|意大利|西班牙|荷兰|瑞士|瑞典|新西兰|巴西|墨西哥|欧盟|欧洲|亚洲|非洲|北美|南美|东南亚"
+    "|中东|欧美|日韩|港澳台|港澳|内地|大陆|海外|北京|上海|天津|重庆|广州|深圳|杭州|南京|苏州"
+    "|成都|武汉|西安|长沙|郑州|青岛|厦门|大连|宁波|合肥|济南|沈阳|哈尔滨|昆明|东莞|佛山|无锡"
+    "|珠海|三亚|拉萨|桂林|广东|浙江|江苏|山东|河南|河北|湖北|湖南|四川|福建|安徽|江西|云南"
+    "|贵州|广西|山西|陕西|甘肃|辽宁|吉林|黑龙江|内蒙古|新疆|西藏|青海|宁夏|海南|台湾|香港|澳门"
+)
+# A Chinese place name by its suffix, in an alternative (朝阳区还是海淀区): the words for
+# markets (股市, 楼市, 超市, 上市 …) are not places.
+_ZH_PLACE_BY_SUFFIX = (
+    "[\u4e00-\u9fff]{1,3}(?<![股楼车超黑夜菜门上债币牛熊城])市"
+    "|[\u4e00-\u9fff]{1,3}(?<![误禁专园景社])区|[\u4e00-\u9fff]{1,3}[省县镇村]"
+)
+
 # Every rule fires independently: a question gets every type whose rules match. English
 # patterns are matched case-insensitively with word boundaries; Chinese has no word boundaries,
 # so its patterns carry their own guards (look-arounds) against the usual compound-word traps.
@@ -81,7 +122,16 @@ RULES: tuple[Rule, ...] = (
         r"|quarters?|decades?|centur(y|ies)|eras?|periods?|deadlines?|timelines?)\b(?! old\b)"
         r"|\btime ?(frame|period|range|span|window)s?\b",
         r"哪一?年|哪几年|年份|年代|年度|哪个?月|几月|月份|日期|季度|季节|旺季|淡季|时期|时段"
-        r"|期间|期限|截止|世纪|(?<!多长)(?<!多少)(?<!多久)时间",
+        r"|期间|期限|截止|世纪|(?<!多长)(?<!多少)(?<!多久)时间|哪一?届",
+    ),
+    Rule(
+        "time",
+        "parts of the day, week and year; before or after",
+        # "How many nights" is an amount; "night train" a thing: nights are left out.
+        r"\b(weekdays?|weekends?|mornings?|afternoons?|evenings?|semesters?|summer|winter"
+        r"|autumn|spring)\b|\bbefore or after\b",
+        r"上半年|下半年|上半月|下半月|[上下本这]个?(月|周|星期|季度)|周末|工作日|节假日|寒假|暑假"
+        r"|春节|国庆|假期|上午|下午|晚上|早上|凌晨|几时|周几|星期几|礼拜几|[之以]?前还是.{0,6}后",
     ),
     Rule(
         "time",
@@ -120,17 +170,38 @@ RULES: tuple[Rule, ...] = (
         "place nouns",
         # "take place" / "first place" are not places.
         r"\b(countr(y|ies)|cit(y|ies)|towns?|villages?|regions?|locations?|provinces?|count(y|ies)"
-        r"|districts?|neighbou?rhoods?|continents?|suburbs?|address|zip code|post ?code)\b"
+        r"|districts?|neighbou?rhoods?|continents?|suburbs?|address|zip code|post ?code"
+        r"|boroughs?|municipalit(y|ies)|prefectures?|cantons?|destinations?|time ?zones?)\b"
         r"|(?<!take )(?<!took )(?<!takes )(?<!taking )(?<!first )\bplaces?\b",
-        r"国家|城市|地区|区域|地点|位置|省份|哪个?省|哪一个省|县城|哪个县|哪个区|乡镇|街道|社区"
-        r"|哪个洲|大洲|哪座",
+        # 哪个市场 / 哪个区块链 / 哪国产 are no places.
+        r"国家|城市|地区|区域|地点|位置|省份|哪一个省|县城|乡镇|街道|社区|小区|哪个洲|大洲|哪座"
+        r"|哪(个|一个)?(省|县|镇|乡|村|州|国(?![产货语])|市(?![场值面民])|区(?![块别间分]))"
+        r"|省市|地级市|县级市|直辖市|市区|城区|郊区|城镇|农村|乡村|乡下",
+    ),
+    Rule(
+        "region",
+        "where the user is or goes",
+        # "Are you in London?" names the place; "live in", "based in" ask where, whatever
+        # follows. 去哪 / 在哪 without a noun after it (在哪个行业 is scope).
+        r"\b(live|lives|living|based|located|staying|reside|residing) (in|near|around)\b"
+        rf"|\b(are|were) you (currently |now |still )?(in|at|near|from) (the )?({_PLACES_EN})\b",
+        r"[去到在住]哪(?![个一些种类款家位部本])"
+        rf"|在({_PLACES_ZH})[省市]?[^？?。，,]{{0,4}}(吗|么|呢)",
+    ),
+    Rule(
+        "region",
+        "places offered as alternatives",
+        rf"\b({_PLACES_EN})\b[^?.!;]{{0,20}}?\b(or|vs\.?|versus)\b"
+        rf"|\b(or|vs\.?|versus) (the |in |for |in the |for the )?({_PLACES_EN})\b",
+        rf"({_PLACES_ZH}|{_ZH_PLACE_BY_SUFFIX})的?(还是|或者?)"
+        rf"|(还是|或者?)({_PLACES_ZH}|{_ZH_PLACE_BY_SUFFIX})",
     ),
     Rule(
         "region",
         "area as a place",
         # "Which area do you live in?" is a place; "area of AI", "research area" are scope.
         r"(?<!research )(?<!study )(?<!subject )(?<!practice )(?<!focus )(?<!interest )"
-        r"\bareas?\b(?! of\b)",
+        r"\bareas?\b(?! of\b)|\bparts? of (the )?(town|city|country|world|state)\b",
         r"片区|哪一带|哪块区域",
     ),
     Rule(
@@ -147,16 +218,18 @@ RULES: tuple[Rule, ...] = (
         "region",
         "nearby / local / domestic vs abroad",
         r"\b(nearby|near (you|me)|local(ly)?|domestic(ally)?|international(ly)?|abroad"
-        r"|overseas|worldwide|nationwide)\b",
-        r"附近|周边|本地|当地|国内|国外|海外|境外|国际|全国|全球",
+        r"|overseas|worldwide|nationwide|intercontinental|cross-border)\b",
+        r"附近|周边|本地|当地|国内|国外|海外|境外|国际|全国|全球|出境|跨境",
     ),
     # --- scope ------------------------------------------------------------------------------
     Rule(
         "scope",
         "aspect / part / subtopic",
         r"\b(aspects?|facets?|angles?|sub-?topics?|topics?|features?|categor(y|ies)|genres?"
-        r"|(which|what) parts?|parts? of|sections?|components?|what (information|content))\b",
-        r"方面|哪部分|哪一部分|部分|角度|主题|话题|内容|功能|类别|门类|题材",
+        r"|((which|what) parts?|parts? of)(?! (of )?(the )?(town|city|country|world|state))"
+        r"|sections?"
+        r"|components?|what (information|content)|perspectives?|points? of view|viewpoints?)\b",
+        r"方面|哪部分|哪一部分|部分|角度|主题|话题|内容|功能|类别|门类|题材|关心的是|关注的是|关注点",
     ),
     Rule(
         "scope",
@@ -184,14 +257,16 @@ RULES: tuple[Rule, ...] = (
         "scope",
         "purpose / use case",
         r"\b(purpose|use case|used for|intended use|personal use|business use|for work)\b",
-        r"用途|用来|用于|目的|场景|做什么用|个人使用|商业使用",
+        r"用途|用来|用于|目的|场景|做什么用|个人使用|商业使用|日常使用|自用|家用|办公用|学习用"
+        r"|研究用|工作用",
     ),
     Rule(
         "scope",
         "depth / level",
         r"\b(beginner|advanced|introduct(ion|ory)|overview|in-depth|level of detail"
         r"|how detailed)\b",
-        r"入门|进阶|概述|概览|深入|详细程度|多详细",
+        r"入门|进阶|概述|概览|深入|详细程度|多详细|详细的(分析|介绍|说明|解读)|简单介绍|简要|概括"
+        r"|摘要",
     ),
     # --- entity -----------------------------------------------------------------------------
     Rule(
@@ -233,7 +308,9 @@ RULES: tuple[Rule, ...] = (
         "how many / how much / how long …",
         r"\bhow (many|much|long|old|big|large|far|often|tall|heavy|fast|expensive|cheap)\b",
         # 几 is "how many" except in 哪几 (which ones), 几乎 (almost), 几月/几号/几点 (when).
-        r"多少|(?<!哪)几(?![月号点乎])|多大|多长|多久|多远|多高|多重|多贵|多快|多宽",
+        # 周几 / 星期几 / 几时 ask when.
+        r"多少|(?<!哪)(?<!周)(?<!星期)(?<!礼拜)几(?![月号点乎时])|多大|多长|多久|多远|多高|多重"
+        r"|多贵|多快|多宽",
     ),
     Rule(
         "numeric",

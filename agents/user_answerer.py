@@ -6,15 +6,21 @@ constraint itself is built from the fused query, so the answer cannot contain an
 did not say; it is re-checked anyway. `abstractive` (an option): the value is worded freely, and
 `unsupported_words` flags its content words that the fused query does not contain.
 
-A span is made of units: each CJK character is one unit, and each run of letters/digits (with
-joiners such as `-` `.` `'` `/` `+` `&` inside it, e.g. `GPT-4o`, `3.5`, `TCP/IP`) is one unit.
-Between two consecutive units a span keeps the fused query's own separator text exactly (`, `,
-a space, nothing between CJK characters), so `iPhone 15 Pro` and `2023年` can be given but
-`iPhone15` cannot; a span never starts or ends with a separator. `SpanLimits` caps its length."""
+A span is made of units: each CJK character (Chinese ideograph, Japanese kana, Korean hangul) is
+one unit, and each run of letters/digits (with joiners such as `-` `.` `'` `/` `+` `&` inside
+it, e.g. `GPT-4o`, `3.5`, `TCP/IP`) is one unit; a `-` between two digits is not a joiner, so
+`3000` can come out of `3000-5000`. Between two consecutive units a span keeps the fused query's
+own separator text exactly (`, `, a space, nothing between CJK characters), so `iPhone 15 Pro`
+and `2023年` can be given but `iPhone15` cannot. A span starts and ends at a unit, optionally
+with the symbols attached to it that belong to the value: before it a sign (`-5°C`), a currency
+(`$100`) or an opening title mark (`《`); after it `%` `‰` `°` `.` (`50%`, `U.S.`) or a closing
+title mark (`》`). A name's own `.`, `+` and `#` are part of its unit (`.NET`, `C++`, `C#`). Any
+other separator never starts or ends a span. `SpanLimits` caps its length."""
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,56 +34,144 @@ from serving.engine import ChatModel
 from serving.errors import ConstrainedOutputError
 from serving.types import ChatRequest, JsonSchemaOutput, RegexOutput, RoleSampling, Sampling
 
-# CJK ideographs: Extension A, the unified block, compatibility ideographs, Extensions B-H.
-_CJK_RANGES = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+# Scripts written without spaces between words, one unit per character. CJK ideographs:
+# Extension A, the unified block, compatibility ideographs, Extensions B-H; Japanese hiragana,
+# katakana (with `ー`, without the `・` separator), its phonetic extensions and half-width forms;
+# Korean hangul syllables and jamo (Korean puts particles on the word: `서울의` holds `서울`).
+_CJK_RANGES = (
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+    "\u3041-\u309f\u30a0-\u30fa\u30fc-\u30ff\u31f0-\u31ff\uff66-\uff9f"
+    "\uac00-\ud7af\u1100-\u11ff\u3131-\u318e"
+)
 _CJK = re.compile(f"[{_CJK_RANGES}]")
 # Letters and digits of any script but CJK (which is one unit per character) and `_`.
 _ALNUM = f"[^\\W_{_CJK_RANGES}]"
 # A unit: one CJK character, or a letter/digit run whose joiners sit between two alphanumerics
-# (so `GPT-4o` is one unit, while the `,` of `Stockholm,` stays a separator).
-_UNIT = re.compile(f"[{_CJK_RANGES}]|{_ALNUM}+(?:[-.'’/+&]{_ALNUM}+)*")
+# (so `GPT-4o` is one unit, while the `,` of `Stockholm,` stays a separator). A `-` between
+# digits is a range or a date, not a joiner: `3000-5000` holds `3000`. A name's own `.` before
+# it and `+`/`++`/`#` after it are part of it: `.NET`, `C++`, `C#` and `18+` are not `NET`,
+# `C` and `18`.
+_UNIT = re.compile(
+    f"[{_CJK_RANGES}]"
+    f"|(?:(?<!{_ALNUM})(?<!\\.)\\.(?=(?![{_CJK_RANGES}])[^\\W\\d_]))?"
+    f"{_ALNUM}+(?:(?!(?<=\\d)-\\d)[-.'’/+&]{_ALNUM}+)*(?:\\+\\+?|#)?"
+)
+# Symbols attached to a unit that a value may keep or leave (see `_attached_prefix`); after
+# a unit: `50%`, `30°`, `U.S.`, `》`.
+_SUFFIX = re.compile(r"[%‰°.》〉]")
+_SIGNS = "-+−"
+_CURRENCIES = "$€£¥₹₩₽"
+_TITLE_OPEN = "《〈"
+_LATIN_WORD = re.compile(_ALNUM)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One unit of the fused query and what surrounds it there."""
+
+    text: str
+    #: The fused query's text from this unit to the next one ("" after the last).
+    sep: str
+    #: Attached symbols right before the unit / right after it (`_attached_prefix`, `_SUFFIX`).
+    prefix: str
+    suffix: str
+    #: One CJK character (counted against `max_cjk_chars`, not `max_words`).
+    cjk: bool
 
 
 @dataclass(frozen=True)
 class SpanLimits:
     """How long an extractive answer may be: at most `max_words` letter/digit units and at
-    most `max_cjk_chars` CJK characters (a mixed span must satisfy both)."""
+    most `max_cjk_chars` CJK characters (a mixed span must satisfy both), and, when
+    `max_share` is set, at most that share of the fused query's units (at least one unit):
+    an opt-in cap against answers that hand over most of the full intent (the study's
+    simulator has none)."""
 
     max_words: int = 16
     max_cjk_chars: int = 32
+    max_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_words < 1 or self.max_cjk_chars < 1:
             raise ValueError(f"span limits must be at least 1, got {self}")
+        if self.max_share is not None and not 0 < self.max_share <= 1:
+            raise ValueError(f"max_share must be in (0, 1], got {self.max_share}")
+
+    def max_units(self, units: int) -> int | None:
+        """The most units a span of a fused query with `units` units may hold (None: no
+        cap but the word and character caps)."""
+        if self.max_share is None:
+            return None
+        return max(1, math.floor(self.max_share * units + 1e-9))
 
 
-def _units(fused_query: str) -> list[tuple[str, str]]:
+def _attached_prefix(text: str, start: int, gap_start: int) -> str:
+    """The symbol right before the unit at `start` that belongs to its value, or "": a sign
+    or currency before a number (`-5°C`, `$100`), an opening title mark (`《`). A sign not
+    right after a word, a number or another attached symbol: `5%-10%` and `3000-5000` hold no
+    negative number."""
+    if start == gap_start:  # nothing between this unit and the one before it
+        return ""
+    mark, before = text[start - 1], text[start - 2] if start > 1 else " "
+    after_word = bool(_LATIN_WORD.fullmatch(before)) or before in "%‰°+#.-−"
+    number = text[start].isdigit()
+    if (
+        (mark in _SIGNS and number and not after_word)
+        or (mark in _CURRENCIES and number)
+        or mark in _TITLE_OPEN
+    ):
+        return mark
+    return ""
+
+
+def _units(fused_query: str) -> list[_Unit]:
     """The fused query's units, each with the separator text that follows it up to the next
-    unit ("" after the last one)."""
+    unit and the symbols attached to it."""
     matches = list(_UNIT.finditer(fused_query))
     units = []
     for i, m in enumerate(matches):
-        nxt = matches[i + 1].start() if i + 1 < len(matches) else m.end()
-        units.append((m.group(), fused_query[m.end() : nxt]))
+        last = i + 1 == len(matches)
+        # Attached symbols lie between two units, never inside one (`使用.NET` ends no span
+        # with `用.`).
+        after = fused_query[m.end() : len(fused_query) if last else matches[i + 1].start()]
+        suffix = _SUFFIX.match(after)
+        units.append(
+            _Unit(
+                text=m.group(),
+                sep="" if last else after,
+                prefix=_attached_prefix(fused_query, m.start(), matches[i - 1].end() if i else 0),
+                suffix=suffix.group() if suffix else "",
+                cjk=bool(_CJK.fullmatch(m.group())),
+            )
+        )
     return units
 
 
-def _runs(fused_query: str, limits: SpanLimits) -> Iterator[list[tuple[str, str]]]:
+def _runs(fused_query: str, limits: SpanLimits) -> Iterator[list[_Unit]]:
     """Per start unit, the longest run of units from it within both caps. Every span is a
-    prefix of one of these runs, since shortening a run never breaks a cap."""
+    prefix of one of these runs (with or without the attached symbols at its ends), since
+    shortening a run never breaks a cap."""
     units = _units(fused_query)
+    most = limits.max_units(len(units))
     for start in range(len(units)):
         words = cjk = 0
         end = start
         while end < len(units):
-            if _CJK.fullmatch(units[end][0]):
+            if units[end].cjk:
                 cjk += 1
             else:
                 words += 1
             if words > limits.max_words or cjk > limits.max_cjk_chars:
                 break
+            if most is not None and words + cjk > most:
+                break
             end += 1
         yield units[start:end]
+
+
+def unit_spans(text: str) -> list[tuple[int, int]]:
+    """Where the units of `text` are (start, end): what a span is made of."""
+    return [m.span() for m in _UNIT.finditer(text)]
 
 
 # Only what is special in a regex is escaped, and whitespace controls become their letter
@@ -107,11 +201,17 @@ def span_regex(fused_query: str, limits: SpanLimits = SpanLimits()) -> str:
     spans; identical chains (a repeated phrase) appear once."""
     alternatives = []
     for run in _runs(fused_query, limits):  # never empty: every cap admits one unit
-        nested = _escape(run[-1][0])
-        for unit, sep in reversed(run[:-1]):
-            nested = f"{_escape(unit)}(?:{_escape(sep)}{nested})?"
-        alternatives.append(nested)
+        nested = _escape(run[-1].text) + _optional(run[-1].suffix)
+        for unit in reversed(run[:-1]):
+            # Go on to the next unit, or end here with this unit's attached symbols.
+            end = f"|{_escape(unit.suffix)}" if unit.suffix else ""
+            nested = f"{_escape(unit.text)}(?:{_escape(unit.sep)}{nested}{end})?"
+        alternatives.append(_optional(run[0].prefix) + nested)
     return "|".join([UNKNOWN, *dict.fromkeys(alternatives)])
+
+
+def _optional(text: str) -> str:
+    return f"(?:{_escape(text)})?" if text else ""
 
 
 def spans(fused_query: str, limits: SpanLimits = SpanLimits()) -> set[str]:
@@ -124,11 +224,11 @@ def spans(fused_query: str, limits: SpanLimits = SpanLimits()) -> set[str]:
 def _spans(fused_query: str, limits: SpanLimits) -> frozenset[str]:
     found: set[str] = set()
     for run in _runs(fused_query, limits):
-        text = ""
-        for unit, sep in run:
-            text += unit
-            found.add(text)
-            text += sep
+        for text in {"", run[0].prefix}:
+            for unit in run:
+                text += unit.text
+                found |= {text, text + unit.suffix}
+                text += unit.sep
     return frozenset(found)
 
 
@@ -172,6 +272,18 @@ def _content_units(text: str) -> list[str]:
     return units
 
 
+# What a free-worded "I don't know" looks like: the prompt asks for exactly `unknown`, but a
+# model adds a full stop or capitalises it, and a Chinese reply says it in Chinese.
+_UNKNOWN_REPLIES = frozenset({UNKNOWN, "未知", "不知道"})
+_TRAILING = " \t\n.。!！"
+
+
+def means_unknown(text: str) -> bool:
+    """Whether an abstractive reply is `unknown` in another dress: any case, a trailing full
+    stop or exclamation mark, or 未知 / 不知道."""
+    return text.strip().rstrip(_TRAILING).strip().lower() in _UNKNOWN_REPLIES
+
+
 def unsupported_words(answer: str, fused_query: str) -> list[str]:
     """The answer's content words the fused query does not contain (none for `unknown`)."""
     if answer == UNKNOWN:
@@ -200,7 +312,7 @@ async def answer(
             )
         )
         text = FreeAnswer.model_validate(reply.parsed).answer.strip()
-        return UNKNOWN if text.lower() == UNKNOWN else text
+        return UNKNOWN if means_unknown(text) else text
     system, user = render("user_answerer", language, fused_query=fused_query, question=question)
     response = await engine.chat(
         ChatRequest(

@@ -114,6 +114,10 @@ class Budgets(_Strict):
 class AnswerSpan(_Strict):
     max_words: int = Field(16, ge=1)
     max_cjk_chars: int = Field(32, ge=1)
+    #: Opt-in: the largest share of the fused query's units one answer may hold (e.g. 0.5,
+    #: so that no answer hands over most of the full intent); None, the study's protocol,
+    #: caps by the two lengths only.
+    max_share: float | None = Field(None, gt=0, le=1)
 
 
 class ClarificationConfig(_Strict):

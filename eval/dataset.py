@@ -437,6 +437,8 @@ def _pydantic_problems(e: ValidationError, file: str, line: int) -> list[Problem
             ".[", "["
         )
         kind = err["type"]
+        if kind == "removed_span":  # raised on the whole instance, about one of its spans
+            loc = err["ctx"]["field"]
         if kind == "missing":
             message = "missing"
         elif kind == "string_too_short":
@@ -444,10 +446,12 @@ def _pydantic_problems(e: ValidationError, file: str, line: int) -> list[Problem
         elif kind == "extra_forbidden":
             message = "unknown field"
         elif kind == "literal_error" and err["loc"][0] == "removed_constraints":
-            message = (
-                f"unknown constraint type {err['input']!r} "
-                f"(expected one of {', '.join(CONSTRAINT_TYPES)})"
+            given = (
+                "not a {type, span} object with two strings"
+                if isinstance(err["input"], dict)
+                else f"unknown constraint type {err['input']!r}"
             )
+            message = f"{given} (expected one of {', '.join(CONSTRAINT_TYPES)})"
         elif loc.endswith(".weight"):
             message = f"must be a number > 0, got {err['input']!r}"
         else:

@@ -11,8 +11,10 @@ Clarification diagnostics are descriptive rates over the clarify@k records that 
 each with its own n:
 User Answerer answerability per turn within each k and per k, all-unknown rate, question-type
 mix (a question may have several types) with the unknown rate per type — the study's region
-figure is the unknown rate of region questions — the score split by whether any answer was
-given, breakdowns per language and removed constraint, and a degenerate-judge warning.
+figure is the unknown rate of region-only questions (whose only type is region), shown beside
+the unknown rate of any-region questions — over-answering (eval/over_answer.py) beside
+answerability, the score split by whether any answer was given, breakdowns per language and
+removed constraint, and a degenerate-judge warning.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from eval.metrics import (
     paired_differences,
     paired_tests,
 )
+from eval.over_answer import MOST as MOST_OF_FUSED
 from eval.pipeline import clarify_turns
 from eval.schema import Record
 
 SCORE = "restore_score_100"
 SCORE_VARIANTS = (SCORE, "strict", "unweighted")
 FailurePolicy = Literal["exclude", "zero"]
-#: The study's unknown rate of region questions (its region finding).
+#: The study's unknown rate of region-only questions (its region finding).
 STUDY_REGION_UNKNOWN = "0.75–0.87"
 #: One judge label this common says the judge does not discriminate.
 DEGENERATE_SHARE = 0.95
@@ -269,18 +272,57 @@ def clarification(records: list[Record], mode: str = "sequential") -> dict[str, 
             t: {"rate": unknown[t] / counts[t] if counts[t] else None, "n": counts[t]}
             for t in QUESTION_TYPES
         },
-        # The study's region figure: of the questions about region, the share answered unknown.
-        "region_question_unknown_rate": {
-            "rate": unknown["region"] / counts["region"] if counts["region"] else None,
-            "n": counts["region"],
+        # The study's region figure: of the questions whose only type is region, the share
+        # answered unknown; then the same over every question with region among its types.
+        "region_only_unknown_rate": {
+            **_unknown_rate([a for types, a in questions if list(types) == ["region"]]),
             "study": STUDY_REGION_UNKNOWN,
         },
+        "any_region_unknown_rate": _unknown_rate([a for t, a in questions if "region" in t]),
         # Not the study's figure: dialogues (as counted for the question types) in which every
         # question asked about region.
         "all_region_interaction_rate": _rate(all_region),
+        **_over_answers(asked),
         "dialogue_mismatches": len(dialogue_mismatches(records)) if mode == "sequential" else 0,
         # Abstractive User Answerer only: answers with content words not in the fused query.
         "unsupported_answers": {"checked": len(checked), "rate": _rate(checked)["rate"]},
+    }
+
+
+def _over_answers(asked: list[Record]) -> dict[str, Any]:
+    """Per k, of the answers other than `unknown`: the share that over-answer (reveal two or
+    more pieces of the fused query's missing information, eval/over_answer.py) and the share
+    that hold most of the fused query; how the pieces were found; and how many answers of
+    records written before answers were measured are left out."""
+    over: dict[int, list[bool]] = defaultdict(list)
+    most: dict[int, list[bool]] = defaultdict(list)
+    basis: Counter[str] = Counter()
+    unmeasured = 0
+    for r in asked:
+        if len(r.answer_reveals) != len(r.answers):
+            unmeasured += sum(a != UNKNOWN for a in r.answers)
+            continue
+        k = clarify_turns(r.condition) or 0
+        for answer, found in zip(r.answers, r.answer_reveals, strict=True):
+            if answer != UNKNOWN:
+                over[k].append(found["revealed"] >= found.get("needed", 2))
+                most[k].append(found["share"] > MOST_OF_FUSED)
+                basis[found["basis"]] += 1
+    return {
+        "over_answer_rate_per_k": {str(k): _rate(over[k]) for k in sorted(over)},
+        "most_of_fused_rate_per_k": {str(k): _rate(most[k]) for k in sorted(most)},
+        "over_answer_basis": dict(sorted(basis.items())),
+        "over_answer_unmeasured": unmeasured,
+    }
+
+
+def _unknown_rate(answers: list[str]) -> dict[str, Any]:
+    """The share of `answers` that are `unknown`, with how many were and the n."""
+    unknown = sum(a == UNKNOWN for a in answers)
+    return {
+        "rate": unknown / len(answers) if answers else None,
+        "unknown": unknown,
+        "n": len(answers),
     }
 
 

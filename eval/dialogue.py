@@ -357,7 +357,8 @@ def _fingerprint(
         for role in ("clarifier", "user_answerer", "question_classifier")
         if role in roles and role in sampling
     }
-    blob = json.dumps([parts, options.model_dump(mode="json")], sort_keys=True)
+    # Unset options (None) are left out, so that adding one keeps the dialogues saved before.
+    blob = json.dumps([parts, options.model_dump(mode="json", exclude_none=True)], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -22,6 +22,7 @@ from eval.config import GoldenConfig, JudgeConfig
 from eval.dialogue import Clarification, Turn, failure
 from eval.golden import GOLDEN, NoEvidence, golden_nuggets
 from eval.metrics import Label, restore_score
+from eval.over_answer import reveal
 from eval.schema import Instance, Nugget, Record
 from eval.usage import charged_to_key
 from serving.disk import StorageFull, write_whole
@@ -140,7 +141,7 @@ async def _stages(
         with _stage("clarify"):
             asked = await ctx.clarification.turns(instance, k, seed)
         record.stopped_early, record.stop_question = asked.stopped, asked.stop_question
-        _keep_turns(record, asked.turns)
+        _keep_turns(record, asked.turns, instance)
         if asked.error is not None:
             # Already the record's error: the dialogue names the turn's own stage (clarify,
             # answer or classify), and a saved dialogue carries it across runs.
@@ -164,9 +165,10 @@ async def _stages(
             )
 
 
-def _keep_turns(record: Record, turns: list[Turn]) -> None:
+def _keep_turns(record: Record, turns: list[Turn], instance: Instance) -> None:
     record.questions = [t.question for t in turns]
     record.answers = [t.answer for t in turns]
+    record.answer_reveals = [reveal(instance, t.answer).as_dict() for t in turns]
     record.question_types = [t.question_types for t in turns]
     record.unsupported_words = [
         t.unsupported_words for t in turns if t.unsupported_words is not None

@@ -353,9 +353,7 @@ def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
 
 
 def _system_header(name: str, summary: dict[str, Any]) -> list[str]:
-    """The system's heading, its counts and the unknown rate of region questions."""
-    c = summary["clarification"]
-    region = c["region_question_unknown_rate"]
+    """The system's heading, its counts and the study's region figure."""
     return [
         f"## {name}",
         "",
@@ -363,12 +361,28 @@ def _system_header(name: str, summary: dict[str, Any]) -> list[str]:
         f"{len(summary['excluded_instances'])} excluded), seeds {summary['seeds']}, "
         f"{summary['records']} records.",
         "",
-        "Unknown rate of region questions: "
-        + (f"{_pct(region)} region questions" if region["n"] else "no region question asked")
-        + f" (the study: {region['study']}). Not to be confused with the share of dialogues "
-        f"in which every question asked about region: {_pct(c['all_region_interaction_rate'])} "
-        "dialogues.",
+        *_region_lines(summary["clarification"]),
         "",
+    ]
+
+
+def _region_lines(c: dict[str, Any]) -> list[str]:
+    """The study's region figure (region-only questions) and, named apart, the any-region
+    rate and the all-region dialogues."""
+    only, anyr = c["region_only_unknown_rate"], c["any_region_unknown_rate"]
+
+    def rate(entry: dict[str, Any], what: str) -> str:
+        if not entry["n"]:
+            return f"no {what} asked"
+        return f"{_pct(entry['rate'])} ({entry['unknown']} unknown of {entry['n']} {what})"
+
+    return [
+        f"- **Unknown rate of region-only questions** (the study's region figure): "
+        f"{rate(only, 'questions whose only type is region')}; the study: {only['study']}.",
+        f"- Unknown rate of any-region questions: "
+        f"{rate(anyr, 'questions with region among their types')}.",
+        f"- Dialogues in which every question asked about region: "
+        f"{_pct(c['all_region_interaction_rate'])} dialogues (not an unknown rate).",
     ]
 
 
@@ -408,23 +422,47 @@ def _answerer_table(summary: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "User Answerer, per k (rates of the clarify@k records that did not fail): "
-        "answerability (answers not `unknown`), per turn within k; all-unknown rate; the "
-        "score when some answer was given against when all were `unknown`.",
+        "answerability (answers not `unknown`), per turn within k; over-answer rate (of the "
+        "answers not `unknown`, those revealing two or more pieces of the fused query's "
+        "missing information) and those holding most (over half) of the fused query; "
+        "all-unknown rate; the score when some answer was given against when all were "
+        "`unknown`.",
         "",
-        "| k | answerability | per turn | all-unknown rate | stopped early "
-        "| score, some answered | score, all unknown |",
-        "|---|---|---|---|---|---|---|",
+        "| k | answerability | per turn | over-answer | most of fused query | all-unknown rate "
+        "| stopped early | score, some answered | score, all unknown |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    over, most = c["over_answer_rate_per_k"], c["most_of_fused_rate_per_k"]
     for k, value in c["answerability_per_k"].items():
         turns = "; ".join(f"t{t}: {_pct(v)}" for t, v in c["answerability_per_turn"][k].items())
         split = answered.get(k, {})
         lines.append(
-            f"| {k} | {_pct(value)} | {turns} | {_pct(c['all_unknown_rate_per_k'][k])} | "
+            f"| {k} | {_pct(value)} | {turns} | {_pct(over.get(k))} | {_pct(most.get(k))} | "
+            f"{_pct(c['all_unknown_rate_per_k'][k])} | "
             f"{_pct(c['stopped_early_rate_per_k'][k])} | "
             f"{_score(split['some_answered']) if split else '–'} | "
             f"{_score(split['all_unknown']) if split else '–'} |"
         )
-    return lines
+    return [*lines, *_over_answer_note(c)]
+
+
+def _over_answer_note(c: dict[str, Any]) -> list[str]:
+    """How the over-answer rate's pieces were found, and the answers it could not measure."""
+    basis, skipped = c["over_answer_basis"], c["over_answer_unmeasured"]
+    if not basis and not skipped:
+        return []
+    how = {
+        "spans": "the instance's removed spans",
+        "one_constraint": "one removed constraint (all missing words one piece)",
+        "runs": "runs of missing words (a proxy; a lower bound)",
+    }
+    found = "; ".join(f"{how[b]}: {n} answers" for b, n in basis.items())
+    return [
+        "",
+        f"Over-answer pieces found by {found or 'nothing'}"
+        + (f"; {skipped} answers of older records not measured" if skipped else "")
+        + " (README, How to read the report).",
+    ]
 
 
 def _question_types_table(summary: dict[str, Any]) -> list[str]:
@@ -623,8 +661,10 @@ def _viewer_block(runs: Sequence[tuple[str, Path]]) -> str:
 
 
 def _inline(text: str) -> str:
-    """Escaped text with its `code` spans as <code>: the Markdown the report writes inline."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    """Escaped text with its `code` spans as <code> and **bold** as <strong>: the Markdown
+    the report writes inline."""
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
 
 
 def to_html(markdown_text: str, images: list[Path], runs: Sequence[tuple[str, Path]] = ()) -> str:

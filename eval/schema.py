@@ -8,7 +8,15 @@ import math
 import unicodedata
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from agents.question_type import QUESTION_TYPES, QuestionType
@@ -100,6 +108,14 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _typed_span(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and set(item) == {"type", "span"}
+        and all(isinstance(v, str) for v in item.values())
+    )
+
+
 class Instance(_Data):
     id: str = Field(min_length=1)
     #: q: the underspecified query the user typed.
@@ -107,9 +123,59 @@ class Instance(_Data):
     #: q*: the user's full intent. Only the user answerer, golden builder and judge see it.
     fused_query: str = Field(min_length=1)
     language: str = "en"
+    #: The types of the constraints blurring removed. A dataset may give each as
+    #: `{type, span}`, `span` being the removed text, verbatim in the fused query and absent
+    #: from the blurred query: the types land here and the spans in `removed_spans`.
     removed_constraints: list[ConstraintType] = []
+    #: Per removed constraint, its span ("" where the dataset gave a type only); empty when
+    #: it gave types only.
+    removed_spans: list[str] = []
     golden: Golden | None = None
     meta: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_typed_spans(cls, data: Any) -> Any:
+        """`removed_constraints: [{type, span}, …]` into the types and the spans. An item
+        that is not a {type, span} object is left as it is, for the type check to report."""
+        items = data.get("removed_constraints") if isinstance(data, dict) else None
+        if not isinstance(items, list) or not any(isinstance(i, dict) for i in items):
+            return data
+        if not all(_typed_span(i) or isinstance(i, str) for i in items):
+            return data
+        return {
+            **data,
+            "removed_constraints": [i["type"] if isinstance(i, dict) else i for i in items],
+            "removed_spans": [i["span"] if isinstance(i, dict) else "" for i in items],
+        }
+
+    @model_validator(mode="after")
+    def _spans_were_removed(self) -> Instance:
+        if self.removed_spans and len(self.removed_spans) != len(self.removed_constraints):
+            raise PydanticCustomError(
+                "removed_spans", "removed_spans must have one span per removed constraint"
+            )
+        for n, span in enumerate(self.removed_spans):
+            # `field` names the input's field in a dataset problem (eval/dataset.py).
+            where = {"field": f"removed_constraints[{n}].span", "span": repr(span)}
+            if span and span not in self.fused_query:
+                raise PydanticCustomError("removed_span", "{span} is not in fused_query", where)
+            if span and span in self.blurred_query:
+                raise PydanticCustomError("removed_span", "{span} is still in blurred_query", where)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumped as a dataset gives it: spans inside `removed_constraints`, so that a dataset
+        without spans dumps (and digests) as before they existed."""
+        data: dict[str, Any] = handler(self)
+        spans = data.pop("removed_spans", [])
+        if spans and "removed_constraints" in data:
+            data["removed_constraints"] = [
+                {"type": t, "span": s} if s else t
+                for t, s in zip(data["removed_constraints"], spans, strict=True)
+            ]
+        return data
 
     @field_validator("id")
     @classmethod
@@ -145,6 +211,9 @@ class Record(BaseModel):
     question_types: list[list[str]] = []
     #: Abstractive User Answerer only: per answer, content words not in the fused query.
     unsupported_words: list[list[str]] = []
+    #: Per answer, what it gives away of the fused query's missing information
+    #: (eval/over_answer.py `Reveal`: revealed, pieces, basis, share, needed).
+    answer_reveals: list[dict[str, Any]] = []
     stopped_early: bool = False
     #: The question the Clarifier wrote beside its stop (sequential mode, `allow_stop`).
     stop_question: str = ""

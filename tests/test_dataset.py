@@ -338,6 +338,37 @@ BAD_ROWS = [
         "scope, entity, numeric, definition, other)",
     ),
     (
+        "removed span not in the fused query",
+        {
+            "id": "a",
+            "blurred_query": "hotel tax",
+            "fused_query": "hotel tax in Calvanne",
+            "removed_constraints": [{"type": "region", "span": "Paris"}],
+        },
+        "removed_constraints[0].span: 'Paris' is not in fused_query",
+    ),
+    (
+        "removed span still in the blurred query",
+        {
+            "id": "a",
+            "blurred_query": "hotel tax",
+            "fused_query": "hotel tax in Calvanne",
+            "removed_constraints": ["time", {"type": "region", "span": "tax"}],
+        },
+        "removed_constraints[1].span: 'tax' is still in blurred_query",
+    ),
+    (
+        "removed constraint object without its span",
+        {
+            "id": "a",
+            "blurred_query": "x",
+            "fused_query": "y",
+            "removed_constraints": [{"type": "region"}],
+        },
+        "removed_constraints[0]: not a {{type, span}} object with two strings (expected one of "
+        "time, region, scope, entity, numeric, definition, other)",
+    ),
+    (
         "unknown language",
         {"id": "a", "blurred_query": "x", "fused_query": "y", "language": "xx"},
         "language: unknown language 'xx' (expected an ISO 639-1 code)",
@@ -426,3 +457,22 @@ def test_a_dataset_without_golden_loads(tmp_path):
     )
     (instance,) = load(path)
     assert instance.golden is None and instance.language == "en"
+
+
+def test_removed_constraints_may_carry_their_spans(tmp_path):
+    row = {
+        "id": "a",
+        "blurred_query": "hotel tax",
+        "fused_query": "hotel tax in Calvanne in 2025",
+        "removed_constraints": [{"type": "region", "span": "Calvanne"}, "time"],
+    }
+    path = write_jsonl(tmp_path / "d.jsonl", [row])
+    (instance,) = load_instances(DatasetSource(path=str(path), split=None))
+    assert instance.removed_constraints == ["region", "time"]
+    assert instance.removed_spans == ["Calvanne", ""]
+    # Dumped as given (golden construction writes it back), and read back the same.
+    assert instance.model_dump(mode="json")["removed_constraints"] == row["removed_constraints"]
+    assert Instance.model_validate(instance.model_dump(mode="json")) == instance
+    # A dataset without spans dumps as before spans existed (its digest is unchanged).
+    plain = Instance(id="b", blurred_query="x", fused_query="x y", removed_constraints=["time"])
+    assert "removed_spans" not in plain.model_dump()

@@ -23,7 +23,7 @@ from eval.diagnostics import (
 )
 from eval.metrics import holm, paired_test
 from eval.pipeline import run_instance
-from eval.report import write_report
+from eval.report import markdown, to_html, write_report
 from eval.runner import RecordStore, Shard, run_keys
 from eval.schema import Record
 from serving.errors import EngineUnavailable
@@ -159,9 +159,15 @@ def test_diagnostics_as_the_study_defines_them():
     # Sequential: the 4 distinct questions are the turns of the two 2-turn dialogues.
     assert c["questions"] == 4
     assert c["question_type_counts"]["region"] == 3 and c["question_type_counts"]["time"] == 2
-    # The study's figure: of the 3 region questions, all 3 were answered unknown.
-    assert c["region_question_unknown_rate"]["rate"] == 1.0
-    assert c["region_question_unknown_rate"]["n"] == 3
+    # The study's figure: b's two region-only questions, both unknown; any-region adds a's
+    # region-and-time question (unknown too).
+    assert c["region_only_unknown_rate"] == {
+        "rate": 1.0,
+        "unknown": 2,
+        "n": 2,
+        "study": "0.75–0.87",
+    }
+    assert c["any_region_unknown_rate"] == {"rate": 1.0, "unknown": 3, "n": 3}
     # Another figure: dialogues whose every question is about region (b's, not a's).
     assert c["all_region_interaction_rate"] == {"rate": 0.5, "n": 2}
     split = score_by_answered(records)
@@ -169,6 +175,80 @@ def test_diagnostics_as_the_study_defines_them():
     assert split["2"]["all_unknown"] == {"mean": 20.0, "records": 1}
     # All at once: each k's questions are its own.
     assert clarification(records, "all_at_once")["questions"] == 6
+
+
+def test_the_region_figure_is_the_unknown_rate_of_region_only_questions():
+    """Hand computation, sequential mode (each dialogue counted once, by its longest record).
+    Region-only questions: a q1 (answered), b q1 and q2 (unknown), c q1 (answered): 2 unknown
+    of 4. Any-region adds a q2 and c q2 (time and region, both answered): 2 unknown of 6. d
+    asks about time only."""
+    unknown = "unknown"
+    region, region_time, time = ["region"], ["time", "region"], ["time"]
+    records = [
+        rec(
+            "a",
+            "clarify@2",
+            0,
+            questions=["q1", "q2"],
+            answers=["Lyon", "2024 in Lyon"],
+            question_types=[region, region_time],
+        ),
+        # a's clarify@1 is the first turn of the same dialogue: not counted again.
+        rec("a", "clarify@1", 0, questions=["q1"], answers=["Lyon"], question_types=[region]),
+        rec(
+            "b",
+            "clarify@2",
+            0,
+            questions=["q1", "q2"],
+            answers=[unknown, unknown],
+            question_types=[region, region],
+        ),
+        rec(
+            "c",
+            "clarify@2",
+            0,
+            questions=["q1", "q2"],
+            answers=["Oslo", "in Oslo"],
+            question_types=[region, region_time],
+        ),
+        rec(
+            "d",
+            "clarify@2",
+            0,
+            questions=["q1", "q2"],
+            answers=[unknown, "2023"],
+            question_types=[time, time],
+        ),
+    ]
+    c = clarification(records, "sequential")
+    assert c["region_only_unknown_rate"] == {
+        "rate": 2 / 4,
+        "unknown": 2,
+        "n": 4,
+        "study": "0.75–0.87",
+    }
+    assert c["any_region_unknown_rate"] == {"rate": 2 / 6, "unknown": 2, "n": 6}
+    conditions = ["clarify@1", "clarify@2"]
+    scored = score_records(records, conditions, [0], "exclude")
+    summary = summarize(records, conditions, [0], ["a"], scored)
+    text = markdown([("sys", summary)], [], 1, "exclude")
+    assert (
+        "**Unknown rate of region-only questions** (the study's region figure): 50% (2 unknown "
+        "of 4 questions whose only type is region); the study: 0.75–0.87." in text
+    )
+    assert (
+        "Unknown rate of any-region questions: 33% (2 unknown of 6 questions with region among "
+        "their types)." in text
+    )
+    page = to_html(text, [])
+    assert "<li><strong>Unknown rate of region-only questions</strong> (the study" in page
+    assert "50% (2 unknown of 4 questions whose only type is region)" in page
+    none_asked = clarification(
+        [rec("d", "clarify@1", 0, questions=["q"], answers=["x"], question_types=[time])]
+    )
+    assert none_asked["region_only_unknown_rate"]["rate"] is None
+    lines = markdown([("sys", {**summary, "clarification": none_asked})], [], 1, "exclude")
+    assert "no questions whose only type is region asked" in lines
 
 
 def test_breakdowns_per_language_and_removed_constraint():

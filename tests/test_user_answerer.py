@@ -79,13 +79,36 @@ CASES = [
     ),
     (
         "laptops with a 3.5 GHz CPU for O'Neill's TCP/IP course in the U.S.",
-        ["3.5 GHz", "O'Neill's TCP/IP course", "U.S", "TCP/IP"],
-        ["3.5GHz", "U.S.", "O", "Neill", "TCP", "IP course"],
+        ["3.5 GHz", "O'Neill's TCP/IP course", "U.S", "U.S.", "the U.S.", "TCP/IP"],
+        ["3.5GHz", "U.S.,", "O", "Neill", "TCP", "IP course", ".", "S."],
     ),
     (
         "Best hotels in Stockholm, Sweden (near the station) for 2 nights",
         ["Stockholm", "Stockholm, Sweden", "Sweden (near the station", "station) for 2"],
         ["Stockholm,", "(near", "Stockholm Sweden", "hotel"],
+    ),
+    # Symbols attached to a value: sign, currency, percent, degree, a name's own `+ # .`.
+    (
+        "C++ or C# jobs paying $100k+ in the U.S. for .NET developers, 50% remote, at -5°F",
+        [
+            *("C++", "C#", "C++ or C#", "$100k+", "100k+", ".NET", ".NET developers", "50%"),
+            *("50% remote", "-5°F", "5°F", "-5°", "U.S.", "at -5°F"),
+        ],
+        ["C", "C+", "NET", "100k", "$100k", "50%%", "%", "-5°F.", "remote,", "C#,", "$", "°F"],
+    ),
+    (
+        "哈尔滨明天-5°C吗？想看《个人信息保护法》第3条，月薪3000-5000元的岗位，涨幅50%",
+        [
+            *("-5°C", "《个人信息保护法》", "个人信息保护法", "3000", "5000元", "3000-5000元"),
+            *("50%", "第3条", "涨幅50%"),
+        ],
+        ["-5000", "3000-", "个人信息保护法》，", "《》", "吗？", "？想看", "5°C吗？", "300"],
+    ),
+    # Japanese kana and Korean hangul are units, like Chinese characters.
+    (
+        "東京のホテルと서울의 호텔, budget ¥20000 or ₩150000",
+        ["ホテル", "東京のホテル", "東京", "서울", "서울의 호텔", "호텔", "¥20000", "₩150000"],
+        ["서울의호텔", "東京 のホテル", "호텔,", "¥", "budget ¥"],
     ),
 ]
 
@@ -107,6 +130,10 @@ def test_real_values_are_producible_and_nothing_else(fused, producible, not_prod
         # A mixed span must satisfy both caps.
         (MIXED, SpanLimits(max_words=2, max_cjk_chars=2), "一部 iPhone 15", "买一部 iPhone"),
         (MIXED, SpanLimits(max_words=2, max_cjk_chars=2), "一部 iPhone 15", "一部 iPhone 15 Pro"),
+        # Kana and hangul count as CJK characters; attached symbols are not units.
+        ("東京のホテルを探す", SpanLimits(max_cjk_chars=3), "ホテル", "のホテル"),
+        ("서울의 호텔", SpanLimits(max_cjk_chars=2), "서울", "서울의"),
+        ("at -5°C or 50%", SpanLimits(max_words=2), "-5°C", "-5°C or"),
     ],
 )
 def test_custom_limits_cap_the_span(fused, limits, within, over):
@@ -157,9 +184,11 @@ def test_separators_with_regex_metacharacters_and_newlines_are_escaped():
 
 _PIECES = [
     *"the of 2024 iPhone Pro GPT-4o 3.5 U.S O'Neill TCP/IP R&D C+ GHz naïve Zürich".split(),
+    *"C++ C# 18+ .NET -5°C 50% $100 U.S. 3000-5000 2024-05-01 《法》 ホテル 서울의".split(),
     *"北京大学人工智能年的",
 ]
 _SEPARATORS = [" ", "  ", ", ", "，", "。", "", "\n", " (", ") ", ": ", " - ", "|", "$", "*", "."]
+_SEPARATORS += ["-", "%", "°", "#", "+", "《", "》", " ¥", "~"]
 
 
 def _random_query(rng: random.Random) -> str:
@@ -192,6 +221,24 @@ def test_is_span_accepts_exactly_what_the_regex_accepts():
             checked += 1
             accepted += verdict
     assert accepted > 1000 and checked - accepted > 1000  # both verdicts well exercised
+
+
+def test_only_substrings_of_the_fused_query_pass():
+    """Nothing outside the fused query passes: on random mixed queries every span is a
+    substring, and every substring of the query (all of them) and a perturbation of each gets
+    the same verdict from the regex and the re-check."""
+    rng = random.Random(26)
+    for _ in range(60):
+        fused = _random_query(rng)[:48]
+        limits = SpanLimits(max_words=rng.randint(1, 6), max_cjk_chars=rng.randint(1, 6))
+        pattern = re.compile(span_regex(fused, limits))
+        assert all(span in fused for span in spans(fused, limits)), fused
+        for i in range(len(fused)):
+            for j in range(i + 1, len(fused) + 1):
+                for answer in (fused[i:j], fused[i:j] + rng.choice("+#%.-x年")):
+                    verdict = is_span(answer, fused, limits)
+                    assert bool(pattern.fullmatch(answer)) == verdict, (fused, answer)
+                    assert not verdict or answer in fused, (fused, answer)
 
 
 def test_user_answerer_rechecks_the_span():
@@ -264,3 +311,24 @@ def test_abstractive_answers_are_free_text_and_unknown_is_normalised():
     assert text == "unknown"
     assert "your full intent" in engine.requests[0].messages[0].content
     assert engine.requests[0].output.json_schema["required"] == ["answer"]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["Unknown.", "unknown.", "UNKNOWN", " Unknown! ", "unknown。", "未知", "未知。", "不知道"],
+)
+def test_abstractive_unknown_in_any_dress_is_unknown(reply):
+    engine = ScriptedEngine(lambda r: json.dumps({"answer": reply}))
+    text = asyncio.run(
+        user_answerer.answer(engine, "里昂的酒店", "哪一年？", "zh", SAMPLING, mode="abstractive")
+    )
+    assert text == "unknown"
+
+
+@pytest.mark.parametrize("reply", ["Unknown brand", "not unknown", "未知数", "2024."])
+def test_abstractive_answers_that_only_contain_unknown_are_kept(reply):
+    engine = ScriptedEngine(lambda r: json.dumps({"answer": reply}))
+    text = asyncio.run(
+        user_answerer.answer(engine, "hotels in Lyon", "When?", "en", SAMPLING, mode="abstractive")
+    )
+    assert text == reply
