@@ -152,6 +152,25 @@ class GoldenConfig(_Strict):
     seed: int = Field(1000, ge=0)
 
 
+class JudgeCanary(_Strict):
+    """The answer-independence canary: for a sample of records the judge also labels the
+    record's nuggets against an answer that states none of them. A judge that reads the answer
+    labels every one `none`; any `full` or `partial` is counted and the report warns. Its
+    request is the same for every condition and seed of an instance, so with the response
+    cache it costs at most one judge call per instance (per judge batch of nuggets); without
+    the cache, one per sampled record."""
+
+    enabled: bool = True
+    #: Share of the records that reach the judge that get the canary, drawn by a hash of the
+    #: record's key (instance, condition, seed): the same records in every run, shard and
+    #: resume.
+    share: float = Field(0.25, gt=0.0, le=1.0)
+    #: empty: the answer is "(no answer)"; unrelated: a fixed cooking instruction in the
+    #: instance's language (agents/judge.py UNRELATED_ANSWERS), which a judge must read to
+    #: find nothing in.
+    answer: Literal["empty", "unrelated"] = "empty"
+
+
 class JudgeConfig(_Strict):
     """What the coverage judge is shown."""
 
@@ -165,6 +184,8 @@ class JudgeConfig(_Strict):
     #: Nuggets per judge call: fewer than the judge's own limit (agents/judge.py BATCH, 10)
     #: if a small judge loses track of long listings, never more.
     batch_size: int = Field(judge.BATCH, ge=1, le=judge.BATCH)
+    #: The answer-independence canary (a diagnostic: it changes no label nor score).
+    canary: JudgeCanary = Field(default_factory=lambda: JudgeCanary())
 
 
 class ReportConfig(_Strict):

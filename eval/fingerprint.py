@@ -27,6 +27,8 @@ FREE_EXPERIMENT_KEYS: tuple[tuple[str, ...], ...] = (
     ("output_dir",),
     ("cache",),
     ("report",),
+    # A diagnostic beside the labels: it changes no label nor score.
+    ("judge", "canary"),
     ("search", "tool_cache"),
     ("search", "offline"),
     ("search", "price_per_call"),

@@ -2,7 +2,7 @@
 the same judge with another prompt, sampling or `judge:` options), calling no other role.
 
 What is kept and what is new. Every record of the source run is copied; only the judge stage
-runs again, through `eval.pipeline._judge`, the function `cts run` judges with, so labels become
+runs again, through `eval.pipeline.judge_record`, the stage `cts run` judges with, so labels become
 scores exactly as in a run. A record that failed before the judge (clarify, rewrite, search)
 stays a failure, copied with its error and counted; one whose judge failed is judged again (its
 answer was kept). A re-judged record's `seconds` is the new judge's time; the other fields
@@ -49,7 +49,7 @@ from eval.dataset import load_instances
 from eval.dialogue import Clarification
 from eval.engines import open_engines
 from eval.fingerprint import changes, fingerprint, results_view
-from eval.pipeline import PipelineContext, StageFailed, _judge, _stage
+from eval.pipeline import PipelineContext, StageFailed, judge_record
 from eval.progress import ShowProgress, key_progress
 from eval.report import write_report
 from eval.run import RunResult, require_roles, until_signalled
@@ -242,14 +242,11 @@ async def rejudge_record(source: Record, instance: Instance, ctx: PipelineContex
     record = source.model_copy(deep=True)
     if not judged_again(source, instance):
         return record
-    assert instance.golden is not None
-    record.labels, record.scores, record.error = {}, {}, None
+    # The source judge's canary too: the new judge draws the same records and runs its own.
+    record.labels, record.scores, record.error, record.canary = {}, {}, None, None
     started = time.perf_counter()
     try:
-        with _stage("judge"):
-            record.labels, record.scores = await _judge(
-                instance, instance.golden.nuggets, record.answer, ctx, record.key
-            )
+        await judge_record(instance, record, ctx)
     except StageFailed as e:
         record.error = e.error
     finally:
