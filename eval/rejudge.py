@@ -44,6 +44,7 @@ from typing import Any, cast
 
 import yaml
 
+from eval.agreement import PairAgreement, compare, read_judgement
 from eval.config import ResolvedExperiment, load_experiment
 from eval.dataset import load_instances
 from eval.dialogue import Clarification
@@ -258,6 +259,9 @@ async def rejudge_record(source: Record, instance: Instance, ctx: PipelineContex
 class RejudgeResult(RunResult):
     #: Records written this time that failed before judging in the source (copied as they are).
     copied_failures: int = 0
+    #: The whole rejudge against its source (`cts judge agreement SOURCE NEW`): with the same
+    #: judge, its movement is the judge's noise floor. None for a shard or a stopped rejudge.
+    against_source: PairAgreement | None = None
 
 
 def rejudge_run(
@@ -338,11 +342,12 @@ def rejudge_run(
             retry_failed,
         )
     )
-    written = None
+    written = against = None
     if shard.count == 1 and not outcome.interrupted:
         written = write_report([output_dir], output_dir)
+        against = compare(read_judgement(source_dir), read_judgement(output_dir))
     seconds = time.perf_counter() - started
-    return RejudgeResult(output_dir, outcome, seconds, cache, stats, written, copied)
+    return RejudgeResult(output_dir, outcome, seconds, cache, stats, written, copied, against)
 
 
 async def _rejudge(
