@@ -1,5 +1,6 @@
 """One engine per distinct model of an experiment (roles on the same model share it), behind
-the shared response cache."""
+the shared response cache; under `judge.deterministic` the judge sends its requests to its
+model's engine one by one."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from dataclasses import dataclass
 
 from eval.config import ResolvedExperiment, Role
 from eval.usage import metered
-from serving.cache import ResponseCache
+from serving.batching import BatchingEngine, Unbatched
+from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel
 from serving.model_config import build_engine
+from serving.yaml_config import ConfigError
 
 
 @dataclass
@@ -48,9 +51,25 @@ async def open_engines(
             if ref not in by_model:
                 by_model[ref] = build_engine(resolved.model_configs[ref], cache)
             by_role[role] = by_model[ref]
+            if role == "judge" and experiment.judge.deterministic:
+                by_role[role] = unbatched(by_model[ref], cache)
         yield Engines(by_model, by_role, cache)
     finally:
         for engine in by_model.values():
             await engine.aclose()
         if cache is not None:
             cache.close()
+
+
+def unbatched(engine: ChatModel, cache: ResponseCache | None) -> ChatModel:
+    """The judge's view of its model's engine under `judge.deterministic`: each request alone
+    (serving/batching.py Unbatched), behind the cache under its own identity. The engine stays
+    shared: other roles on the same model are batched as before."""
+    inner = engine.inner if isinstance(engine, CachedEngine) else engine
+    if not isinstance(inner, BatchingEngine):
+        raise ConfigError(
+            f"judge.deterministic: the judge's engine {inner.identity} is not an in-process "
+            "engine the toolkit batches (use engine transformers)"
+        )
+    view = Unbatched(inner)
+    return CachedEngine(view, cache) if cache is not None else view
