@@ -486,7 +486,7 @@ def _canary_line(canary: dict[str, Any]) -> str:
     if not canary.get("records"):
         return (
             "Answer-independence canary: not run on any record (`judge.canary.enabled: false`, "
-            f"or records made before it){failed}."
+            f"no record drawn, or records made before it){failed}."
         )
     return (
         f"Answer-independence canary ({'/'.join(canary['answers'])} answer): "
