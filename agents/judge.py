@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from agents.prompts import render
+from agents.prompts import prompt_language, render
 from serving.engine import ChatModel
 from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
 
@@ -52,6 +52,20 @@ def shuffled(nuggets: Sequence[N], key: str) -> list[N]:
 
 
 LABELS = ("full", "partial", "none")
+
+#: The answer-independence canary's `unrelated` answer per prompt language: text that states
+#: no fact a search benchmark's nugget asks for, so every nugget is `none` against it.
+UNRELATED_ANSWERS = {
+    "en": "Preheat the oven to 180 degrees, whisk two eggs with sugar and flour, pour the "
+    "batter into a buttered tin and bake it for twenty-five minutes.",
+    "zh": "将烤箱预热到180度，把两个鸡蛋与糖和面粉搅匀，倒入抹了黄油的模具，烘烤二十五分钟。",
+}
+
+
+def canary_answer(kind: str, language: str) -> str:
+    """The answer the canary judges nuggets against: "" (shown as "(no answer)") or the
+    unrelated text in the instance's prompt language."""
+    return "" if kind == "empty" else UNRELATED_ANSWERS[prompt_language(language)]
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from cts.common import (
 from eval.agreement import (
     AgreementReport,
     Kappa,
+    Movement,
+    NoiseFloor,
     PairAgreement,
     agreement,
     names_for,
@@ -93,13 +95,57 @@ def _points(value: float | None) -> str:
     return "–" if value is None else f"{value:+.1f}"
 
 
-def _pair_tables(console: Console, found: PairAgreement, instances: int) -> None:
+def moved(m: Movement) -> str:
+    """Labels and score points that move, each with its n and CI."""
+    if m.share is None:
+        return "no label paired"
+    text = (
+        f"labels moved {m.changed} of {m.labels} ({100 * m.share:.1f}% "
+        f"[{100 * (m.share_low or 0):.1f}, {100 * (m.share_high or 0):.1f}])"
+    )
+    if m.points is not None:
+        text += (
+            f"; scores moved on {m.records_moved} of {m.records} records, mean |Δ| "
+            f"{m.points:.1f} points per record [{m.points_low or 0:.1f}, {m.points_high or 0:.1f}]"
+        )
+    return text + f"; 95% CIs over {m.instances} instances"
+
+
+def _movement_lines(console: Console, found: PairAgreement, floors: list[NoiseFloor]) -> None:
+    """What moves between the pair, beside the same-judge noise floor of each judge."""
+    if found.movement is None:
+        return
+    if found.same_judge:
+        console.print(
+            f"same judge ({escape(found.judges[0])}) in both, so this is its noise floor: "
+            f"{moved(found.movement)}",
+            highlight=False,
+        )
+        return
+    console.print(f"{moved(found.movement)}", highlight=False)
+    for floor in floors:
+        console.print(
+            f"  beside: same-judge noise floor of {escape(floor.judge)} ({escape(floor.first)} vs "
+            f"{escape(floor.second)}): {moved(floor.movement)}",
+            highlight=False,
+        )
+    if not floors:
+        console.print(
+            "  no same-judge noise floor for either judge among the runs given (see the notes)",
+            highlight=False,
+        )
+
+
+def _pair_tables(
+    console: Console, found: PairAgreement, instances: int, floors: list[NoiseFloor]
+) -> None:
     keys = found.keys
     console.print(
         f"\n[bold]{escape(found.second)}[/bold] against [bold]{escape(found.first)}[/bold]: "
         f"κ {_kappa(found.kappa)}; strict (full vs rest) κ {_kappa(found.strict_kappa)}",
         highlight=False,
     )
+    _movement_lines(console, found, floors)
     console.print(
         f"keys: {keys.paired} paired, {keys.mismatched} mismatched, {keys.failed_both} failed in "
         f"both, judge failed in {keys.judge_failed_first} ({escape(found.first)}) / "
@@ -178,7 +224,7 @@ def _print_agreement(console: Console, report: AgreementReport, instances: int) 
                 markup=False,
             )
     for found in report.pairs:
-        _pair_tables(console, found, instances)
+        _pair_tables(console, found, instances, report.floors_for(found))
     if report.rankings:
         ranks = Table(
             "judgement",
@@ -225,8 +271,11 @@ def agreement_command(
     Runs judging the same answers (a rejudge and its source, or runs whose answers are equal
     on every key both judged) are compared pairwise, the first given as the reference: Cohen's
     κ over the nugget labels (full/partial/none, and strict full vs rest) with the confusion
-    matrix, κ per language and per removed constraint, agreement per instance, and the restore
-    score's difference per condition with a paired bootstrap CI. Labels are paired on
+    matrix, κ per language and per removed constraint, agreement per instance, the restore
+    score's difference per condition with a paired bootstrap CI, and how many labels and score
+    points move (CIs over instances). Two runs by the same judge (model config, sampling,
+    judge: options, prompts) give that judge's noise floor, shown beside every comparison of
+    it with another judge. Labels are paired on
     (instance, condition, seed, nugget); keys with other answers or nuggets are listed, not
     joined. With several systems each judged twice or more (give each system's runs in the
     same judge order), Kendall's τ-b says whether the systems' ranking per condition changes.

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from cts.common import (
     CONFIG_OPTION,
@@ -27,6 +28,8 @@ from cts.common import (
     run_keyed,
     shard_of,
 )
+from cts.judge import moved
+from eval.agreement import PairAgreement
 from eval.config import ResolvedExperiment, load_experiment
 from eval.engines import open_engines
 from eval.plan import ModelPlan, RunPlan, plan_run
@@ -241,6 +244,7 @@ def rejudge(
         highlight=False,
     )
     copied = 0
+    against: PairAgreement | None = None
 
     def work(
         ready: ResolvedExperiment,
@@ -248,7 +252,7 @@ def rejudge(
         watch: Callable[[], None] | None,
         progress: ShowProgress,
     ) -> RunResult:
-        nonlocal copied
+        nonlocal copied, against
         result = rejudge_run(
             with_judge_from(resolved, ready),
             source,
@@ -258,7 +262,7 @@ def rejudge(
             watch=watch,
             retry_failed=retry_failed,
         )
-        copied = result.copied_failures
+        copied, against = result.copied_failures, result.against_source
         return result
 
     result = run_keyed(
@@ -279,7 +283,28 @@ def rejudge(
     if result.report is None:  # a shard: `cts merge` writes the report
         return
     print_summary(console, result.report["summary"])
+    if against is not None:
+        _against_source(console, against, source, run_dir.root)
     console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
+
+
+def _against_source(console: Console, against: PairAgreement, source: Path, new: Path) -> None:
+    """What moved from the source's labels: the judge's noise floor when it is the same."""
+    if against.movement is None:
+        return
+    if against.same_judge:
+        console.print(
+            "against the source, with the same judge (so this is its same-judge noise floor): "
+            f"{moved(against.movement)}",
+            highlight=False,
+        )
+        return
+    console.print(
+        f"against the source's judge: {moved(against.movement)}. To tell this from re-reading "
+        f"noise, measure the judges' noise floors (`cts rejudge {source} --output-dir X` with "
+        f"the source's judge, then `cts judge agreement {source} X {new}`)",
+        highlight=False,
+    )
 
 
 @command(app, "merge")

@@ -9,9 +9,13 @@ mismatch (different answers, different nuggets, failed before the judge on one s
 silently joined. On the paired labels: Cohen's κ over the three labels and strict (full vs the
 rest), the 3×3 confusion matrix, agreement per instance, and κ per language and per removed
 constraint type. On the paired records' scores: the restore score's difference per condition
-with a paired bootstrap CI (eval/metrics.py). With runs of several systems, each judged more than
-once, Kendall's τ-b between the systems' rankings under the first judgement and under each other
-one, per condition: does the new judge change which clarifier wins at k?
+with a paired bootstrap CI (eval/metrics.py), and how many labels and score points move from one
+judgement to the other, with bootstrap CIs over instances: between two judgements by the same
+judge (the same model config, sampling, `judge:` options and prompts), that is the judge's
+noise floor — what re-reading alone moves — reported beside every comparison of that judge with
+another. With runs of several systems, each judged more than once, Kendall's τ-b between the
+systems' rankings under the first judgement and under each other one, per condition: does the
+new judge change which clarifier wins at k?
 
 Every figure carries its n. Pure functions over records; `read_judgement` alone reads a run.
 """
@@ -27,11 +31,13 @@ from pathlib import Path
 from statistics import mean
 
 from eval.config import ALL_CONDITIONS
-from eval.metrics import paired_test
+from eval.fingerprint import judge_setup
+from eval.metrics import paired_test, ratio_ci
 from eval.run_dir import RunDir
 from eval.runner import Key, RecordStore
 from eval.schema import Record
 from serving.model_config import model_label
+from serving.yaml_config import read_yaml
 
 LABELS: tuple[str, ...] = ("full", "partial", "none")
 #: Strict agreement: a partial label counts as no credit, as the strict score does.
@@ -143,6 +149,9 @@ class Judgement:
     #: The run a rejudge re-scored (its rejudge.json), else None.
     source: Path | None
     records: dict[Key, Record] = field(repr=False)
+    #: What its labels depend on besides the answers (eval.fingerprint.judge_setup): equal in
+    #: two judgements by the same judge; None when unknown.
+    setup: str | None = None
 
 
 def read_judgement(path: Path, name: str | None = None) -> Judgement:
@@ -154,6 +163,7 @@ def read_judgement(path: Path, name: str | None = None) -> Judgement:
     source = None
     if run.provenance.is_file():
         source = Path(json.loads(run.provenance.read_text())["source"]["path"])
+    document, _ = read_yaml(run.config)
     return Judgement(
         name or path.name,
         path,
@@ -161,6 +171,7 @@ def read_judgement(path: Path, name: str | None = None) -> Judgement:
         judge,
         source,
         RecordStore(path).completed(),
+        judge_setup(document),
     )
 
 
@@ -335,6 +346,70 @@ class ScoreDifference:
 
 
 @dataclass(frozen=True)
+class Movement:
+    """How far two judgements of the same answers move apart: the share of the paired nugget
+    labels that differ, and the restore score points a paired record moves, |second − first|
+    averaged over records; each with a 95% bootstrap CI that resamples instances (an
+    instance's labels and records move together). Between two judgements by the same judge,
+    this is the judge's noise floor: what re-reading alone moves. Shares and points are None
+    when nothing was paired."""
+
+    labels: int
+    changed: int
+    share: float | None
+    share_low: float | None
+    share_high: float | None
+    #: Paired records with a restore score in both judgements.
+    records: int
+    #: Of those, the records whose score differs.
+    records_moved: int
+    points: float | None
+    points_low: float | None
+    points_high: float | None
+    #: Instances the intervals resample.
+    instances: int
+
+
+def movement(pairing: Pairing, resamples: int = 10_000, seed: int = 0) -> Movement:
+    """The labels and scores that move between the two judgements of `pairing`."""
+    labels: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # instance → [changed, labels]
+    for p in pairing.labels:
+        labels[p.key[0]][0] += p.first != p.second
+        labels[p.key[0]][1] += 1
+    points: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # Σ|Δ|, moved, n
+    for per_instance in pairing.scores.values():
+        for instance, per_seed in per_instance.items():
+            for first, second in per_seed.values():
+                points[instance][0] += abs(second - first)
+                points[instance][1] += first != second
+                points[instance][2] += 1
+    share = points_ci = None
+    if labels:
+        ids = sorted(labels)
+        share = ratio_ci(
+            [labels[i][0] for i in ids], [labels[i][1] for i in ids], resamples=resamples, seed=seed
+        )
+    if points:
+        ids = sorted(points)
+        points_ci = ratio_ci(
+            [points[i][0] for i in ids], [points[i][2] for i in ids], resamples=resamples, seed=seed
+        )
+    return Movement(
+        labels=sum(n for _, n in labels.values()),
+        changed=sum(c for c, _ in labels.values()),
+        share=share.mean if share else None,
+        share_low=share.low if share else None,
+        share_high=share.high if share else None,
+        records=int(sum(v[2] for v in points.values())),
+        records_moved=int(sum(v[1] for v in points.values())),
+        points=points_ci.mean if points_ci else None,
+        points_low=points_ci.low if points_ci else None,
+        points_high=points_ci.high if points_ci else None,
+        instances=len(set(labels) | set(points)),
+    )
+
+
+@dataclass(frozen=True)
 class PairAgreement:
     first: str
     second: str
@@ -349,6 +424,13 @@ class PairAgreement:
     by_instance: list[InstanceAgreement]
     scores: list[ScoreDifference]
     mismatches: list[Mismatch]
+    #: The labels and score points that move from the first judgement to the second.
+    movement: Movement | None = None
+    #: Each judgement's judge: its model label and its setup digest.
+    judges: tuple[str, str] = ("?", "?")
+    setups: tuple[str | None, str | None] = (None, None)
+    #: Both judgements by one judge: the movement is that judge's noise floor.
+    same_judge: bool = False
 
 
 def _groups(pairs: list[LabelPair], of: str) -> list[GroupAgreement]:
@@ -428,6 +510,10 @@ def compare(
         by_instance=_instances(pairing.labels),
         scores=_score_differences(pairing, resamples, seed),
         mismatches=pairing.mismatches,
+        movement=movement(pairing, resamples, seed),
+        judges=(first.judge, second.judge),
+        setups=(first.setup, second.setup),
+        same_judge=first.setup is not None and first.setup == second.setup,
     )
 
 
@@ -468,6 +554,18 @@ class JudgementInfo:
 
 
 @dataclass(frozen=True)
+class NoiseFloor:
+    """A judge's same-judge noise floor: the movement between two judgements it made of the
+    same answers (`first`, `second`: the runs)."""
+
+    judge: str
+    setup: str
+    first: str
+    second: str
+    movement: Movement
+
+
+@dataclass(frozen=True)
 class AgreementReport:
     judgements: list[JudgementInfo]
     systems: list[System]
@@ -475,6 +573,38 @@ class AgreementReport:
     rankings: list[RankingChange]
     #: What could not be compared, and why.
     notes: list[str]
+    #: One per pair of judgements by the same judge.
+    noise_floors: list[NoiseFloor] = field(default_factory=list)
+
+    def floors_for(self, found: PairAgreement) -> list[NoiseFloor]:
+        """The noise floors of the judges of a pair of judgements (by another judge each)."""
+        return [f for f in self.noise_floors if f.setup in found.setups]
+
+
+def noise_floors(
+    pairs: Sequence[PairAgreement], paths: dict[str, Path] | None = None
+) -> tuple[list[NoiseFloor], list[str]]:
+    """The noise floor of each pair judged twice by one judge; a note for each judge compared
+    with another that has none among the runs given (`paths`: each run's directory, by name)."""
+    floors = [
+        NoiseFloor(p.judges[0], p.setups[0], p.first, p.second, p.movement)
+        for p in pairs
+        if p.same_judge and p.setups[0] is not None and p.movement is not None
+    ]
+    measured = {f.setup for f in floors}
+    missing: dict[str, tuple[str, str]] = {}  # setup → (judge, a run it judged)
+    for p in pairs:
+        if not p.same_judge:
+            for judge, setup, run in zip(p.judges, p.setups, (p.first, p.second), strict=True):
+                if setup is not None and setup not in measured:
+                    missing.setdefault(setup, (judge, str((paths or {}).get(run, run))))
+    notes = [
+        f"judge {judge} (run {run}): no same-judge noise floor among the runs given, so its "
+        "difference from another judge cannot be told from re-reading noise: rejudge that run "
+        f"with the same judge (`cts rejudge {run} --output-dir {run}-again`) and give both"
+        for judge, run in sorted(missing.values())
+    ]
+    return floors, notes
 
 
 def same_answers(first: Judgement, second: Judgement) -> bool:
@@ -581,6 +711,7 @@ def agreement(
             for j in group[n + 1 :]:
                 pairs.append(compare(judgements[i], judgements[j], resamples, seed))
     changes, ranking_notes = rankings(judgements, groups)
+    floors, floor_notes = noise_floors(pairs, {j.name: j.path for j in judgements})
     return AgreementReport(
         judgements=[
             JudgementInfo(
@@ -591,7 +722,8 @@ def agreement(
         systems=[System(judgements[g[0]].system, [judgements[i].name for i in g]) for g in groups],
         pairs=pairs,
         rankings=changes,
-        notes=notes + ranking_notes,
+        notes=notes + ranking_notes + floor_notes,
+        noise_floors=floors,
     )
 
 

@@ -156,6 +156,25 @@ class GoldenConfig(_Strict):
     seed: int = Field(1000, ge=0)
 
 
+class JudgeCanary(_Strict):
+    """The answer-independence canary: for a sample of records the judge also labels the
+    record's nuggets against an answer that states none of them. A judge that reads the answer
+    labels every one `none`; any `full` or `partial` is counted and the report warns. Its
+    request is the same for every condition and seed of an instance, so with the response
+    cache it costs at most one judge call per instance (per judge batch of nuggets); without
+    the cache, one per sampled record."""
+
+    enabled: bool = True
+    #: Share of the records that reach the judge that get the canary, drawn by a hash of the
+    #: record's key (instance, condition, seed): the same records in every run, shard and
+    #: resume.
+    share: float = Field(0.25, gt=0.0, le=1.0)
+    #: empty: the answer is "(no answer)"; unrelated: a fixed cooking instruction in the
+    #: instance's language (agents/judge.py UNRELATED_ANSWERS), which a judge must read to
+    #: find nothing in.
+    answer: Literal["empty", "unrelated"] = "empty"
+
+
 class JudgeConfig(_Strict):
     """What the coverage judge is shown."""
 
@@ -169,6 +188,13 @@ class JudgeConfig(_Strict):
     #: Nuggets per judge call: fewer than the judge's own limit (agents/judge.py BATCH, 10)
     #: if a small judge loses track of long listings, never more.
     batch_size: int = Field(judge.BATCH, ge=1, le=judge.BATCH)
+    #: The answer-independence canary (a diagnostic: it changes no label nor score).
+    canary: JudgeCanary = Field(default_factory=lambda: JudgeCanary())
+    #: Run each judge request alone (engine `transformers` only): batching moves greedy
+    #: decoding, so that the same judge re-reading the same answers may give other labels; alone,
+    #: a label depends on its request only. Slower where the judge's requests would have shared
+    #: a batch (README: "Calibrating the judge" has the measured cost).
+    deterministic: bool = False
 
 
 class ReportConfig(_Strict):
@@ -476,10 +502,30 @@ def load_experiment(
         model = load_config(ModelConfig, file, mapping_overrides(inline, label))
         model_configs[ref] = model.config
         model_files[ref] = file
-    return ResolvedExperiment(
+    resolved = ResolvedExperiment(
         path=path,
         experiment=experiment,
         model_configs=model_configs,
         model_files=model_files,
         origins=loaded.origins,
     )
+    check_deterministic_judge(resolved)
+    return resolved
+
+
+def check_deterministic_judge(resolved: ResolvedExperiment) -> None:
+    """`judge.deterministic` needs a judge the toolkit batches itself: the in-process
+    transformers engine. ConfigError otherwise, naming the model and what to do instead."""
+    experiment = resolved.experiment
+    if not experiment.judge.deterministic or "judge" not in experiment.roles:
+        return
+    model = resolved.model_for("judge")
+    if model.engine != "transformers":
+        raise ConfigError(
+            f"{resolved.origins.where('judge', 'deterministic')}: the judge's model "
+            f"{experiment.roles['judge'].model!r} runs on engine {model.engine!r}, which batches "
+            "requests itself (a vLLM server batches every client's requests together); "
+            "judge.deterministic runs each judge request alone on engine transformers only. For "
+            "vLLM use its batch-invariant mode (VLLM_BATCH_INVARIANT=1, e.g. in the model's "
+            "`vllm.env`; recent GPUs only) and measure the noise floor with `cts rejudge`"
+        )

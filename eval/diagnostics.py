@@ -14,7 +14,8 @@ mix (a question may have several types) with the unknown rate per type — the s
 figure is the unknown rate of region-only questions (whose only type is region), shown beside
 the unknown rate of any-region questions — over-answering (eval/over_answer.py) beside
 answerability, the score split by whether any answer was given, breakdowns per language and
-removed constraint, and a degenerate-judge warning.
+removed constraint, and the judge's checks: one label dominating the run, a language or a
+condition (degenerate), and the answer-independence canary.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ FailurePolicy = Literal["exclude", "zero"]
 STUDY_REGION_UNKNOWN = "0.75–0.87"
 #: One judge label this common says the judge does not discriminate.
 DEGENERATE_SHARE = 0.95
+#: A language's or condition's labels are checked for one dominant label from this many on:
+#: fewer say little either way.
+DEGENERATE_MIN_LABELS = 10
 
 
 @dataclass
@@ -372,10 +376,9 @@ def breakdowns(
     }
 
 
-def judge_labels(records: Iterable[Record]) -> dict[str, Any]:
-    """How often the judge gave each label; `degenerate` when one label takes at least 95%
-    of them: the judge does not tell answers apart and the scores carry no information."""
-    labels = Counter(v["label"] for r in records for v in r.labels.values())
+def _label_rates(labels: Counter[str], least: int = 1) -> dict[str, Any]:
+    """Counts of each label; `degenerate` when one label takes at least 95% of them and there
+    are at least `least` of them."""
     total = sum(labels.values())
     top, count = labels.most_common(1)[0] if labels else ("", 0)
     return {
@@ -383,7 +386,68 @@ def judge_labels(records: Iterable[Record]) -> dict[str, Any]:
         "total": total,
         "dominant": top or None,
         "dominant_share": count / total if total else None,
-        "degenerate": bool(total) and count / total >= DEGENERATE_SHARE,
+        "degenerate": total >= least and bool(total) and count / total >= DEGENERATE_SHARE,
+    }
+
+
+def judge_labels(records: Iterable[Record]) -> dict[str, Any]:
+    """How often the judge gave each label, over the run and per language and per condition;
+    `degenerate` when one label takes at least 95% of them: the judge does not tell answers
+    apart there (a judge that gives every English nugget `none` and every Chinese one `full`
+    is not degenerate over the run). A group is flagged from DEGENERATE_MIN_LABELS labels on.
+    Then the answer-independence canary (`canary_summary`)."""
+    records = list(records)
+    overall: Counter[str] = Counter()
+    groups: dict[str, dict[str, Counter[str]]] = {"language": {}, "condition": {}}
+    for r in records:
+        found = Counter(v["label"] for v in r.labels.values())
+        overall.update(found)
+        for by, group in (("language", r.language or "?"), ("condition", r.condition)):
+            groups[by].setdefault(group, Counter()).update(found)
+    return {
+        **_label_rates(overall),
+        **{
+            f"by_{by}": {
+                group: _label_rates(counts, DEGENERATE_MIN_LABELS)
+                for group, counts in sorted(found.items())
+            }
+            for by, found in groups.items()
+        },
+        "canary": canary_summary(records),
+    }
+
+
+def canary_summary(records: Iterable[Record]) -> dict[str, Any]:
+    """The answer-independence canary over the records that carry one: the nugget labels the
+    judge gave against an answer that states no nugget, and how many were `full` or
+    `partial` (any is a judge that scores without reading the answer), overall and per
+    language; records whose canary call failed are counted apart."""
+    carried = [(r, r.canary) for r in records if r.canary is not None]
+    judged = [(r, canary) for r, canary in carried if canary.error is None]
+    labels: Counter[str] = Counter()
+    by_language: dict[str, Counter[str]] = defaultdict(Counter)
+    for r, canary in judged:
+        found = Counter(canary.labels.values())
+        labels.update(found)
+        by_language[r.language or "?"].update(found)
+
+    def counted(found: Counter[str]) -> dict[str, int]:
+        return {
+            "labels": sum(found.values()),
+            "full": found["full"],
+            "partial": found["partial"],
+        }
+
+    total = counted(labels)
+    credited = total["full"] + total["partial"]
+    return {
+        "answers": sorted({canary.answer for _, canary in carried}),
+        "records": len(judged),
+        "instances": len({r.instance_id for r, _ in judged}),
+        "failed": len(carried) - len(judged),
+        **total,
+        "rate": credited / total["labels"] if total["labels"] else None,
+        "by_language": {lang: counted(found) for lang, found in sorted(by_language.items())},
     }
 
 

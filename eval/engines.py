@@ -1,5 +1,6 @@
 """One engine per distinct model of an experiment (roles on the same model share it), behind
-the shared response cache."""
+the shared response cache; under `judge.deterministic` the judge sends its requests to its
+model's engine one by one."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from dataclasses import dataclass
 
 from eval.config import ResolvedExperiment, Role
 from eval.usage import metered
+from serving.batching import BatchingEngine, Unbatched
 from serving.cache import EVALUATION, CachedEngine, ResponseCache
 from serving.engine import ChatModel
 from serving.model_config import build_engine
+from serving.yaml_config import ConfigError
 
 
 @dataclass
@@ -21,6 +24,8 @@ class Engines:
     cache: ResponseCache | None
     #: What the cached answers (and the tool cache's visits) are for: see `for_purpose`.
     purpose: str = EVALUATION
+    #: Role views over a shared engine with their own cache identity (the unbatched judge).
+    views: tuple[ChatModel, ...] = ()
 
     def __post_init__(self) -> None:
         # Each role's calls are charged to the key in flight, per role (eval/usage.py).
@@ -31,7 +36,7 @@ class Engines:
         golden construction's answers then never answer an evaluation run, whose oracle sends
         its very requests when the searcher is greedy."""
         self.purpose = purpose
-        for engine in self.by_model.values():
+        for engine in (*self.by_model.values(), *self.views):
             if isinstance(engine, CachedEngine):
                 engine.purpose = purpose
         return self
@@ -54,15 +59,33 @@ async def open_engines(
     )
     by_model: dict[str, ChatModel] = {}
     by_role: dict[Role, ChatModel] = {}
+    views: list[ChatModel] = []
     try:
         for role in roles or list(experiment.roles):
             ref = experiment.roles[role].model
             if ref not in by_model:
                 by_model[ref] = build_engine(resolved.model_configs[ref], cache)
             by_role[role] = by_model[ref]
-        yield Engines(by_model, by_role, cache)
+            if role == "judge" and experiment.judge.deterministic:
+                by_role[role] = unbatched(by_model[ref], cache)
+                views.append(by_role[role])
+        yield Engines(by_model, by_role, cache, views=tuple(views))
     finally:
         for engine in by_model.values():
             await engine.aclose()
         if cache is not None:
             cache.close()
+
+
+def unbatched(engine: ChatModel, cache: ResponseCache | None) -> ChatModel:
+    """The judge's view of its model's engine under `judge.deterministic`: each request alone
+    (serving/batching.py Unbatched), behind the cache under its own identity. The engine stays
+    shared: other roles on the same model are batched as before."""
+    inner = engine.inner if isinstance(engine, CachedEngine) else engine
+    if not isinstance(inner, BatchingEngine):
+        raise ConfigError(
+            f"judge.deterministic: the judge's engine {inner.identity} is not an in-process "
+            "engine the toolkit batches (use engine transformers)"
+        )
+    view = Unbatched(inner)
+    return CachedEngine(view, cache) if cache is not None else view

@@ -27,6 +27,8 @@ FREE_EXPERIMENT_KEYS: tuple[tuple[str, ...], ...] = (
     ("output_dir",),
     ("cache",),
     ("report",),
+    # A diagnostic beside the labels: it changes no label nor score.
+    ("judge", "canary"),
     ("search", "tool_cache"),
     ("search", "offline"),
     ("search", "price_per_call"),
@@ -80,6 +82,31 @@ def results_view(document: dict[str, Any]) -> dict[str, Any]:
     for key, value in (document.get("fingerprint") or {}).items():
         view[f"fingerprint.{key}"] = value
     return view
+
+
+#: `judge:` options that do not make another judge: a diagnostic beside the labels, and
+#: whether requests run one by one (the same model reading the same prompts).
+NOT_THE_JUDGE = ("canary", "deterministic")
+
+
+def judge_setup(document: dict[str, Any]) -> str | None:
+    """A digest of the judge a run's labels come from: its model config (less how the model is
+    reached and served), its role's sampling, the `judge:` options but NOT_THE_JUDGE, and the
+    prompts. Two runs with one digest had the same judge, whatever the model's name in each;
+    None when the config names no judge."""
+    experiment = document.get("experiment") or {}
+    role = (experiment.get("roles") or {}).get("judge")
+    if not role:
+        return None
+    model = (document.get("models") or {}).get(str(role.get("model"))) or {}
+    options = {k: v for k, v in (experiment.get("judge") or {}).items() if k not in NOT_THE_JUDGE}
+    view = {
+        "model": _bound(_leaves(model), FREE_MODEL_KEYS),
+        "sampling": role.get("sampling"),
+        "options": options,
+        "prompts": (document.get("fingerprint") or {}).get("prompts"),
+    }
+    return hashlib.sha256(json.dumps(view, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -12,6 +12,8 @@ Statistics, each written so that it cannot mislead:
   bootstrap; resamples whose gap is ≤ 0 are counted, and when too many of them are undefined the
   interval is reported as unbounded (``low``/``high`` None) rather than invented.
 - ``bootstrap_ci`` — mean with a percentile bootstrap CI over instances.
+- ``ratio_ci`` — a ratio of sums (changed labels over labels) with a bootstrap CI that resamples
+  whole instances.
 - ``paired_test`` — a − b on the same instances: bootstrap CI and a two-sided sign-flip p-value,
   exact when all 2^n flips fit in ``resamples``, else Monte Carlo with p = (b + 1)/(B + 1), so
   never 0.
@@ -238,6 +240,39 @@ def bootstrap_cis(
             high = ranked[min(resamples - 1, math.ceil((1 - alpha) * resamples) - 1)]
             out[i] = Estimate(sum(columns[i]) / n, float(low), float(high), n)
     return [out[i] for i in range(len(columns))]
+
+
+def ratio_ci(
+    numerators: Sequence[float],
+    denominators: Sequence[float],
+    *,
+    level: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> Estimate:
+    """Σ numerators / Σ denominators with a percentile bootstrap CI that resamples whole
+    clusters (one numerator and denominator each, e.g. an instance's changed labels and its
+    labels): the items of one cluster move together, so resampling them one by one would
+    make the interval too narrow. Each resample's ratio is its mean numerator over its mean
+    denominator (the same as the ratio of its sums); every denominator must be positive."""
+    n = len(numerators)
+    if n == 0 or len(denominators) != n:
+        raise ValueError("a ratio needs the same, non-zero number of numerators and denominators")
+    if not all(d > 0 for d in denominators):
+        raise ValueError("every cluster's denominator must be positive")
+    value = sum(numerators) / sum(denominators)
+    if n == 1:
+        return Estimate(value, value, value, 1)
+    table = np.array([numerators, denominators], dtype=np.float64).T.copy()
+    with np.errstate(all="ignore"):
+        means = np.concatenate(
+            [resampled_means(table, block) for block in plan(index_blocks, seed, n, resamples)]
+        )
+    ranked = ascending(means[:, 0] / means[:, 1])
+    alpha = (1 - level) / 2
+    low = ranked[max(0, math.floor(alpha * resamples))]
+    high = ranked[min(resamples - 1, math.ceil((1 - alpha) * resamples) - 1)]
+    return Estimate(value, float(low), float(high), n)
 
 
 #: Columns drawn side by side at most: bounds the buffers (resamples × columns floats) for a

@@ -23,7 +23,7 @@ from eval.dialogue import Clarification, Turn, failure
 from eval.golden import GOLDEN, NoEvidence, golden_nuggets
 from eval.metrics import Label, restore_score
 from eval.over_answer import reveal
-from eval.schema import Instance, Nugget, Record
+from eval.schema import Canary, Instance, Nugget, Record
 from eval.usage import charged_to_key
 from serving.disk import StorageFull, write_whole
 from serving.engine import ChatModel
@@ -159,10 +159,19 @@ async def _stages(
         with _stage("nuggets"):
             record.nuggets = await _nuggets(instance, result, seed, ctx)
     elif instance.golden is not None:
-        with _stage("judge"):
-            record.labels, record.scores = await _judge(
-                instance, instance.golden.nuggets, result.answer, ctx, record.key
-            )
+        await judge_record(instance, record, ctx)
+
+
+async def judge_record(instance: Instance, record: Record, ctx: PipelineContext) -> None:
+    """The judge stage of a record whose answer is in: its labels and scores, then, on the
+    records `judge.canary` draws, the canary. `cts rejudge` runs this same stage."""
+    if instance.golden is None:
+        raise ValueError(f"instance {instance.id} has no golden nuggets to judge against")
+    with _stage("judge"):
+        record.labels, record.scores = await _judge(
+            instance, instance.golden.nuggets, record.answer, ctx, record.key
+        )
+    record.canary = await _canary(instance, ctx, record.key)
 
 
 def _keep_turns(record: Record, turns: list[Turn], instance: Instance) -> None:
@@ -265,6 +274,44 @@ async def _judge(
         for position, nugget in enumerate(shown, 1):
             judged[nugget.id]["position"] = str(position)
     return judged, scores
+
+
+def canary_drawn(key: tuple[str, str, int], share: float) -> bool:
+    """Whether the canary runs on the record of `key`: SHA-256 of the key, read as a number in
+    [0, 1), below `share`. The same records in every process, shard, resume and rejudge."""
+    text = "canary\x1f" + "\x1f".join(map(str, key))
+    draw = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+    return draw < share
+
+
+async def _canary(
+    instance: Instance, ctx: PipelineContext, key: tuple[str, str, int]
+) -> Canary | None:
+    """The judge's labels of the instance's nuggets against an answer that states none of
+    them (`judge.canary`), on a drawn record; None elsewhere. Its request depends on the
+    instance only (one nugget order per instance under `judge.shuffle`), so the response cache
+    answers it once per instance. A failed canary call is kept as the canary's error: it says
+    nothing of the record's own labels, which stand."""
+    options = ctx.judge.canary
+    if not options.enabled or instance.golden is None or not canary_drawn(key, options.share):
+        return None
+    nuggets = instance.golden.nuggets
+    if ctx.judge.shuffle:
+        nuggets = judge_order(nuggets, (instance.id, "canary", 0))
+    try:
+        with _stage("judge"):
+            labels = await judge.judge(
+                ctx.roles["judge"],
+                judge.canary_answer(options.answer, instance.language),
+                nuggets,
+                instance.language,
+                ctx.sampling["judge"],
+                query=instance.fused_query if ctx.judge.show_query else None,
+                batch_size=ctx.judge.batch_size,
+            )
+    except StageFailed as e:
+        return Canary(answer=options.answer, error=e.error["message"])
+    return Canary(answer=options.answer, labels={i: v.label for i, v in labels.items()})
 
 
 def trace_name(record: Record) -> str:

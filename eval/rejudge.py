@@ -2,7 +2,7 @@
 the same judge with another prompt, sampling or `judge:` options), calling no other role.
 
 What is kept and what is new. Every record of the source run is copied; only the judge stage
-runs again, through `eval.pipeline._judge`, the function `cts run` judges with, so labels become
+runs again, through `eval.pipeline.judge_record`, the stage `cts run` judges with, so labels become
 scores exactly as in a run. A record that failed before the judge (clarify, rewrite, search)
 stays a failure, copied with its error and counted; one whose judge failed is judged again (its
 answer was kept). A re-judged record's `seconds` is the new judge's time; the other fields
@@ -44,12 +44,13 @@ from typing import Any, cast
 
 import yaml
 
+from eval.agreement import PairAgreement, compare, read_judgement
 from eval.config import ResolvedExperiment, load_experiment
 from eval.dataset import load_instances
 from eval.dialogue import Clarification
 from eval.engines import open_engines
 from eval.fingerprint import changes, fingerprint, results_view
-from eval.pipeline import PipelineContext, StageFailed, _judge, _stage
+from eval.pipeline import PipelineContext, StageFailed, judge_record
 from eval.progress import ShowProgress, key_progress
 from eval.report import write_report
 from eval.run import RunResult, require_roles, until_signalled
@@ -242,14 +243,11 @@ async def rejudge_record(source: Record, instance: Instance, ctx: PipelineContex
     record = source.model_copy(deep=True)
     if not judged_again(source, instance):
         return record
-    assert instance.golden is not None
-    record.labels, record.scores, record.error = {}, {}, None
+    # The source judge's canary too: the new judge draws the same records and runs its own.
+    record.labels, record.scores, record.error, record.canary = {}, {}, None, None
     started = time.perf_counter()
     try:
-        with _stage("judge"):
-            record.labels, record.scores = await _judge(
-                instance, instance.golden.nuggets, record.answer, ctx, record.key
-            )
+        await judge_record(instance, record, ctx)
     except StageFailed as e:
         record.error = e.error
     finally:
@@ -261,6 +259,9 @@ async def rejudge_record(source: Record, instance: Instance, ctx: PipelineContex
 class RejudgeResult(RunResult):
     #: Records written this time that failed before judging in the source (copied as they are).
     copied_failures: int = 0
+    #: The whole rejudge against its source (`cts judge agreement SOURCE NEW`): with the same
+    #: judge, its movement is the judge's noise floor. None for a shard or a stopped rejudge.
+    against_source: PairAgreement | None = None
 
 
 def rejudge_run(
@@ -341,11 +342,12 @@ def rejudge_run(
             retry_failed,
         )
     )
-    written = None
+    written = against = None
     if shard.count == 1 and not outcome.interrupted:
         written = write_report([output_dir], output_dir)
+        against = compare(read_judgement(source_dir), read_judgement(output_dir))
     seconds = time.perf_counter() - started
-    return RejudgeResult(output_dir, outcome, seconds, cache, stats, written, copied)
+    return RejudgeResult(output_dir, outcome, seconds, cache, stats, written, copied, against)
 
 
 async def _rejudge(

@@ -201,6 +201,41 @@ def warnings(name: str, summary: dict[str, Any]) -> list[str]:
             f"{judge['total']} nuggets `{judge['dominant']}` (≥ {100 * DEGENERATE_SHARE:.0f}%): "
             "it does not tell answers apart, so these scores are uninformative."
         )
+    return found + judge_warnings(name, judge)
+
+
+def judge_warnings(name: str, judge: dict[str, Any]) -> list[str]:
+    """A language or condition whose labels one label dominates, and a canary that got credit
+    from an answer stating no nugget."""
+    found = []
+    for by, title in (("by_language", "language"), ("by_condition", "condition")):
+        flagged = [
+            f"{group} ({100 * g['dominant_share']:.0f}% `{g['dominant']}` of {g['total']})"
+            for group, g in judge.get(by, {}).items()
+            if g["degenerate"]
+        ]
+        if flagged:
+            found.append(
+                f"WARNING {name}: per {title}, the judge gave one label to ≥ "
+                f"{100 * DEGENERATE_SHARE:.0f}% of the nuggets of {', '.join(flagged)}: there it "
+                "does not tell answers apart, or every answer was alike; a difference between "
+                "these groups may be the judge's, not the answers' (see the canary)."
+            )
+    canary = judge.get("canary") or {}
+    credited = canary.get("full", 0) + canary.get("partial", 0)
+    if credited:
+        languages = ", ".join(
+            f"{lang} {c['full'] + c['partial']} of {c['labels']}"
+            for lang, c in canary["by_language"].items()
+        )
+        found.append(
+            f"WARNING {name}: answer-independence canary: judging nuggets against an answer "
+            f"that states none of them ({'/'.join(canary['answers'])}), the judge gave {credited} "
+            f"of {canary['labels']} labels full or partial ({100 * canary['rate']:.0f}%: "
+            f"{canary['full']} full, {canary['partial']} partial; {canary['records']} records of "
+            f"{canary['instances']} instances sampled; by language: {languages}): it credits "
+            "nuggets without reading the answer, so these scores do not measure the answers."
+        )
     return found
 
 
@@ -520,12 +555,14 @@ def _unsupported_answers(summary: dict[str, Any]) -> list[str]:
 
 
 def _judge_and_failures(summary: dict[str, Any]) -> list[str]:
-    """The judge's label counts and the system's failed records."""
+    """The judge's label counts, its canary and the system's failed records."""
     f = summary["failures"]
     judge = summary["judge"]["counts"]
     return [
         "",
         f"Judge labels: full {judge['full']}, partial {judge['partial']}, none {judge['none']}.",
+        "",
+        _canary_line(summary["judge"].get("canary") or {}),
         "",
         (
             f"Failures: {f['total']} records; by condition {json.dumps(f['by_condition'])}, "
@@ -535,6 +572,22 @@ def _judge_and_failures(summary: dict[str, Any]) -> list[str]:
         ),
         "",
     ]
+
+
+def _canary_line(canary: dict[str, Any]) -> str:
+    """What the answer-independence canary found, with its n, even when it found nothing."""
+    failed = f"; {canary['failed']} canary calls failed" if canary.get("failed") else ""
+    if not canary.get("records"):
+        return (
+            "Answer-independence canary: not run on any record (`judge.canary.enabled: false`, "
+            f"no record drawn, or records made before it){failed}."
+        )
+    return (
+        f"Answer-independence canary ({'/'.join(canary['answers'])} answer): "
+        f"{canary['full'] + canary['partial']} of {canary['labels']} nugget labels full or "
+        f"partial ({canary['records']} records of {canary['instances']} instances sampled"
+        f"{failed}); a judge that reads the answer gives none."
+    )
 
 
 def figures(systems: list[tuple[str, dict[str, Any]]], out: Path) -> list[Path]:

@@ -194,6 +194,18 @@ class Instance(_Data):
         return value
 
 
+class Canary(BaseModel):
+    """What the judge said about a record's nuggets against an answer that states none of them
+    (the answer-independence canary, `judge.canary`): every label should be `none`."""
+
+    #: Which answer: `empty` or `unrelated`.
+    answer: str
+    #: nugget id → label.
+    labels: dict[str, str] = {}
+    #: Why the canary's judge call failed (the record itself is not failed by it).
+    error: str | None = None
+
+
 class Record(BaseModel):
     """One line of records/<condition>/shard-<i>-of-<n>.jsonl.
 
@@ -227,6 +239,8 @@ class Record(BaseModel):
     nuggets: list[Nugget] = []
     labels: dict[str, dict[str, str]] = {}
     scores: dict[str, float] = {}
+    #: The answer-independence canary, on the records `judge.canary` draws.
+    canary: Canary | None = None
     usage: dict[str, int] = {}
     seconds: float = 0.0
     #: {kind, stage, message} when the instance failed; the run goes on.
@@ -251,6 +265,7 @@ class Record(BaseModel):
 
 __all__ = [
     "CONSTRAINT_TYPES",
+    "Canary",
     "ConstraintType",
     "CorpusDocument",
     "Golden",

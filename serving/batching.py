@@ -4,6 +4,12 @@ batches.
 Requests go into one queue; a worker drains whatever has accumulated (generation of the previous
 batch takes long enough for the next one to build up) and runs it as one call in a thread, so the
 event loop stays free for the rest of the pipeline.
+
+Batching moves greedy decoding: a prompt padded beside others, in a matrix of another shape, gets
+logits that differ in the last bits, and now and then another token wins (the tiny judge changed
+2 of 48 labels between two readings of the same answers). `Unbatched` is a view of an engine
+whose requests each run alone, in a generate call of their own, so that an answer depends on its
+request only: what `judge.deterministic` gives the judge.
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ import abc
 import asyncio
 import hashlib
 import threading
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from serving.engine import Engine
+from serving.engine import Engine, EngineStats
 from serving.errors import EngineError
 from serving.types import ChatRequest, ChatResponse
 
@@ -31,6 +38,12 @@ def weights_fingerprint(path: str) -> str:
             st = p.stat()
             h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()[:16]
+
+
+#: Set while `Unbatched` sends a request: the request is queued to run alone.
+_ALONE: ContextVar[bool] = ContextVar("cts_unbatched", default=False)
+
+_Queued = tuple[ChatRequest, "asyncio.Future[ChatResponse]", bool]
 
 
 class BatchingEngine(Engine):
@@ -63,12 +76,14 @@ class BatchingEngine(Engine):
         #: step (its results are dropped), so a stopped run does not wait minutes for it
         #: before the process can exit.
         self.closing = threading.Event()
-        self._queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResponse]]] | None = None
+        self._queue: asyncio.Queue[_Queued] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Number of batch calls and the requests they carried (batching diagnostics).
         self.batches = 0
         self.batched_requests = 0
+        #: Of those, the requests `Unbatched` sent, each in a batch of its own.
+        self.unbatched_requests = 0
 
     @abc.abstractmethod
     def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse | EngineError]:
@@ -84,44 +99,77 @@ class BatchingEngine(Engine):
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._drain(self._queue))
         future: asyncio.Future[ChatResponse] = loop.create_future()
-        await self._queue.put((request, future))
+        await self._queue.put((request, future, _ALONE.get()))
         return await future
 
-    async def _drain(
-        self, queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResponse]]]
-    ) -> None:
+    async def _drain(self, queue: asyncio.Queue[_Queued]) -> None:
         while True:
             batch = [await queue.get()]
             await asyncio.sleep(0)  # let coroutines scheduled in the same tick enqueue too
             while not queue.empty() and len(batch) < self.max_batch_size:
                 batch.append(queue.get_nowait())
-            live = [(r, f) for r, f in batch if not f.cancelled()]
-            if not live:
+            live = [(r, f, alone) for r, f, alone in batch if not f.cancelled()]
+            # The requests sent unbatched run one by one, the others together.
+            together = [(r, f) for r, f, alone in live if not alone]
+            parts = [[(r, f)] for r, f, alone in live if alone]
+            for part in [together, *parts] if together else parts:
+                await self._run(part, alone=part is not together)
+
+    async def _run(
+        self, live: list[tuple[ChatRequest, asyncio.Future[ChatResponse]]], alone: bool
+    ) -> None:
+        """One `_run_batch` call in the worker thread; each request's future gets its result."""
+        try:
+            results = await asyncio.to_thread(self._run_batch, [r for r, _ in live])
+        except Exception as e:
+            error = (
+                e
+                if isinstance(e, EngineError)
+                else EngineError(f"{self.model}: generation failed: {type(e).__name__}: {e}")
+            )
+            for _, f in live:
+                if not f.done():
+                    f.set_exception(error)
+            return
+        self.batches += 1
+        self.batched_requests += len(live)
+        self.unbatched_requests += len(live) if alone else 0
+        for (_, f), result in zip(live, results, strict=True):
+            if f.done():
                 continue
-            try:
-                results = await asyncio.to_thread(self._run_batch, [r for r, _ in live])
-            except Exception as e:
-                error = (
-                    e
-                    if isinstance(e, EngineError)
-                    else EngineError(f"{self.model}: generation failed: {type(e).__name__}: {e}")
-                )
-                for _, f in live:
-                    if not f.done():
-                        f.set_exception(error)
-                continue
-            self.batches += 1
-            self.batched_requests += len(live)
-            for (_, f), result in zip(live, results, strict=True):
-                if f.done():
-                    continue
-                if isinstance(result, EngineError):
-                    f.set_exception(result)
-                else:
-                    f.set_result(result)
+            if isinstance(result, EngineError):
+                f.set_exception(result)
+            else:
+                f.set_result(result)
 
     async def aclose(self) -> None:
         self.closing.set()
         if self._worker is not None:
             self._worker.cancel()
         self._worker = self._queue = self._loop = None
+
+
+class Unbatched:
+    """`engine` with every request run alone: its answer then depends on the request only, not
+    on what else was queued with it (see the module's docstring). Its identity is the engine's
+    marked `+unbatched`, so that the response cache never mixes its answers with batched ones;
+    calls count in the engine's stats."""
+
+    def __init__(self, engine: BatchingEngine) -> None:
+        self.inner = engine
+        self.identity = f"{engine.identity}+unbatched"
+        self.model = engine.model
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.inner.stats
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        token = _ALONE.set(True)
+        try:
+            return await self.inner.chat(request)
+        finally:
+            _ALONE.reset(token)
+
+    async def aclose(self) -> None:
+        """Nothing of its own: the engine is closed by whoever built it."""

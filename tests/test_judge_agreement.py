@@ -125,14 +125,22 @@ def record(
     )
 
 
-def judgement(name: str, records: list[Record], system: str = "s", source: str | None = None):
+def judgement(
+    name: str,
+    records: list[Record],
+    system: str = "s",
+    source: str | None = None,
+    setup: str | None = None,
+    judge: str = "judge",
+):
     return Judgement(
         name,
         Path(name),
         system,
-        "judge",
+        judge,
         Path(source) if source else None,
         {r.key: r for r in records},
+        setup,
     )
 
 
