@@ -36,7 +36,7 @@ from eval.runner import (
     write_jsonl,
 )
 from eval.schema import Instance
-from eval.search_agent import open_agent
+from eval.search_agent import corpus_digest, open_agent
 from serving.engine import EngineStats
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
@@ -205,7 +205,7 @@ def _run_into(
     `report`, a whole finished run also gets its summary and report."""
     everything, instances = instances_for(resolved, keys[0])
     run = RunDir(run_dir)
-    run.write_config(resolved, fingerprint(everything))
+    run.write_config(resolved, fingerprint(everything, corpus_digest(resolved)))
     started = time.perf_counter()
     outcome, stats, cache = asyncio.run(
         _run(resolved, run, instances, keys, shard, show_progress, watch, retry_failed)

@@ -73,7 +73,7 @@ class Tools:
                 return ToolResult(BAD_SEARCH)
             return await self._cached(
                 "search",
-                self.search.name,
+                self.search.identity,
                 {"query": queries[: self.max_queries], "top_k": self.top_k},
                 self._search,
             )
@@ -81,7 +81,7 @@ class Tools:
         goal = call.arguments.get("goal")
         if urls is None or not isinstance(goal, str) or not goal.strip():
             return ToolResult(BAD_VISIT)
-        backend = f"{self.visitor.pages.name}+{self.visitor.summarizer.identity}"
+        backend = self.visitor.identity
         arguments: dict[str, Any] = {"url": urls, "goal": goal.strip()}
         summarizer_seed = self.visitor.sampling.with_seed(seed).seed
         if summarizer_seed != self.visitor.sampling.seed:

@@ -76,6 +76,8 @@ class SerperSearch:
         self.endpoint = endpoint
         self.api_key_env = api_key_env
         self.timeout_s = timeout_s
+        # The locale comes from the query (payload): the endpoint is all else the hits need.
+        self.identity = f"serper:{endpoint}"
 
     def payload(self, query: str, top_k: int) -> dict[str, Any]:
         if _CJK.search(query):
@@ -112,6 +114,7 @@ class SearxngSearch:
     def __init__(self, endpoint: str, timeout_s: float = 30.0) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.timeout_s = timeout_s
+        self.identity = f"searxng:{self.endpoint}"
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
         url = f"{self.endpoint}/search"
@@ -142,6 +145,7 @@ class RetrievalServerSearch:
     def __init__(self, endpoint: str, timeout_s: float = 60.0) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.timeout_s = timeout_s
+        self.identity = f"retrieval-server:{self.endpoint}"
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
         url = f"{self.endpoint}/retrieve"
