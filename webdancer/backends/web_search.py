@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from serving.outputs import valid_unicode
 from serving.secrets import secret_from_env
 from webdancer.search import SearchHit
 
@@ -40,8 +41,9 @@ async def _fetch_json(method: str, url: str, timeout_s: float, **request: Any) -
     if reply.is_error:
         raise SearchBackendError(f"{url} answered HTTP {reply.status_code}")
     try:
-        return reply.json()
-    except ValueError as e:
+        # A lone surrogate escape in a title or snippet would fail the trace's write.
+        return valid_unicode(reply.json())
+    except (ValueError, RecursionError) as e:
         raise SearchBackendError(
             f"{url} answered HTTP {reply.status_code} with a body that is not JSON"
         ) from e
