@@ -71,6 +71,11 @@ def _bound(leaves: dict[tuple[str, ...], Any], free: Sequence[tuple[str, ...]]) 
     }
 
 
+def bound_view(document: dict[str, Any], free: Sequence[tuple[str, ...]]) -> dict[str, Any]:
+    """The dotted keys of `document` outside `free`, with their values (for `changes`)."""
+    return _bound(_leaves(document), free)
+
+
 def results_view(document: dict[str, Any]) -> dict[str, Any]:
     """The dotted keys of a run's config.yaml document that its records depend on."""
     view = _bound(_leaves(document.get("experiment", {})), FREE_EXPERIMENT_KEYS)
