@@ -25,7 +25,7 @@ from eval.report import MAIN_COLUMNS, report_cell, warnings
 from eval.run import RunResult, run_experiment
 from eval.run_dir import RunDir, RunDirError
 from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
-from serving.disk import StorageFull
+from serving.disk import NotAFile, StorageFull
 from serving.engine import EngineStats
 from serving.errors import ServerUnreachable
 from serving.serve import EndpointsError, PlanError, ServeOptions, Stopped, served
@@ -55,6 +55,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (ShardError, "", 2),
     (SlurmOptionError, "error: ", 2),
     (RunDirError, "", 2),
+    (NotAFile, "", 2),
     (RecordFileError, "records error: ", 1),
     (DialogueFileError, "dialogues error: ", 1),
     (PairsError, "pairs error: ", 1),

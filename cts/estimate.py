@@ -30,7 +30,7 @@ from eval.estimate import Estimate, Figure, estimate_run
 from eval.run import require_roles
 from eval.run_dir import RunDir
 from eval.runner import Shard
-from serving.disk import write_whole
+from serving.disk import refuse_special, write_whole
 from serving.serve import ServeOptions
 from serving.yaml_config import Override
 
@@ -85,6 +85,8 @@ def estimate(
         raise usage_error(f"--target-hours {target_hours}: expected hours > 0, e.g. 24")
     if from_run is not None and (pilot is not None or pilot_dir is not None):
         raise usage_error("--from-run reads a finished run: give no --pilot or --pilot-dir")
+    if out is not None:
+        refuse_special(out)  # before a pilot runs, not after
     sweep = load_experiment(config, set_)
     console = output_console()
     if from_run is None:
