@@ -6,7 +6,10 @@ GET /api/ping                  {"ok": true}: what report.html probes
 GET /api/runs                  the run directories served, and the index's filter values
 GET /api/records?…             one page of the index (see eval.view.parse_query)
 GET /api/instance?instance=ID  every record of one instance, in every run
-GET /api/sample?run&instance&condition&seed   one record with its trace and nuggets
+GET /api/sample?run&instance&condition&seed   one record with its trace and nuggets (every
+                               text cut at eval.view.MAX_FIELD_CHARS, saying its length)
+GET /api/raw?run&instance&condition&seed&part=record|trace   the record or trace file whole,
+                               as plain text (what a cut text links to)
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from eval.view import STATIC, NotFound, Viewer, ViewError, parse_query
@@ -34,6 +37,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+RAW_TYPE = "text/plain; charset=utf-8"
 _FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -95,6 +99,20 @@ def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
         )
         return _json(found)
 
+    async def raw(request: Request) -> Response:
+        found = await run_in_threadpool(
+            viewer.raw,
+            _whole(request, "run"),
+            _required(request, "instance"),
+            _required(request, "condition"),
+            _whole(request, "seed"),
+            _required(request, "part"),
+        )
+        # Plain text (and nosniff): a browser shows it, and never runs it as a page.
+        if isinstance(found, bytes):
+            return Response(found, media_type=RAW_TYPE, headers=SECURITY_HEADERS)
+        return FileResponse(found, media_type=RAW_TYPE, headers=SECURITY_HEADERS)
+
     async def bad_request(request: Request, exc: Exception) -> Response:
         return _json({"error": str(exc)}, 400)
 
@@ -108,6 +126,7 @@ def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
         Route("/api/records", records, methods=["GET"]),
         Route("/api/instance", instance, methods=["GET"]),
         Route("/api/sample", sample, methods=["GET"]),
+        Route("/api/raw", raw, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
