@@ -35,6 +35,7 @@ from slurm.submit import SlurmOptionError, SubmitError
 from train.fit import FitError
 from train.loop import LoopError
 from train.pairs import PairsError
+from webdancer.corpus import CorpusError
 from webdancer.tool_cache import ToolCacheMiss
 
 CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
@@ -50,6 +51,7 @@ SET_OPTION = typer.Option([], "--set", help=SET_HELP)
 EXITS: list[tuple[type[Exception], str, int]] = [
     (ConfigError, "config error\n", 2),
     (DatasetError, "dataset error\n", 2),
+    (CorpusError, "corpus error\n", 2),
     (EndpointsError, "endpoints error: ", 2),
     (PlanError, "GPU plan error: ", 2),
     (ShardError, "", 2),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import typer
@@ -81,7 +82,7 @@ def estimate(
     price_per_visit), server- and GPU-hours from each model's throughput_tokens_per_s ("unknown"
     without it), and the --shards that keep each shard under --target-hours. Intervals are a
     95% bootstrap over the pilot's instances: rough with a few instances."""
-    if not target_hours > 0:
+    if not 0 < target_hours < math.inf:  # nan and inf too
         raise usage_error(f"--target-hours {target_hours}: expected hours > 0, e.g. 24")
     if from_run is not None and (pilot is not None or pilot_dir is not None):
         raise usage_error("--from-run reads a finished run: give no --pilot or --pilot-dir")
