@@ -233,6 +233,7 @@ def run_keyed(
         f"{sum(outcome.failures.values())} failed {dict(outcome.failures)}; "
         f"{result.model_calls} model calls"
         + (f", cache {result.cache}" if result.cache is not None else "")
+        + (f", tool cache {result.tool_cache}" if result.tool_cache is not None else "")
         + f"; {result.seconds:.0f} s",
         highlight=False,
         soft_wrap=True,

@@ -345,7 +345,9 @@ def rejudge_run(
     if shard.count == 1 and not outcome.interrupted:
         written = write_report([output_dir], output_dir)
     seconds = time.perf_counter() - started
-    return RejudgeResult(output_dir, outcome, seconds, cache, stats, written, copied)
+    return RejudgeResult(
+        output_dir, outcome, seconds, cache, stats, written, copied_failures=copied
+    )
 
 
 async def _rejudge(

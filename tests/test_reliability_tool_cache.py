@@ -23,7 +23,7 @@ from tests.scripted_cts import cts
 from webdancer.backends.local import LocalSearch
 from webdancer.backends.web_search import SearxngSearch
 from webdancer.protocol import ToolCall
-from webdancer.tool_cache import ToolCache
+from webdancer.tool_cache import ToolCache, ToolCacheMiss
 from webdancer.tools import Tools
 from webdancer.visit import LocalPages, Visitor
 
@@ -232,3 +232,60 @@ def test_a_run_on_an_edited_corpus_replays_no_search_and_a_resume_on_it_is_refus
     assert (tmp_path / "a" / "config.yaml").read_bytes() == config
     digest = yaml.safe_load(config)["fingerprint"]["corpus"]
     assert digest != sha256_file(corpus)
+
+
+# -- a corrupt row ------------------------------------------------------------------------------
+
+CORRUPT_ROWS = {
+    "not JSON": "{not json",
+    "cut short": '{"text": "A Google search for',
+    "not an object": "[1, 2]",
+    "wrong types": '{"text": 1, "doc_ids": [], "urls": [], "errors": {}, "evidence": []}',
+    "unknown field": '{"text": "t", "doc_ids": [], "urls": [], "errors": {}, "evidence": [],'
+    ' "x": 1}',
+    "no evidence (an older version's row)": '{"text": "t", "doc_ids": [], "urls": [], '
+    '"errors": {}}',
+    "nested deep": "[" * 5000 + "]" * 5000,
+}
+
+
+@pytest.mark.parametrize("row", list(CORRUPT_ROWS))
+def test_a_corrupt_tool_cache_row_is_a_counted_miss_and_is_replaced(tmp_path, row):
+    import sqlite3
+
+    path = tmp_path / "tools.sqlite"
+    corpus = _corpus(tmp_path / "a.jsonl")
+    first = ToolCache(path)
+    assert not asyncio.run(_tools(corpus, first, tmp_path).call(SEARCH)).cached
+    first.close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE tool_calls SET result = ?", (CORRUPT_ROWS[row],))
+    cache = ToolCache(path)
+    tools = _tools(corpus, cache, tmp_path)
+    again = asyncio.run(tools.call(SEARCH))
+    assert not again.cached and "12 euros" in again.text
+    assert cache.stats() == {"hits": 0, "misses": 1, "invalid": 1}
+    assert asyncio.run(tools.call(SEARCH)).cached  # the fresh result replaced the row
+    assert cache.stats() == {"hits": 1, "misses": 1, "invalid": 1}
+    cache.close()
+    offline = ToolCache(path, offline=True)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE tool_calls SET result = ?", (CORRUPT_ROWS[row],))
+    with pytest.raises(ToolCacheMiss, match="its row was not a result, and was removed"):
+        asyncio.run(_tools(corpus, offline, tmp_path).call(SEARCH))
+    offline.close()
+
+
+def test_a_run_over_corrupt_tool_cache_rows_records_no_failure_and_counts_them(tmp_path):
+    import sqlite3
+
+    home, tools = tmp_path / "home", tmp_path / "tools.sqlite"
+    corpus = _sample_corpus(tmp_path / "corpus.jsonl")
+    first = cts(_run_args(tmp_path / "a", corpus, tmp_path / "a.sqlite", tools), home)
+    assert first.returncode == 0, first.stderr[-3000:]
+    with sqlite3.connect(tools) as db:
+        rows = db.execute("UPDATE tool_calls SET result = 'garbage'").rowcount
+    second = cts(_run_args(tmp_path / "b", corpus, tmp_path / "b.sqlite", tools), home)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "0 failed {}" in second.stdout
+    assert f"tool cache {{'hits': 0, 'misses': {rows}, 'invalid': {rows}}}" in second.stdout
