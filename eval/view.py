@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 import socket
 import threading
@@ -295,6 +296,14 @@ def _number(params: Mapping[str, Sequence[str]], name: str, cast: Callable[[str]
         raise ViewError(f"{name}: expected {kind}, got {value!r}") from None
 
 
+def _finite(params: Mapping[str, Sequence[str]], name: str) -> float | None:
+    """A score bound: `nan` compares false with every score, so it kept every row."""
+    value: float | None = _number(params, name, float)
+    if value is not None and not math.isfinite(value):
+        raise ViewError(f"{name}: expected a finite number, got {_one(params, name)!r}")
+    return value
+
+
 def _flag(params: Mapping[str, Sequence[str]], name: str) -> bool | None:
     value = _one(params, name)
     if value is None or value == "any":
@@ -331,8 +340,8 @@ def parse_query(params: Mapping[str, Sequence[str]]) -> Query:
         removed=_values(params, "removed"),
         failed=_flag(params, "failed"),
         all_unknown=_flag(params, "all_unknown"),
-        score_min=_number(params, "score_min", float),
-        score_max=_number(params, "score_max", float),
+        score_min=_finite(params, "score_min"),
+        score_max=_finite(params, "score_max"),
         text=(_one(params, "q") or "").casefold(),
         sort=sort,
         descending=order == "desc",
@@ -876,10 +885,20 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/"
 
 
-def allowed_hosts(host: str) -> list[str]:
+def every_interface(address: str) -> bool:
+    """Whether a bound address is the unspecified one (0.0.0.0, ::), however `--host` spelled
+    it (`0`, `0x0`, `0.0`)."""
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_unspecified
+    except ValueError:
+        return False
+
+
+def allowed_hosts(host: str, bound: str | None = None) -> list[str]:
     """The Host headers answered: loopback names only when serving on loopback, so that a
-    web page cannot reach the viewer through a name it rebinds to 127.0.0.1."""
-    if host in ("0.0.0.0", "::", ""):
+    web page cannot reach the viewer through a name it rebinds to 127.0.0.1. Serving on every
+    interface (`bound`, the socket's address, is unspecified), any."""
+    if host in ("0.0.0.0", "::", "") or (bound is not None and every_interface(bound)):
         return ["*"]
     return sorted({"127.0.0.1", "localhost", "::1", "[::1]", host})
 
@@ -890,7 +909,6 @@ def serve(viewer: Viewer, sock: socket.socket, host: str) -> None:
 
     from eval.view_app import make_app
 
-    config = uvicorn.Config(
-        make_app(viewer, allowed_hosts(host)), log_level="warning", access_log=False
-    )
+    hosts = allowed_hosts(host, sock.getsockname()[0])
+    config = uvicorn.Config(make_app(viewer, hosts), log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])

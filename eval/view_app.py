@@ -18,11 +18,13 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eval.view import STATIC, NotFound, Viewer, ViewError, parse_query
 
@@ -43,6 +45,29 @@ _FILES = {
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
 }
+
+
+class SecurityHeaders:
+    """Every response carries SECURITY_HEADERS, the ones no route made too: a 404 of an
+    unknown path, a 405, the 400 of a refused Host header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if name not in headers:
+                        headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def _json(content: Any, status: int = 200) -> JSONResponse:
@@ -119,6 +144,10 @@ def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
     async def not_found(request: Request, exc: Exception) -> Response:
         return _json({"error": str(exc)}, 404)
 
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # Sent by the outermost middleware, past SecurityHeaders: the headers are set here.
+        return _json({"error": "internal error (see the viewer's log)"}, 500)
+
     routes = [Route(path, static, methods=["GET"]) for path in files]
     routes += [
         Route("/api/ping", ping, methods=["GET"]),
@@ -130,6 +159,9 @@ def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)],
-        exception_handlers={ViewError: bad_request, NotFound: not_found},
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
+        ],
+        exception_handlers={ViewError: bad_request, NotFound: not_found, Exception: server_error},
     )

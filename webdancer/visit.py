@@ -22,7 +22,7 @@ from serving.errors import EngineError
 from serving.types import ChatRequest, JsonSchemaOutput, Message, RoleSampling, Sampling
 from webdancer.corpus import CorpusDocument
 from webdancer.search import QUERY_SEPARATOR
-from webdancer.ssrf import BlockedURL, Resolver, check_url, system_resolver
+from webdancer.ssrf import BlockedURL, Resolver, allow_entry, check_url, system_resolver
 
 # The release's fixed sentences for a page that could not be read (the model saw them).
 FALLBACK_EVIDENCE = (
@@ -101,6 +101,8 @@ class HttpPages:
         resolver: Resolver = system_resolver,
     ) -> None:
         self.allow_hosts = tuple(allow_hosts)
+        for entry in self.allow_hosts:
+            allow_entry(entry)  # a malformed entry (`:80`, `a:1:2`) is refused, not ignored
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.max_redirects = max_redirects
