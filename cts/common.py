@@ -26,7 +26,7 @@ from eval.report import MAIN_COLUMNS, report_cell, warnings
 from eval.run import RunResult, run_experiment
 from eval.run_dir import RunDir, RunDirError
 from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
-from serving.disk import StorageFull
+from serving.disk import NotAFile, StorageFull
 from serving.engine import EngineStats
 from serving.errors import ServerUnreachable
 from serving.serve import EndpointsError, PlanError, ServeOptions, Stopped, served
@@ -36,6 +36,7 @@ from slurm.submit import SlurmOptionError, SubmitError
 from train.fit import FitError
 from train.loop import LoopError
 from train.pairs import PairsError
+from webdancer.corpus import CorpusError
 from webdancer.tool_cache import ToolCacheMiss
 
 CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
@@ -51,12 +52,14 @@ SET_OPTION = typer.Option([], "--set", help=SET_HELP)
 EXITS: list[tuple[type[Exception], str, int]] = [
     (ConfigError, "config error\n", 2),
     (DatasetError, "dataset error\n", 2),
+    (CorpusError, "corpus error\n", 2),
     (EndpointsError, "endpoints error: ", 2),
     (PlanError, "GPU plan error: ", 2),
     (ShardError, "", 2),
     (SlurmOptionError, "error: ", 2),
     (RunDirError, "", 2),
     (IncomparableRuns, "", 2),
+    (NotAFile, "", 2),
     (RecordFileError, "records error: ", 1),
     (DialogueFileError, "dialogues error: ", 1),
     (PairsError, "pairs error: ", 1),
@@ -232,6 +235,7 @@ def run_keyed(
         f"{sum(outcome.failures.values())} failed {dict(outcome.failures)}; "
         f"{result.model_calls} model calls"
         + (f", cache {result.cache}" if result.cache is not None else "")
+        + (f", tool cache {result.tool_cache}" if result.tool_cache is not None else "")
         + f"; {result.seconds:.0f} s",
         highlight=False,
         soft_wrap=True,

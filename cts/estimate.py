@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import typer
@@ -31,7 +32,7 @@ from eval.pilot import PILOT_DATASET, write_pilot
 from eval.run import require_roles
 from eval.run_dir import RunDir
 from eval.runner import Shard
-from serving.disk import write_whole
+from serving.disk import refuse_special, write_whole
 from serving.serve import ServeOptions
 from serving.yaml_config import Override
 
@@ -86,12 +87,14 @@ def estimate(
     price_per_visit), server- and GPU-hours from each model's throughput_tokens_per_s ("unknown"
     without it), and the --shards that keep each shard under --target-hours. Intervals are a
     95% bootstrap over the pilot's instances: rough with a few instances."""
-    if not target_hours > 0:
+    if not 0 < target_hours < math.inf:  # nan and inf too
         raise usage_error(f"--target-hours {target_hours}: expected hours > 0, e.g. 24")
     if from_run is not None and (pilot is not None or pilot_dir is not None or pilot_seed):
         raise usage_error(
             "--from-run reads a finished run: give no --pilot, --pilot-seed or --pilot-dir"
         )
+    if out is not None:
+        refuse_special(out)  # before a pilot runs, not after
     sweep = load_experiment(config, set_)
     console = output_console()
     if from_run is None:

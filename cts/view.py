@@ -7,7 +7,16 @@ from pathlib import Path
 import typer
 
 from cts.common import command, usage_error
-from eval.view import DEFAULT_PORT, Viewer, ViewError, bind, is_loopback, serve, url_of
+from eval.view import (
+    DEFAULT_PORT,
+    Viewer,
+    ViewError,
+    bind,
+    every_interface,
+    is_loopback,
+    serve,
+    url_of,
+)
 
 app = typer.Typer()
 
@@ -42,7 +51,13 @@ def view_command(
                 "without the dataset's queries and nuggets)",
                 err=True,
             )
-    if not is_loopback(host):
+    bound = sock.getsockname()[0]
+    if every_interface(bound):
+        typer.echo(
+            f"warning: serving on {host} ({bound}: every interface): anyone who can reach this "
+            "machine can read these runs"
+        )
+    elif not is_loopback(bound):
         typer.echo(f"warning: serving on {host}: anyone who can reach it can read these runs")
     records = sum(len(r.records) for r in viewer.runs)
     typer.echo(f"{records} records of {len(viewer.runs)} run(s)")

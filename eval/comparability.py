@@ -107,6 +107,8 @@ def setup_of(
         # fingerprint (a digest of every instance as loaded).
         unknown = f"not loaded (fingerprint {fingerprint.get('dataset', 'none')[:16]})"
         setup.update(dict.fromkeys(_data([]), unknown))
+    if "corpus" in fingerprint:
+        setup["corpus (content)"] = fingerprint["corpus"]
     prompts = {k: v for k, v in fingerprint.items() if k.startswith(PROMPT_KEY)}
     if prompts:
         setup.update({k: v for k, v in prompts.items() if k not in FREE_PROMPTS})

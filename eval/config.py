@@ -36,6 +36,7 @@ from serving.yaml_config import (
     mapping_overrides,
 )
 from webdancer.agent import searcher_sampling
+from webdancer.ssrf import allow_entry
 from webdancer.visit import SUMMARIZER_SAMPLING
 
 Role = Literal[
@@ -88,6 +89,14 @@ class SearchConfig(_Strict):
     #: Hosts the HTTP visit may reach even if they resolve to private addresses, as "host:port"
     #: ("[v6]:port"); a bare "host" allows only the scheme's default port (80/443).
     allow_hosts: list[str] = []
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _allow_entries(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            allow_entry(entry)  # ValueError naming the entry: a config error at its line
+        return entries
+
     #: Pages are cut to about this many tokens before the summarizer reads them.
     max_page_tokens: int = Field(3000, ge=100)
     #: Grammar-constrained turns for models not trained on the protocol. None = on exactly

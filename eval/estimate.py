@@ -156,12 +156,22 @@ class Estimate:
         return asdict(self)
 
 
-def shards_for(server_hours: float, target_hours: float) -> int:
+def shards_for(server_hours: float, target_hours: float, most: int | None = None) -> int:
     """Shards (one server of the model each) that do `server_hours` of its work in
-    `target_hours` of wall time, the work split evenly: at least one."""
-    if target_hours <= 0:
-        raise ValueError("target_hours must be > 0")
-    return max(1, math.ceil(server_hours / target_hours))
+    `target_hours` of wall time, the work split evenly: at least one, and at most `most` (the
+    sweep's instances: a shard runs whole instances, so more shards would run nothing)."""
+    check_target_hours(target_hours)
+    needed = server_hours / target_hours  # inf for a tiny target (5e-324)
+    if most is not None and not needed <= most:
+        return max(1, most)
+    if not math.isfinite(needed):
+        raise ValueError(f"target_hours {target_hours}: too small to divide {server_hours} by")
+    return max(1, math.ceil(needed))
+
+
+def check_target_hours(target_hours: float) -> None:
+    if not 0 < target_hours < math.inf:
+        raise ValueError(f"target_hours must be a finite number of hours > 0, got {target_hours}")
 
 
 # -- what one key cost ------------------------------------------------------------------------
@@ -360,8 +370,7 @@ def estimate(
     of `replaced` records (earlier attempts of a key, see `attempts`) is added to their key's:
     a sweep pays for its retries too. Their tool calls are not known (a retry's trace takes
     the place of the attempt's)."""
-    if target_hours <= 0:
-        raise ValueError("target_hours must be > 0")
+    check_target_hours(target_hours)
     experiment = sweep.experiment
     conditions = [str(c) for c in experiment.conditions]
     seeds = list(experiment.seeds)
@@ -441,8 +450,8 @@ def estimate(
                 gpus,
                 hours,
                 hours.scaled(gpus) if hours else None,
-                shards_for(hours.total, target_hours) if hours else None,
-                shards_for(hours.high, target_hours) if hours else None,
+                shards_for(hours.total, target_hours, sweep_instances) if hours else None,
+                shards_for(hours.high, target_hours, sweep_instances) if hours else None,
             )
         )
     by_condition = []

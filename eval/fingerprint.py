@@ -1,11 +1,11 @@
 """What a run directory's records depend on, so that a resumed run cannot mix two experiments.
 
 A record is the product of the models and their sampling, the prompts, the search tools and
-budgets, the clarification options, the judge and the dataset's content. Resuming a run with
-any of these changed would add records of another experiment under the old ones, and overwrite
-the config that labels them. What cannot change a record may differ between starts: where files
-go, how fast it runs, how a model is reached, and how many instances, conditions and seeds the
-run covers (extending a run is resuming it)."""
+budgets, the corpus's and the dataset's content, the clarification options and the judge.
+Resuming a run with any of these changed would add records of another experiment under the old
+ones, and overwrite the config that labels them. What cannot change a record may differ between
+starts: where files go, how fast it runs, how a model is reached, and how many instances,
+conditions and seeds the run covers (extending a run is resuming it)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,11 @@ def _bound(leaves: dict[tuple[str, ...], Any], free: Sequence[tuple[str, ...]]) 
         for key, value in leaves.items()
         if not any(key[: len(f)] == f for f in free)
     }
+
+
+def bound_view(document: dict[str, Any], free: Sequence[tuple[str, ...]]) -> dict[str, Any]:
+    """The dotted keys of `document` outside `free`, with their values (for `changes`)."""
+    return _bound(_leaves(document), free)
 
 
 def results_view(document: dict[str, Any]) -> dict[str, Any]:
@@ -161,12 +166,16 @@ def prompts_digest() -> str:
 PROMPT_KEY = "prompt:"
 
 
-def fingerprint(instances: Sequence[Instance]) -> dict[str, str]:
-    """What config.yaml keeps beside the config itself (compared key by key)."""
+def fingerprint(instances: Sequence[Instance], corpus: str | None = None) -> dict[str, str]:
+    """What config.yaml keeps beside the config itself (compared key by key); `corpus`: the
+    digest of the corpus the tools read (an edited corpus changes every search), if any."""
     files = {
         f"{PROMPT_KEY}{name}": hashlib.sha256(text).hexdigest() for name, text in _prompt_files()
     }
-    return {"dataset": dataset_digest(instances), "prompts": prompts_digest(), **files}
+    prints = {"dataset": dataset_digest(instances), "prompts": prompts_digest(), **files}
+    if corpus is not None:
+        prints["corpus"] = corpus
+    return prints
 
 
 def model_view(model: dict[str, Any]) -> dict[str, Any]:

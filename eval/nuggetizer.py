@@ -58,6 +58,7 @@ from eval.run_dir import RunDir
 from eval.runner import RecordStore
 from eval.schema import Golden, Instance, Nugget, Record
 from serving.disk import write_whole
+from serving.outputs import valid_unicode
 from serving.yaml_config import read_yaml
 from webdancer.corpus import Problem
 
@@ -156,7 +157,31 @@ def _same(text: str) -> str:
 def _rows(path: Path) -> Iterator[Row]:
     if path.suffix not in (".jsonl", ".ndjson", ".json"):
         raise _refuse(str(path), None, "<file>", "expected a .jsonl file (nuggetizer writes JSONL)")
-    yield from read_rows(path)
+    for row in read_rows(path):
+        where = _lone_surrogate(row.data) if row.data is not None else None
+        if where is not None:  # a `\ud800` escape: no dataset file could hold the text
+            message = f"{where or 'a key'} holds a lone surrogate (a \\ud800 escape): not text"
+            yield Row(row.file, row.line, None, message)
+        else:
+            yield row
+
+
+def _lone_surrogate(value: Any, where: str = "") -> str | None:
+    """Where in `value` (as `nuggets[0].text`) a string holds a lone surrogate, or None."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:  # not recursive: a row may nest hundreds of levels deep
+        item, at = stack.pop()
+        if isinstance(item, str):
+            if valid_unicode(item) != item:
+                return at
+        elif isinstance(item, dict):
+            if any(valid_unicode(str(key)) != key for key in item):
+                return at
+            # Reversed onto the stack: the first one in the file is found first.
+            stack += reversed([(v, f"{at}.{k}" if at else str(k)) for k, v in item.items()])
+        elif isinstance(item, list):
+            stack += reversed([(child, f"{at}[{i}]") for i, child in enumerate(item)])
+    return None
 
 
 def _qid(data: dict[str, Any], row: Row, problems: list[Problem]) -> str | None:

@@ -25,7 +25,7 @@ from eval.metrics import Label, restore_score
 from eval.over_answer import reveal
 from eval.schema import Canary, Instance, Nugget, Record
 from eval.usage import charged_to_key
-from serving.disk import StorageFull, write_whole
+from serving.disk import NotAFile, StorageFull, write_whole
 from serving.engine import ChatModel
 from serving.errors import EngineError, ServerUnreachable
 from serving.secrets import redact
@@ -80,9 +80,9 @@ def _stage(name: str) -> Iterator[None]:
         raise StageFailed({"kind": "search_error", "stage": name, "message": str(e)}) from e
     except NoEvidence as e:
         raise StageFailed({"kind": "no_evidence", "stage": name, "message": str(e)}) from e
-    except (StageFailed, ServerUnreachable, StorageFull):
-        # A dead server or a full disk is no key's failure: it stops the run, and the key
-        # stays unrecorded to run again on resume.
+    except (StageFailed, ServerUnreachable, StorageFull, NotAFile):
+        # A dead server, a full disk or a trace path that is no file is no key's failure: it
+        # stops the run, and the key stays unrecorded to run again on resume.
         raise
     except Exception as e:
         # Not a failure the protocol knows (a bug, a corrupt cache row, a parser's recursion

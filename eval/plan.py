@@ -12,6 +12,7 @@ from eval.fingerprint import fingerprint
 from eval.run import instances_for, require_roles
 from eval.run_dir import RunDir
 from eval.runner import RecordStore, Shard
+from eval.search_agent import corpus_digest
 from serving.serve import ServeOptions, read_endpoints, served_models
 from serving.yaml_config import ConfigError
 
@@ -103,10 +104,11 @@ def plan_run(
         per_condition.append(
             ConditionPlan(condition, len(keys), done, 0 if retry_failed else failed)
         )
+    prints = fingerprint(everything, corpus_digest(resolved))  # a bad corpus raises
     run = RunDir(run_dir)
     refusal = None
     try:
-        run.check_resume(resolved, fingerprint(everything))
+        run.check_resume(resolved, prints)
     except ConfigError as e:
         refusal = str(e)
     return RunPlan(

@@ -290,8 +290,10 @@ def rejudge_run(
         )
     dataset = resolved.experiment.dataset
     everything = load_instances(dataset.model_copy(update={"limit": None}))
-    prints = fingerprint(everything)
-    ran_on = (source.document.get("fingerprint") or {}).get("dataset")
+    source_prints = source.document.get("fingerprint") or {}
+    # The answers are the source's: so is the corpus they were searched in.
+    prints = fingerprint(everything, source_prints.get("corpus"))
+    ran_on = source_prints.get("dataset")
     if ran_on is not None and ran_on != prints["dataset"]:
         raise ConfigError(
             f"{dataset.path}: the dataset is not the one {source.run.root} ran on (its "
@@ -347,7 +349,16 @@ def rejudge_run(
         written = write_report([output_dir], output_dir)
         against = compare(read_judgement(source_dir), read_judgement(output_dir))
     seconds = time.perf_counter() - started
-    return RejudgeResult(output_dir, outcome, seconds, cache, stats, written, copied, against)
+    return RejudgeResult(
+        output_dir,
+        outcome,
+        seconds,
+        cache,
+        stats,
+        written,
+        copied_failures=copied,
+        against_source=against,
+    )
 
 
 async def _rejudge(

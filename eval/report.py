@@ -287,6 +287,30 @@ def _preamble(paired: int, policy: str) -> list[str]:
     ]
 
 
+def _cell(text: object) -> str:
+    """Text as one Markdown table cell: a `|` in it (an experiment named `a|b`) would end the
+    cell, and a line break the row. `\\` and `|` are escaped; `_row_cells` reads them back."""
+    flat = re.sub(r"[\r\n]+", " ", str(text))
+    return flat.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def _row_cells(line: str) -> list[str]:
+    """The cells of a Markdown table row, `\\|` and `\\\\` read as `|` and `\\`."""
+    cells, cell, escaped = [], [], False
+    for char in line.strip()[1:]:
+        if escaped:
+            cell.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "|":
+            cells.append("".join(cell).strip())
+            cell = []
+        else:
+            cell.append(char)
+    return cells
+
+
 def _main_table(systems: list[tuple[str, dict[str, Any]]], policy: str) -> list[str]:
     """The paper-style table: one row per system, one column per main condition."""
     lines = [
@@ -296,7 +320,7 @@ def _main_table(systems: list[tuple[str, dict[str, Any]]], policy: str) -> list[
     ]
     for name, summary in systems:
         cells = [report_cell(summary["scores"].get(c), policy) for c in MAIN_COLUMNS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_cell(name)} | " + " | ".join(cells) + " |")
     lines.append("")
     return lines
 
@@ -365,7 +389,7 @@ def _comparisons_section(comparisons: list[dict[str, Any]]) -> list[str]:
         if pairs:
             warned = f" WARNING: differs in {', '.join(parts(differ))} |" if differ else " – |"
         lines.append(
-            f"| {c['a']} − {c['b']} | {c['condition']} | {c['difference']:+.1f} "
+            f"| {_cell(c['a'])} − {_cell(c['b'])} | {c['condition']} | {c['difference']:+.1f} "
             f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['p_value']:.3f} | {holm_p} | "
             f"{c['n']} |" + warned
         )
@@ -534,7 +558,7 @@ def _breakdown_tables(summary: dict[str, Any]) -> list[str]:
         ]
         for group, entry in groups.items():
             lines.append(
-                f"| {group} | {entry['n']} | "
+                f"| {_cell(group)} | {entry['n']} | "
                 + " | ".join(f"{entry[cond]:.1f}" for cond in conditions)
                 + " |"
             )
@@ -747,7 +771,7 @@ def to_html(markdown_text: str, images: list[Path], runs: Sequence[tuple[str, Pa
 
     for line in markdown_text.splitlines():
         if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
+            cells = _row_cells(line)
             if not all(set(c) <= {"-"} for c in cells):
                 rows.append(cells)
             continue

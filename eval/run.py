@@ -37,12 +37,15 @@ from eval.runner import (
     write_jsonl,
 )
 from eval.schema import Instance
-from eval.search_agent import open_agent
+from eval.search_agent import corpus_digest, open_agent
 from serving.cache import EVALUATION, GOLDEN_CONSTRUCTION
 from serving.engine import EngineStats
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
 from webdancer.corpus import Problem
+
+#: A cache's hits, misses and invalid rows.
+Counts = dict[str, int]
 
 
 @dataclass
@@ -54,6 +57,8 @@ class RunResult:
     #: Model name → calls, constrained calls, tokens and errors by kind.
     engine_stats: dict[str, EngineStats]
     report: dict[str, Path] | None
+    #: The tool cache's hits, misses and invalid rows (None: no tool cache).
+    tool_cache: dict[str, int] | None = None
 
     @property
     def model_calls(self) -> int:
@@ -106,7 +111,8 @@ async def _run(
     show_progress: ShowProgress,
     watch: Callable[[], None] | None,
     retry_failed: bool,
-) -> tuple[RunOutcome, dict[str, EngineStats], dict[str, int] | None]:
+) -> tuple[RunOutcome, dict[str, EngineStats], tuple[Counts | None, Counts | None]]:
+    """The outcome, each model's engine stats, and the response and tool caches' counts."""
     experiment = resolved.experiment
     conditions, seeds = keys
     store = RecordStore(run.root)
@@ -163,7 +169,11 @@ async def _run(
             finally:
                 await ctx.clarification.aclose()
         stats = {name: e.stats for name, e in engines.by_model.items()}
-        return outcome, stats, engines.cache.stats() if engines.cache is not None else None
+        caches = (
+            engines.cache.stats() if engines.cache is not None else None,
+            agent.tools.cache.stats() if agent.tools.cache is not None else None,
+        )
+        return outcome, stats, caches
 
 
 def instances_for(
@@ -212,16 +222,16 @@ def _run_into(
     `report`, a whole finished run also gets its summary and report."""
     everything, instances = instances_for(resolved, keys[0])
     run = RunDir(run_dir)
-    run.write_config(resolved, fingerprint(everything))
+    run.write_config(resolved, fingerprint(everything, corpus_digest(resolved)))
     started = time.perf_counter()
-    outcome, stats, cache = asyncio.run(
+    outcome, stats, (cache, tool_cache) = asyncio.run(
         _run(resolved, run, instances, keys, shard, show_progress, watch, retry_failed)
     )
     written = None
     if report and shard.count == 1 and not outcome.interrupted:
         written = write_report([run_dir], run_dir)
     seconds = time.perf_counter() - started
-    return RunResult(run_dir, outcome, seconds, cache, stats, written)
+    return RunResult(run_dir, outcome, seconds, cache, stats, written, tool_cache)
 
 
 #: The roles every evaluated condition uses (search, the visit summary, the judge), and those

@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from eval.bulk import collector_paused
 from eval.run_dir import RunDir
 from eval.schema import Instance, Record
 from eval.slots import KeySlots
 from serving.disk import append_line, storage_errors, write_whole
+from serving.outputs import valid_unicode
+from serving.secrets import redact
 
 Key = tuple[str, str, int]
 
@@ -199,6 +202,27 @@ class RunOutcome:
 RunOne = Callable[[Instance, str, int], Awaitable[Record]]
 
 
+def writable(record: Record) -> Record:
+    """`record`, or, when it cannot be serialized (text no encoding holds, such as a lone
+    surrogate that reached it unsanitised), its key's `internal` failure: one bad key must not
+    stop the run here, outside the stages' failure boundary, nor every resume after it."""
+    try:
+        record.model_dump_json()
+    except (PydanticSerializationError, ValueError) as e:
+        message = valid_unicode(redact(f"{type(e).__name__}: {e}"))[:500]
+        return Record(
+            instance_id=record.instance_id,
+            condition=record.condition,
+            seed=record.seed,
+            language=record.language,
+            removed_constraints=record.removed_constraints,
+            usage=record.usage,
+            seconds=record.seconds,
+            error={"kind": "internal", "stage": "record", "message": message},
+        )
+    return record
+
+
 class ProgressHold:
     """A test hook: `$CTS_HOLD_AT_RECORDS=N:DIR` lets a run start N keys only; once their N
     records are written (nothing else under way) it touches DIR/held and starts no other key
@@ -300,7 +324,7 @@ async def _run_keys(
     async def one(instance: Instance, condition: str, seed: int) -> None:
         async with slots.held():
             await hold.passed()
-            record = await run_one(instance, condition, seed)
+            record = writable(await run_one(instance, condition, seed))
         # Written and fsync'd in a worker thread, so that the other keys' requests go on
         # meanwhile (an fsync waits on the disk). The key counts as done once the thread is
         # back: a record is on disk before it counts. Shielded: a cancelled key leaves its

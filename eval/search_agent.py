@@ -12,7 +12,7 @@ from eval.engines import Engines
 from webdancer.agent import AgentBudget, WebDancerAgent
 from webdancer.backends.local import LocalSearch
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
-from webdancer.corpus import load_corpus
+from webdancer.corpus import open_corpus
 from webdancer.search import SearchBackend
 from webdancer.tool_cache import ToolCache
 from webdancer.tools import Tools
@@ -33,6 +33,16 @@ def build_search_backend(resolved: ResolvedExperiment) -> SearchBackend:
     if search.backend == "searxng":
         return SearxngSearch(str(search.endpoint))
     return RetrievalServerSearch(str(search.endpoint))
+
+
+def corpus_digest(resolved: ResolvedExperiment) -> str | None:
+    """The digest of the corpus the experiment's tools read (local search or local visits),
+    None when they read none. Reading it checks it: a missing or invalid corpus raises
+    CorpusError here, before a run writes anything."""
+    search = resolved.experiment.search
+    if search.backend != "local" and search.visit != "local":
+        return None
+    return open_corpus(corpus_path(search.corpus)).digest
 
 
 @asynccontextmanager
@@ -57,9 +67,10 @@ def _build_agent(
     if search.visit == "http":
         pages = HttpPages(allow_hosts=search.allow_hosts)
     elif isinstance(backend, LocalSearch):
-        pages = LocalPages(backend.documents)  # the corpus is already in memory
+        pages = LocalPages(backend.documents, backend.corpus_hash)  # already in memory
     else:
-        pages = LocalPages(load_corpus(corpus_path(search.corpus)))
+        corpus = open_corpus(corpus_path(search.corpus))
+        pages = LocalPages(corpus.documents, corpus.digest)
     visitor = Visitor(
         pages,
         engines.roles["summarizer"],

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 import socket
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from agents.types import UNKNOWN
 from eval.config import ALL_CONDITIONS, ExperimentConfig
@@ -37,12 +41,52 @@ STATIC = Path(__file__).with_name("view_static")
 DEFAULT_PORT = 8765
 #: The most rows one page of the index may hold.
 MAX_LIMIT = 500
-#: A trace larger than this is not parsed (a runaway page dump would stall the server).
-MAX_TRACE_BYTES = 64 * 1024 * 1024
+#: A trace larger than this is not parsed (a runaway page dump would stall the server); its raw
+#: file is still served.
+MAX_TRACE_BYTES = 16 * 1024 * 1024
+#: The most characters of one text a sample shows (an answer, a model turn, a tool's response,
+#: a quote): a longer one is cut, saying its length, and the raw record or trace (/api/raw)
+#: holds it whole. Every parse and mark works on cut text, so a request's work is linear in
+#: what it reads and bounded, whatever a record or trace holds.
+MAX_FIELD_CHARS = 20_000
+#: The quotes of at most this many nuggets are marked in the answer (each is looked for once).
+MAX_QUOTES = 100
+#: JSON nested deeper than this (a tool call's arguments) is shown as a note, not sent.
+MAX_DEPTH = 32
 #: A judge's quote shorter than this is not looked for in the answer: it would mark every
 #: "e" or "n1" and tell the reader nothing.
 MIN_QUOTE_CHARS = 3
 SORTS = ("run", "instance", "condition", "seed", "language", "score", "termination", "stage")
+
+
+class Cuts:
+    """Cuts every text a sample shows to MAX_FIELD_CHARS, and remembers whether it cut one."""
+
+    def __init__(self, limit: int = MAX_FIELD_CHARS) -> None:
+        self.limit = limit
+        self.cut = False
+
+    def text(self, value: str) -> str:
+        if len(value) <= self.limit:
+            return value
+        self.cut = True
+        return (
+            value[: self.limit]
+            + f"\n… [cut: {len(value):,} characters in all; the raw file holds them all]"
+        )
+
+    def json(self, value: Any, depth: int = 0) -> Any:
+        """`value` with every string cut and nothing nested deeper than MAX_DEPTH."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, (dict, list)) and depth >= MAX_DEPTH:
+            self.cut = True
+            return f"[nested more than {MAX_DEPTH} deep: the raw file holds it]"
+        if isinstance(value, dict):
+            return {self.text(str(k)): self.json(v, depth + 1) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.json(v, depth + 1) for v in value]
+        return value
 
 
 class ViewError(ValueError):
@@ -155,9 +199,9 @@ class ViewRun:
         found = self._instances.get(instance_id)
         return found, None if found else "not in the run's dataset (any more)"
 
-    def trace(self, record: Record) -> tuple[dict[str, Any] | None, str | None]:
-        """The record's trace, or why there is none. The path comes from a record, which is
-        untrusted: it must resolve to a file inside this run's traces/."""
+    def trace_file(self, record: Record) -> tuple[Path | None, str | None]:
+        """The record's trace file, or why there is none. The path comes from a record, which
+        is untrusted: it must resolve to a file inside this run's traces/."""
         if not record.trace_id:
             return None, "the record names no trace"
         path = inside(self.traces, record.trace_id)
@@ -165,12 +209,21 @@ class ViewRun:
             return None, f"trace path {record.trace_id!r} leaves the run's traces/: not read"
         if not path.is_file():
             return None, f"trace file missing: traces/{record.trace_id}"
+        return path, None
+
+    def trace(self, record: Record) -> tuple[dict[str, Any] | None, str | None]:
+        """The record's trace, or why there is none."""
+        path, error = self.trace_file(record)
+        if path is None:
+            return None, error
         if path.stat().st_size > MAX_TRACE_BYTES:
             return None, f"trace file over {MAX_TRACE_BYTES >> 20} MiB: not read"
         try:
             loaded = json.loads(path.read_bytes())
         except (ValueError, OSError) as e:
             return None, f"trace file unreadable: {e}"
+        except RecursionError:  # json.loads recurses per level: a file nested ~1000 deep
+            return None, "trace file unreadable: JSON nested too deeply"
         if not isinstance(loaded, dict):
             return None, "trace file is not a JSON object"
         return loaded, None
@@ -243,6 +296,14 @@ def _number(params: Mapping[str, Sequence[str]], name: str, cast: Callable[[str]
         raise ViewError(f"{name}: expected {kind}, got {value!r}") from None
 
 
+def _finite(params: Mapping[str, Sequence[str]], name: str) -> float | None:
+    """A score bound: `nan` compares false with every score, so it kept every row."""
+    value: float | None = _number(params, name, float)
+    if value is not None and not math.isfinite(value):
+        raise ViewError(f"{name}: expected a finite number, got {_one(params, name)!r}")
+    return value
+
+
 def _flag(params: Mapping[str, Sequence[str]], name: str) -> bool | None:
     value = _one(params, name)
     if value is None or value == "any":
@@ -279,8 +340,8 @@ def parse_query(params: Mapping[str, Sequence[str]]) -> Query:
         removed=_values(params, "removed"),
         failed=_flag(params, "failed"),
         all_unknown=_flag(params, "all_unknown"),
-        score_min=_number(params, "score_min", float),
-        score_max=_number(params, "score_max", float),
+        score_min=_finite(params, "score_min"),
+        score_max=_finite(params, "score_max"),
         text=(_one(params, "q") or "").casefold(),
         sort=sort,
         descending=order == "desc",
@@ -349,16 +410,16 @@ def sort_rows(rows: list[Row], sort: str, descending: bool) -> list[Row]:
 
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 _TOOL_CALL_TEXT = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_SEARCH_HEAD = re.compile(r"A Google search for '(.*)' found \d+ results:")
-_HIT = re.compile(
-    r"^(\d+)\. \[([^\n]*)\]\((\S*)\)\n(?:Date published: ([^\n]*)\n)?\n?(.*?)"
-    r"(?=\n\n\d+\. \[|\Z)",
-    re.DOTALL | re.MULTILINE,
-)
-_PAGE = re.compile(
-    r"The useful information in (.*?) for user goal (.*?) as follows: \n\n"
-    r"Evidence in page: \n(.*?)\n\nSummary: \n(.*)",
-    re.DOTALL,
+# The tool texts are read with str methods and anchored patterns that cannot backtrack: a
+# search over a runaway page, or a line of "](" a million times, costs one pass.
+_SEARCH_HEAD = "A Google search for '"
+_SEARCH_COUNT = re.compile(r"\d+ results:")
+_HIT_START = re.compile(r"(\d+)\. \[")
+_PAGE_PARTS = (
+    "The useful information in ",
+    " for user goal ",
+    " as follows: \n\nEvidence in page: \n",
+    "\n\nSummary: \n",
 )
 
 
@@ -388,26 +449,87 @@ def model_turn(step: dict[str, Any]) -> dict[str, Any]:
     return turn
 
 
+def _search_query(block: str) -> str | None:
+    """The query of `A Google search for '<query>' found N results:` on the block's first
+    line."""
+    line = block.lstrip("\n").partition("\n")[0]
+    if not line.startswith(_SEARCH_HEAD):
+        return None
+    query, found, rest = line[len(_SEARCH_HEAD) :].rpartition("' found ")
+    return query if found and _SEARCH_COUNT.match(rest) else None
+
+
+def _hit_head(line: str) -> tuple[int, str, str] | None:
+    """`N. [title](url)` as (rank, title, url): the url is after the last `](` and holds no
+    white space."""
+    start = _HIT_START.match(line)
+    if start is None or not line.endswith(")"):
+        return None
+    cut = line.rfind("](")
+    url = line[cut + 2 : -1]
+    if cut < start.end() or any(c.isspace() for c in url):
+        return None
+    return int(start.group(1)), line[start.end() : cut], url
+
+
+def _hits(block: str, ids: dict[str, str]) -> list[dict[str, Any]]:
+    """Each hit of a rendered search (webdancer.search.render_hits): its head line, an
+    optional `Date published:` line, then its snippet up to a blank line before the next
+    numbered line. One pass over the lines."""
+    lines = block.split("\n")
+    hits: list[dict[str, Any]] = []
+    i = 0
+    while i < len(lines):
+        head = _hit_head(lines[i])
+        i += 1
+        if head is None:
+            continue
+        date = None
+        if i < len(lines) and lines[i].startswith("Date published: "):
+            date, i = lines[i].removeprefix("Date published: "), i + 1
+        if i < len(lines) and lines[i] == "":  # the blank line before the snippet
+            i += 1
+        start = i
+        while i < len(lines) and not (
+            lines[i] == "" and i + 1 < len(lines) and _HIT_START.match(lines[i + 1])
+        ):
+            i += 1
+        rank, title, url = head
+        snippet = "\n".join(lines[start:i]).strip()
+        hits.append(
+            {"rank": rank, "title": title, "url": url, "date": date, "snippet": snippet}
+            | {"doc_id": ids.get(url)}
+        )
+    return hits
+
+
 def search_blocks(text: str, evidence: list[dict[str, str]]) -> list[dict[str, Any]]:
     """A search tool's text, per query: its hits with the corpus doc id each came from."""
     ids = {e.get("url", ""): e.get("id", "") for e in evidence if isinstance(e, dict)}
     blocks = []
     for block in text.split(QUERY_SEPARATOR):
-        head = _SEARCH_HEAD.search(block)
-        hits = [
-            {
-                "rank": int(m.group(1)),
-                "title": m.group(2),
-                "url": m.group(3),
-                "date": m.group(4),
-                "snippet": m.group(5).strip(),
-                "doc_id": ids.get(m.group(3)),
-            }
-            for m in _HIT.finditer(block)
-        ]
-        query = head.group(1) if head else None
-        blocks.append({"query": query, "hits": hits, "text": "" if hits else block.strip()})
+        hits = _hits(block, ids)
+        blocks.append(
+            {"query": _search_query(block), "hits": hits, "text": "" if hits else block.strip()}
+        )
     return blocks
+
+
+def _page_parts(block: str) -> list[str] | None:
+    """url, goal, evidence and summary of a rendered visit (webdancer.visit.render_visit):
+    each part up to the first separator after it, as the release's text is laid out."""
+    at = block.find(_PAGE_PARTS[0])
+    if at < 0:
+        return None
+    at += len(_PAGE_PARTS[0])
+    parts = []
+    for separator in _PAGE_PARTS[1:]:
+        end = block.find(separator, at)
+        if end < 0:
+            return None
+        parts.append(block[at:end])
+        at = end + len(separator)
+    return [*parts, block[at:]]
 
 
 def visited_pages(
@@ -417,17 +539,17 @@ def visited_pages(
     ids = {e.get("url", ""): e.get("id", "") for e in evidence if isinstance(e, dict)}
     pages = []
     for block in text.split(QUERY_SEPARATOR):
-        found = _PAGE.search(block)
+        found = _page_parts(block)
         if found is None:
             pages.append({"url": None, "text": block.strip()})
             continue
-        url = found.group(1)
+        url, goal, evidence_text, summary = found
         pages.append(
             {
                 "url": url,
-                "goal": found.group(2),
-                "evidence": found.group(3).strip(),
-                "summary": found.group(4).strip(),
+                "goal": goal,
+                "evidence": evidence_text.strip(),
+                "summary": summary.strip(),
                 "doc_id": ids.get(url),
                 "error": errors.get(url),
             }
@@ -458,12 +580,19 @@ def observation(step: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def trace_turns(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    """A search run turn by turn: each model call with the observation that answered it."""
+def trace_turns(trace: dict[str, Any], cuts: Cuts | None = None) -> list[dict[str, Any]]:
+    """A search run turn by turn: each model call with the observation that answered it. Each
+    step's text and tool response is cut (`cuts`) before it is read."""
+    cuts = cuts or Cuts()
     turns: list[dict[str, Any]] = []
-    for step in trace.get("steps") or []:
+    steps = trace.get("steps")
+    for step in steps if isinstance(steps, list) else []:
         if not isinstance(step, dict):
             continue
+        step = {
+            **step,
+            **{k: cuts.text(v) for k in ("text", "result") if isinstance(v := step.get(k), str)},
+        }
         if step.get("kind") == "llm":
             turns.append({**model_turn(step), "observation": None})
         elif turns and turns[-1]["observation"] is None:
@@ -473,26 +602,83 @@ def trace_turns(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return turns
 
 
+class _Lower(dict[int, str]):
+    """str.translate's table: each character lower-cased when that is one character ('İ'
+    lowers to two, and stays): folded text keeps every position of the original."""
+
+    def __missing__(self, code: int) -> str:
+        lower = chr(code).lower()
+        self[code] = lower if len(lower) == 1 else chr(code)
+        return self[code]
+
+
+_LOWER = _Lower()
+_SPACES = re.compile(r"\s+")
+
+
+def _folded(text: str) -> tuple[str, list[int], list[int]]:
+    """`text` lower-cased with each run of white space made one space, and where each run
+    ended in both (folded position, original position), to map a match back. One pass over
+    the text and one step per run of white space."""
+    lowered = text.translate(_LOWER)
+    parts: list[str] = []
+    folded_at, original_at = [0], [0]
+    last = size = 0
+    for run in _SPACES.finditer(lowered):
+        parts += [lowered[last : run.start()], " "]
+        size += run.start() - last + 1
+        last = run.end()
+        folded_at.append(size)
+        original_at.append(last)
+    parts.append(lowered[last:])
+    return "".join(parts), folded_at, original_at
+
+
+def _spans(answer: tuple[str, list[int], list[int]], quote: str) -> list[tuple[int, int]]:
+    """Where `quote` occurs in the folded answer (non-overlapping, left to right), as spans
+    (first, last character) of the original."""
+    folded, folded_at, original_at = answer
+    needle = " ".join(quote.split()).translate(_LOWER)
+
+    def original(position: int) -> int:  # a position that is not white space
+        run = bisect_right(folded_at, position) - 1
+        return original_at[run] + position - folded_at[run]
+
+    spans = []
+    at = folded.find(needle)
+    while at >= 0:
+        last = at + len(needle) - 1
+        spans.append((original(at), original(last)))
+        at = folded.find(needle, last + 1)
+    return spans
+
+
 def highlight(answer: str, quotes: Mapping[str, str]) -> list[dict[str, Any]]:
     """The answer cut into segments, each with the nuggets whose judge quote covers it
-    (matched ignoring case and runs of white space, every occurrence)."""
-    covered: list[set[str]] = [set() for _ in answer]
-    for nugget_id, quote in quotes.items():
-        words = quote.split()
-        if len("".join(words)) < MIN_QUOTE_CHARS:
+    (matched ignoring case and runs of white space, every occurrence). One pass over the
+    answer per quote, and one over the quotes' boundaries: linear in the answer."""
+    folded = _folded(answer)
+    edges: dict[int, list[tuple[int, str]]] = {}
+    for nugget_id, quote in list(quotes.items())[:MAX_QUOTES]:
+        if len("".join(quote.split())) < MIN_QUOTE_CHARS:
             continue
-        pattern = re.compile(r"\s+".join(re.escape(w) for w in words), re.IGNORECASE)
-        for found in pattern.finditer(answer):
-            for i in range(found.start(), found.end()):
-                covered[i].add(nugget_id)
-    segments: list[dict[str, Any]] = []
-    for char, ids in zip(answer, covered, strict=True):
-        nuggets = sorted(ids)
-        if segments and segments[-1]["nuggets"] == nuggets:
-            segments[-1]["text"] += char
+        for first, last in _spans(folded, quote):
+            edges.setdefault(first, []).append((1, nugget_id))
+            edges.setdefault(last + 1, []).append((-1, nugget_id))
+    active: dict[str, int] = {}
+    ranges: list[tuple[int, int, list[str]]] = []  # (start, end, nuggets), merged as they come
+    bounds = sorted({0, len(answer), *edges})
+    for start, end in pairwise(bounds):
+        for change, nugget_id in edges.get(start, []):
+            active[nugget_id] = active.get(nugget_id, 0) + change
+            if not active[nugget_id]:
+                del active[nugget_id]
+        nuggets = sorted(active)
+        if ranges and ranges[-1][2] == nuggets:
+            ranges[-1] = (ranges[-1][0], end, nuggets)
         else:
-            segments.append({"text": char, "nuggets": nuggets})
-    return segments
+            ranges.append((start, end, nuggets))
+    return [{"text": answer[start:end], "nuggets": ids} for start, end, ids in ranges]
 
 
 def nugget_rows(record: Record, instance: Instance | None) -> list[dict[str, Any]]:
@@ -603,9 +789,11 @@ class Viewer:
         view = self.runs[run]
         instance, instance_error = view.instance(instance_id)
         trace, trace_error = view.trace(record)
-        nuggets = nugget_rows(record, instance)
+        cuts = Cuts()
+        nuggets = cuts.json(nugget_rows(record, instance))
         quotes = {n["id"]: n["evidence"] or "" for n in nuggets}
-        return {
+        key = {"run": run, "instance": instance_id, "condition": condition, "seed": seed}
+        shown = {
             "run": {"id": view.index, "name": view.name, "path": str(view.root)},
             "record": record.model_dump(mode="json"),
             "instance": None
@@ -629,7 +817,7 @@ class Viewer:
                 for i, q in enumerate(record.questions)
             ],
             "nuggets": nuggets,
-            "answer_segments": highlight(record.answer, quotes),
+            "answer_segments": highlight(cuts.text(record.answer), quotes),
             "trace": None
             if trace is None
             else {
@@ -637,10 +825,28 @@ class Viewer:
                 "error": trace.get("error"),
                 "llm_calls": trace.get("llm_calls"),
                 "seconds": trace.get("seconds"),
-                "turns": trace_turns(trace),
+                "turns": trace_turns(trace, cuts),
             },
             "trace_error": trace_error,
+            "raw": {
+                part: f"/api/raw?{urlencode({**key, 'part': part})}" for part in ("record", "trace")
+            },
         }
+        bounded: dict[str, Any] = cuts.json(shown)
+        bounded["cut"] = cuts.cut  # a text was cut: the page says so, with the raw links
+        return bounded
+
+    def raw(self, run: int, instance_id: str, condition: str, seed: int, part: str) -> bytes | Path:
+        """What a sample stands on, whole: its record (a JSON line) or its trace file."""
+        record = self.record(run, instance_id, condition, seed)
+        if part == "record":
+            return record.model_dump_json().encode()
+        if part != "trace":
+            raise ViewError(f"part: expected record or trace, got {part!r}")
+        path, error = self.runs[run].trace_file(record)
+        if path is None:
+            raise NotFound(str(error))
+        return path
 
 
 # -- serving ----------------------------------------------------------------------------------
@@ -679,10 +885,20 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/"
 
 
-def allowed_hosts(host: str) -> list[str]:
+def every_interface(address: str) -> bool:
+    """Whether a bound address is the unspecified one (0.0.0.0, ::), however `--host` spelled
+    it (`0`, `0x0`, `0.0`)."""
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_unspecified
+    except ValueError:
+        return False
+
+
+def allowed_hosts(host: str, bound: str | None = None) -> list[str]:
     """The Host headers answered: loopback names only when serving on loopback, so that a
-    web page cannot reach the viewer through a name it rebinds to 127.0.0.1."""
-    if host in ("0.0.0.0", "::", ""):
+    web page cannot reach the viewer through a name it rebinds to 127.0.0.1. Serving on every
+    interface (`bound`, the socket's address, is unspecified), any."""
+    if host in ("0.0.0.0", "::", "") or (bound is not None and every_interface(bound)):
         return ["*"]
     return sorted({"127.0.0.1", "localhost", "::1", "[::1]", host})
 
@@ -693,7 +909,6 @@ def serve(viewer: Viewer, sock: socket.socket, host: str) -> None:
 
     from eval.view_app import make_app
 
-    config = uvicorn.Config(
-        make_app(viewer, allowed_hosts(host)), log_level="warning", access_log=False
-    )
+    hosts = allowed_hosts(host, sock.getsockname()[0])
+    config = uvicorn.Config(make_app(viewer, hosts), log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])

@@ -6,7 +6,10 @@ GET /api/ping                  {"ok": true}: what report.html probes
 GET /api/runs                  the run directories served, and the index's filter values
 GET /api/records?…             one page of the index (see eval.view.parse_query)
 GET /api/instance?instance=ID  every record of one instance, in every run
-GET /api/sample?run&instance&condition&seed   one record with its trace and nuggets
+GET /api/sample?run&instance&condition&seed   one record with its trace and nuggets (every
+                               text cut at eval.view.MAX_FIELD_CHARS, saying its length)
+GET /api/raw?run&instance&condition&seed&part=record|trace   the record or trace file whole,
+                               as plain text (what a cut text links to)
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eval.view import STATIC, NotFound, Viewer, ViewError, parse_query
 
@@ -34,11 +39,35 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+RAW_TYPE = "text/plain; charset=utf-8"
 _FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
 }
+
+
+class SecurityHeaders:
+    """Every response carries SECURITY_HEADERS, the ones no route made too: a 404 of an
+    unknown path, a 405, the 400 of a refused Host header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if name not in headers:
+                        headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def _json(content: Any, status: int = 200) -> JSONResponse:
@@ -95,11 +124,29 @@ def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
         )
         return _json(found)
 
+    async def raw(request: Request) -> Response:
+        found = await run_in_threadpool(
+            viewer.raw,
+            _whole(request, "run"),
+            _required(request, "instance"),
+            _required(request, "condition"),
+            _whole(request, "seed"),
+            _required(request, "part"),
+        )
+        # Plain text (and nosniff): a browser shows it, and never runs it as a page.
+        if isinstance(found, bytes):
+            return Response(found, media_type=RAW_TYPE, headers=SECURITY_HEADERS)
+        return FileResponse(found, media_type=RAW_TYPE, headers=SECURITY_HEADERS)
+
     async def bad_request(request: Request, exc: Exception) -> Response:
         return _json({"error": str(exc)}, 400)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return _json({"error": str(exc)}, 404)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # Sent by the outermost middleware, past SecurityHeaders: the headers are set here.
+        return _json({"error": "internal error (see the viewer's log)"}, 500)
 
     routes = [Route(path, static, methods=["GET"]) for path in files]
     routes += [
@@ -108,9 +155,13 @@ def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
         Route("/api/records", records, methods=["GET"]),
         Route("/api/instance", instance, methods=["GET"]),
         Route("/api/sample", sample, methods=["GET"]),
+        Route("/api/raw", raw, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)],
-        exception_handlers={ViewError: bad_request, NotFound: not_found},
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
+        ],
+        exception_handlers={ViewError: bad_request, NotFound: not_found, Exception: server_error},
     )

@@ -54,19 +54,30 @@ class CacheFileError(ConfigError):
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
 #: "database or disk is full": a write found no space (SQLite rolls the write back).
 _SQLITE_FULL = 13
+#: The file cannot be opened for writing: permission denied, a read-only file or file system,
+#: a path that is a folder.
+_SQLITE_UNWRITABLE = (3, 8, 14)  # PERM, READONLY, CANTOPEN
 
 
 @contextmanager
 def guard_cache_file(path: Path) -> Iterator[None]:
     """Turn SQLite's "file is not a database" / "disk image is malformed" into a
-    CacheFileError naming the file and how to move it aside, and "database or disk is full"
-    into StorageFull (which stops a run); other errors pass unchanged."""
+    CacheFileError naming the file and how to move it aside, "unable to open" and "readonly
+    database" into one naming it and how to go on, and "database or disk is full" into
+    StorageFull (which stops a run); other errors pass unchanged."""
     try:
         yield
     except sqlite3.DatabaseError as e:
         code = getattr(e, "sqlite_errorcode", None)
         if code is not None and code & 0xFF == _SQLITE_FULL:
             raise storage_full(path) from e
+        if code is not None and code & 0xFF in _SQLITE_UNWRITABLE:
+            raise CacheFileError(
+                f"cache file {path} cannot be opened for writing ({e}): make it and its "
+                "folder writable, or choose another cache path (cache.path, "
+                "search.tool_cache), or run without the response cache "
+                "(--set cache.enabled=false)"
+            ) from e
         if code is None or code & 0xFF not in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
             raise
         raise CacheFileError(
@@ -83,7 +94,8 @@ def open_shared_sqlite(path: Path, schema: str) -> sqlite3.Connection:
     A file that is not a readable SQLite database raises CacheFileError."""
     with storage_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+    with guard_cache_file(path):
+        db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
     try:
         with guard_cache_file(path):
             _prepare(db, schema)

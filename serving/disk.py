@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -58,13 +59,48 @@ def storage_errors(path: Path | str) -> Iterator[None]:
         raise storage_full(path, e.errno) from e
 
 
+class NotAFile(ValueError):
+    """A path to write whole that exists and is not a regular file: a device (/dev/null), a
+    FIFO, a socket, a directory. Renaming a temporary over it would replace it (as root,
+    /dev/null itself would become a regular file), so it is refused, naming what it is."""
+
+    def __init__(self, path: Path | str, kind: str) -> None:
+        super().__init__(
+            f"{path}: not a regular file ({kind}); a file written here replaces what the path "
+            "names, so name a regular file (or a path that does not exist yet)"
+        )
+
+
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def refuse_special(path: Path | str) -> None:
+    """NotAFile unless `path` is absent or a regular file (a symbolic link counts as what it
+    points to; a dangling one as absent). Every writer that renames over a file calls it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # absent (or unreadable: the write itself then says why)
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _KINDS if test(mode)), "another kind of file")
+        raise NotAFile(path, kind)
+
+
 def write_whole(path: Path, data: str | bytes, *, durable: bool = True) -> None:
     """Write `path` whole or not at all: a temporary beside it is written, fsync'd and renamed
-    over it, and removed when anything fails (the old file, if any, stays as it was).
+    over it, and removed when anything fails (the old file, if any, stays as it was). A path
+    that is not a regular file is refused (NotAFile) before anything is written.
 
     `durable=False` skips the fsync: the file is still whole or absent for every reader and
     after the process is killed (the page cache outlives it), but a power loss or kernel crash
     may leave it absent or empty. Only for files whose readers tolerate that."""
+    refuse_special(path)
     raw = data.encode() if isinstance(data, str) else data
     # Unique per process and thread: shards of one run write the same config.yaml at once.
     partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")

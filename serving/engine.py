@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.errors import ConstrainedOutputError, EngineError
-from serving.outputs import validate_output
+from serving.outputs import valid_unicode, validate_output
 from serving.types import ChatRequest, ChatResponse
 
 
@@ -69,6 +69,9 @@ class Engine(abc.ABC):
         self.stats.constrained += request.output is not None
         try:
             response = await self._complete(request)
+            # Where model text enters: a lone surrogate (a server's JSON escape) would make
+            # every later write of it fail — the record, the trace, the cache row.
+            response.text = valid_unicode(response.text)
             if request.output is not None:
                 response.parsed = validate_output(request.output, response.text)
         except EngineError as e:

@@ -18,7 +18,7 @@ import httpx
 
 from serving.engine import Engine
 from serving.errors import EngineError, EngineUnavailable, ServerUnreachable
-from serving.secrets import redact, secret_from_env
+from serving.secrets import redact_cut, secret_from_env
 from serving.types import (
     ChatRequest,
     ChatResponse,
@@ -170,13 +170,13 @@ class OpenAIEngine(Engine):
             refused = False
             if reply.status_code in _RETRYABLE_STATUS:
                 # A server may echo the request's headers in its error body.
-                last_error = f"HTTP {reply.status_code}: {redact(reply.text[:300])}"
+                last_error = f"HTTP {reply.status_code}: {redact_cut(reply.text, 300)}"
                 why = f"HTTP {reply.status_code}"
                 continue
             if reply.status_code != 200:
                 raise EngineError(
                     f"{self.url} (model {self.model}) refused the request: "
-                    f"HTTP {reply.status_code}: {redact(reply.text[:500])}"
+                    f"HTTP {reply.status_code}: {redact_cut(reply.text, 500)}"
                 )
             return self._response(reply.json(), time.perf_counter() - started)
         message = (
@@ -190,7 +190,7 @@ class OpenAIEngine(Engine):
             choice = payload["choices"][0]
             text = choice["message"]["content"] or ""
         except (KeyError, IndexError, TypeError) as e:
-            raise EngineError(f"{self.url}: malformed reply {str(payload)[:300]}") from e
+            raise EngineError(f"{self.url}: malformed reply {redact_cut(str(payload), 300)}") from e
         usage = payload.get("usage") or {}
         finish = choice.get("finish_reason") or "stop"
         return ChatResponse(

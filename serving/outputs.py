@@ -31,8 +31,26 @@ def _validator(schema_json: str) -> jsonschema.protocols.Validator:
 _validators = lru_cache(maxsize=256)(_validator)
 
 
+#: A UTF-16 surrogate: never a character on its own. A server's JSON may carry one as an escape
+#: (`"\\ud800"`), and so may a model's JSON answer; no file, cache or request can encode it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(value: Any) -> Any:
+    """`value` (a string, or JSON data) with every lone surrogate made U+FFFD, so that text
+    from outside (a model's answer, a backend's JSON) can always be written and sent on."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [valid_unicode(v) for v in value]
+    if isinstance(value, dict):
+        return {valid_unicode(k): valid_unicode(v) for k, v in value.items()}
+    return value
+
+
 def validate_output(spec: OutputSpec, text: str) -> Any:
-    """Return the parsed value of `text` under `spec`, or raise ConstrainedOutputError."""
+    """Return the parsed value of `text` under `spec`, or raise ConstrainedOutputError. A JSON
+    answer's lone surrogate escapes are parsed as U+FFFD (see valid_unicode)."""
     if isinstance(spec, ChoiceOutput):
         if text not in spec.choices:
             raise ConstrainedOutputError(f"answer is not one of {list(spec.choices)}", text)
@@ -50,6 +68,10 @@ def validate_output(spec: OutputSpec, text: str) -> Any:
             raise ConstrainedOutputError("answer is not JSON (nested too deeply)", text) from e
         except ValueError as e:  # an integer longer than int() converts (4300 digits)
             raise ConstrainedOutputError("answer is not JSON (a number too long)", text) from e
+        try:
+            value = valid_unicode(value)
+        except RecursionError as e:  # as deep as json.loads allowed, with less stack left
+            raise ConstrainedOutputError("answer is not JSON (nested too deeply)", text) from e
         validator = _validators(json.dumps(spec.json_schema, sort_keys=True))
         if validator.is_valid(value):  # the common case; best_match ranks errors
             return value

@@ -25,3 +25,11 @@ def redact(text: str) -> str:
     for secret in sorted(_seen, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     return text
+
+
+def redact_cut(text: str, limit: int) -> str:
+    """`text` redacted, then cut to `limit` characters. Never cut first: a key crossing the cut
+    would no longer match, and all of it but its tail would be kept. Only the part a key
+    starting before the cut can reach is searched, so a long body costs no more than that."""
+    reach = limit + max((len(s) for s in _seen), default=0)
+    return redact(text[:reach])[:limit]

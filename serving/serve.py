@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from serving.disk import write_whole
 from serving.model_config import ModelConfig, model_label
 from serving.vllm_server import ServerError, VllmServer, free_port, log_tail
 
@@ -296,10 +297,7 @@ class ServerGroup:
 
 
 def write_endpoints(path: Path, group: ServerGroup) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(group.endpoints(), indent=1))
-    partial.replace(path)
+    write_whole(path, json.dumps(group.endpoints(), indent=1))
 
 
 class EndpointsError(ValueError):

@@ -17,7 +17,6 @@ every completed record on disk, and a restarted task resumes its shard.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -34,6 +33,7 @@ import yaml
 from eval.config import ResolvedExperiment, load_experiment
 from eval.rejudge import rejudge_experiment
 from eval.run_dir import RunDir, RunDirError, frozen_experiment
+from serving.disk import write_whole
 from train.config import TrainConfig, load_train_config
 from train.loop import MAIN, iterations
 from train.sample import sampling_experiment
@@ -564,9 +564,7 @@ def refuse_changing_live_jobs(
 
 def _write(path: Path, text: str) -> None:
     """Replace the file whole: a task starting now reads the old or the new, never half."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+    write_whole(path, text)
 
 
 def submit(
@@ -680,9 +678,7 @@ def record_submission(path: Path, submission: Submission) -> None:
     """Append to the run's submission history (a resubmission after a failure adds a line)."""
     history = json.loads(path.read_text()) if path.is_file() else []
     history.append(asdict(submission))
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(history, indent=1))
-    os.replace(partial, path)
+    write_whole(path, json.dumps(history, indent=1))
 
 
 def latest_chain(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

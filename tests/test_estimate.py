@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -298,6 +299,28 @@ def test_bad_options_exit_2(scripted):
     assert not (scripted / "home").exists()
 
 
+@pytest.mark.parametrize("hours", ["inf", "nan", "-1"])
+def test_a_target_that_is_no_finite_positive_number_exits_2(hours):
+    result = runner.invoke(app, ["estimate", "--target-hours", hours, "--from-run", "x"])
+    assert result.exit_code == 2 and "expected hours > 0" in result.output, result.output
+
+
+@pytest.mark.parametrize("hours", ["5e-324", "1e-300"])
+def test_a_tiny_target_suggests_one_shard_per_instance_at_most(scripted, hours):
+    """5e-324 divided a sweep's hours into inf (OverflowError); 1e-300 suggested 3.6e287
+    shards. A shard runs whole instances: the suggestion stops at the sweep's instance count."""
+    assert pilot(scripted).exit_code == 0
+    out = scripted / f"tiny-{hours}.json"
+    result = cts(
+        "estimate", "--from-run", str(scripted / "pilot"), "--target-hours", hours,
+        "--set", "dataset.limit=12", *PRICED, "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    found = json.loads(out.read_text())
+    assert found["sweep_instances"] == 12 and found["shards"] == 12
+    assert all(m["shards"] == m["shards_high"] == 12 for m in found["models"])
+
+
 def test_the_default_pilot_is_inside_the_sweeps_run_directory(tmp_path):
     """Not beside it, where `cts report runs/quickstart*` would read it as a system; its
     caches are its own, so that no earlier run answers its calls."""
@@ -326,6 +349,11 @@ def test_shards_are_the_ceiling_of_server_hours_over_the_target():
     assert shards_for(100, 10) == 10
     with pytest.raises(ValueError):
         shards_for(1.0, 0)
+    assert shards_for(1e6, 1, most=40) == 40  # a shard runs whole instances
+    assert shards_for(1.0, 5e-324, most=40) == 40  # 1 / 5e-324 is inf
+    for bad in (math.inf, math.nan, -1.0):
+        with pytest.raises(ValueError):
+            shards_for(1.0, bad, most=40)
 
 
 def test_search_calls_are_distinct_queries_up_to_the_limit():

@@ -199,6 +199,31 @@ def test_a_server_echoing_the_api_key_never_puts_it_in_an_error(server, monkeypa
     assert key not in recorded["message"] and "[redacted]" in recorded["message"]
 
 
+@pytest.mark.parametrize(
+    ("status", "cut"), [(503, 300), (400, 500), (200, 300)], ids=["retried", "refused", "malformed"]
+)
+def test_a_key_straddling_any_cut_of_an_error_body_is_redacted_whole(
+    server, monkeypatch, status, cut
+):
+    """Error bodies are cut short (300 or 500 characters); a key that starts anywhere before
+    the cut leaves not one of its characters in the error, where cutting before redacting kept
+    all of it but its tail."""
+    key = "KEY-7wq9-0123456789abcdef"
+    monkeypatch.setenv("CTS_TEST_KEY", key)
+    url, script = server
+    engine = OpenAIEngine("m", url, max_retries=0, backoff_s=0.01, api_key_env="CTS_TEST_KEY")
+    for start in range(cut - len(key) - 1, cut + 1):
+        # The reply's body: `{"error": "` (11 characters), then padding up to the key.
+        script.bodies.clear()
+        script.replies = [(status, {"error": "x" * (start - 11) + key + "y" * 40})]
+        with pytest.raises(EngineError) as e:
+            asyncio.run(engine.chat(YES_NO))
+        message = str(e.value)
+        assert "K" not in message, (start, message[-60:])
+        if start + len(key) <= cut:
+            assert "[redacted]" in message, start
+
+
 def test_requests_sent_again_are_counted_by_why_and_the_run_warns_of_timeouts(server):
     """A retried attempt is no failure, but a timed-out one is server work thrown away: a run
     tuning its concurrency must see how many there were and why."""

@@ -200,7 +200,7 @@ def test_a_url_httpx_refuses_is_a_failed_visit_not_a_failed_key():
     import httpx
 
     class RefusingPages:
-        name = "http"
+        name = identity = "http"
 
         async def fetch(self, url: str):
             raise httpx.InvalidURL("Invalid non-printable ASCII character in URL")

@@ -161,3 +161,99 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path,
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "1 records written, 1 already done" in resumed.stdout
     assert comparable(cut) == comparable(whole)
+
+
+# -- at load: 32 requests in flight --------------------------------------------------------------
+
+#: 16 instances × 2 conditions: 32 keys, all started at once, each with a request in flight.
+AT_LOAD = 32
+LOAD_EXPERIMENT = (
+    EXPERIMENT.replace("limit: 1}", "limit: 16}")
+    .replace("concurrency: 1", f"concurrency: {AT_LOAD}")
+    .replace(
+        "    max_retries: 3\n",
+        # A retry window (0.5 s doubling, 12 times: ~34 min) no restart outlasts; a timeout no
+        # request queued behind 31 others meets.
+        f"    max_retries: 12\n    max_concurrency: {AT_LOAD}\n    timeout_s: 900\n",
+    )
+)
+
+
+def in_flight(url: str) -> int:
+    """Requests the server holds (running and waiting), from its Prometheus metrics."""
+    import httpx
+
+    try:
+        text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return 0
+    return int(
+        sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+        )
+    )
+
+
+def test_a_server_killed_with_32_requests_in_flight_and_restarted_lets_the_run_finish(
+    tiny_path, tmp_path
+):
+    """The real server SIGKILLed once it holds 32 requests (a point of progress read from its
+    metrics, not a delay), then started again on the same port: every request it dropped is
+    sent again until the new one answers, the run finishes (exit 0) with records equal to an
+    uninterrupted run's, and its retry line counts the attempts sent again, all for
+    `connection`."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    config = tmp_path / "experiment.yaml"
+    config.write_text(LOAD_EXPERIMENT.format(name=NAME, url=url))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    first = server(tiny_path, port, tmp_path / "server-1.log")
+    second = None
+    try:
+        first.wait_ready(deadline_s=600)
+        whole = tmp_path / "whole"
+        done = subprocess.run(
+            cts_run(config, whole, tmp_path / "home-whole"),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert len(comparable(whole)) == AT_LOAD
+
+        cut = tmp_path / "cut"
+        running = subprocess.Popen(
+            cts_run(config, cut, tmp_path / "home-cut"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        deadline = time.monotonic() + 900  # a hang guard, not a speed assumption
+        while (held := in_flight(url)) < AT_LOAD:
+            assert running.poll() is None, running.communicate()
+            assert time.monotonic() < deadline, "never 32 requests in flight"
+            time.sleep(0.2)
+        print(f"killed with {held} requests in flight")
+        assert first.process is not None
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
+        second = server(tiny_path, port, tmp_path / "server-2.log")
+        out, err = running.communicate(timeout=1800)
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+    assert running.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+    assert f"{AT_LOAD} records written, 0 already done" in out
+    assert comparable(cut) == comparable(whole)
+    (line,) = [line for line in out.splitlines() if " attempts sent again over " in line]
+    print(line)
+    sent_again = int(line.split(": ", 1)[1].split()[0])
+    assert sent_again >= AT_LOAD, line  # every request in flight was cut, and sent again
+    assert line.endswith(f"(connection {sent_again})"), line  # no timeout: nothing else

@@ -941,6 +941,49 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
     assert [r["iteration"] for r in rows] == [0, 1, 2]
 
 
+def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
+    tmp_path, monkeypatch
+):
+    """A fit records the configuration it was made with (train_metrics.json, as the real fit
+    writes it). A loop resumed with another `learning_rate`, `method` or `epochs` must not
+    take the old fit as this configuration's: refused with what changed, exit 2, nothing
+    refitted. What no fit depends on (logging, the loop's evaluation settings) may change."""
+    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
+    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    fits: list[str] = []
+
+    def fit(train):  # what `cts.train._fit` leaves, the configuration included
+        fits.append(train.name)
+        model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
+        out = train.resolved_output_dir()
+        (out / "clarifier.yaml").write_text(yaml.safe_dump({**model, "name": train.name}))
+        metrics = {"train_config": train.model_dump(mode="json")}
+        (out / "train_metrics.json").write_text(json.dumps(metrics))
+
+    monkeypatch.setattr(cts_train, "_fit", fit)
+    config = tiny_train_config(
+        tmp_path,
+        llm_calls=2,
+        loop={"evaluation_overrides": ["dataset.limit=2", "conditions=[clarify@1]"]},
+    )
+    loop = ["train", "loop", "-c", str(config), "--iterations", "1"]
+    assert cts(*loop).exit_code == 0 and fits == ["t-iter1"]
+    metrics = (tmp_path / "out" / "iter-1" / "train_metrics.json").read_bytes()
+
+    changed = cts(*loop, "--set", "learning_rate=0.001", "--set", "method=dpo")
+    assert changed.exit_code == 2, changed.output
+    assert "iteration 1 was fitted with another configuration" in changed.output
+    assert "learning_rate: 5e-05 → 0.001" in changed.output
+    assert 'method: "sft" → "dpo"' in changed.output
+    assert "fitted before" not in changed.output and fits == ["t-iter1"]
+    assert (tmp_path / "out" / "iter-1" / "train_metrics.json").read_bytes() == metrics
+
+    free = cts(*loop, "--set", "logging_steps=5", "--set", "loop.iterations=3")
+    assert free.exit_code == 0, free.output
+    assert "iteration 1: fitted before" in free.output and fits == ["t-iter1"]
+
+
 def test_a_fine_tune_of_a_fine_tune_is_named_after_its_base_model(tmp_path):
     """Iteration 2 of a loop trains on iteration 1's clarifier.yaml: the new model's name
     starts with the served name inside that file (path-safe), not the file's stem."""

@@ -168,6 +168,7 @@ def test_tool_cache_replays_identically_and_offline_miss_is_clear(local_search, 
 
     class Exploding:
         name = "local"
+        identity = local_search.identity  # the same corpus: a replay of the same searches
 
         async def search(self, query, top_k):
             raise AssertionError("the backend was called on an offline replay")
@@ -182,7 +183,7 @@ def test_tool_cache_replays_identically_and_offline_miss_is_clear(local_search, 
     with pytest.raises(
         Exception,
         match=r"tools are offline and the tool cache .* has no search "
-        r"call to backend 'local' with arguments "
+        r"call to backend 'local:bm25s-jieba-1:corpus-sha256=[0-9a-f]{64}' with arguments "
         r'\{"query":\["never searched"\],"top_k":5\}',
     ):
         asyncio.run(c.run("q"))
@@ -199,11 +200,14 @@ def test_the_agent_of_an_experiment_closes_the_tool_cache_it_opened(tmp_path):
     resolved = load_experiment(None, [f"search.tool_cache={path}"])
     caches: list[ToolCache] = []
 
+    identities: list[str] = []
+
     async def search_once(fail: bool):
         engine = ScriptedEngine(turns(search_call("Korvex Aura"), ANSWER))
         engines = Engines({"m": engine}, {"searcher": engine, "summarizer": engine}, None)
         async with open_agent(resolved, engines) as searching:
             caches.append(searching.tools.cache)
+            identities.append(searching.tools.search.identity)
             result = await searching.run("q")
             if fail:
                 raise RuntimeError("interrupted")
@@ -217,7 +221,7 @@ def test_the_agent_of_an_experiment_closes_the_tool_cache_it_opened(tmp_path):
         with pytest.raises(sqlite3.ProgrammingError, match="closed"):
             cache.get("search", "local", {})
     replayed = ToolCache(path, offline=True)
-    assert replayed.get("search", "local", {"query": ["Korvex Aura"], "top_k": 3})
+    assert replayed.get("search", identities[0], {"query": ["Korvex Aura"], "top_k": 3})
     replayed.close()
 
 

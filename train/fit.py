@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
+from eval.fingerprint import bound_view, changes
 from serving.model_config import ModelConfig, model_label
 from train.config import TrainConfig
 from train.pairs import no_data_message, read_rows
@@ -181,6 +183,38 @@ def fit(config: TrainConfig) -> FitResult:
     )
     (output / "train_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return FitResult(adapter_dir, checkpoint_dir, model_config_path, model_config, metrics)
+
+
+#: Train-config keys no fit depends on: a loop may resume on its fits with them changed.
+FREE_FIT_KEYS: tuple[tuple[str, ...], ...] = (
+    ("description",),
+    ("output_dir",),
+    ("logging_steps",),
+    ("loop",),
+    ("grpo",),
+)
+
+
+def fit_changes(config: TrainConfig) -> list[str]:
+    """`key: old → new` for each key a fit depends on (its data and its training) where the
+    finished fit in `config`'s output dir was made with another value (train_metrics.json
+    records the config). Empty when nothing changed, or for a fit that recorded no config
+    (made before it did): that one cannot be compared."""
+    path = config.resolved_output_dir() / "train_metrics.json"
+    try:
+        recorded = json.loads(path.read_text()).get("train_config")
+    except (OSError, ValueError, AttributeError) as e:
+        return [f"(the recorded configuration cannot be read: {e})"]
+    if recorded is None:
+        return []
+    # Keys added since it was written compare at their defaults; a config that no longer
+    # validates is compared as it reads.
+    with contextlib.suppress(ValidationError):
+        recorded = TrainConfig.model_validate(recorded).model_dump(mode="json")
+    return changes(
+        bound_view(recorded, FREE_FIT_KEYS),
+        bound_view(config.model_dump(mode="json"), FREE_FIT_KEYS),
+    )
 
 
 def _nothing_to_train_on(config: TrainConfig, output: Path) -> FitError:

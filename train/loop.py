@@ -34,6 +34,7 @@ from eval.schema import Record
 from eval.usage import role_usage
 from serving.yaml_config import ConfigError
 from train.config import TrainConfig
+from train.fit import fit_changes
 from train.held_out import describe, held_out_overlap
 from train.sample import experiment_with, overlaps, sampling_experiment
 
@@ -61,11 +62,23 @@ class Iteration:
         return self.train.resolved_output_dir() / "clarifier.yaml"
 
     def fitted(self) -> bool:
-        """Whether the fit finished (it writes clarifier.yaml, then train_metrics.json)."""
+        """Whether the fit finished (it writes clarifier.yaml, then train_metrics.json). A fit
+        made with another configuration than this iteration's is a LoopError listing what
+        changed: resuming on it would evaluate a clarifier the config does not describe."""
         if self.train is None:
             return True
         out = self.train.resolved_output_dir()
-        return (out / "clarifier.yaml").is_file() and (out / "train_metrics.json").is_file()
+        if not (out / "clarifier.yaml").is_file() or not (out / "train_metrics.json").is_file():
+            return False
+        changed = fit_changes(self.train)
+        if changed:
+            raise LoopError(
+                f"{out / 'train_metrics.json'}: iteration {self.index} was fitted with another "
+                "configuration; resuming would evaluate (and continue from) that fit. What "
+                "changed:\n  " + "\n  ".join(changed) + f"\nMove {out} aside to fit it again "
+                "under this configuration, or give the loop another output_dir."
+            )
+        return True
 
     def eval_dir(self, variant: str) -> Path:
         return self.root / "eval" / variant / f"iter-{self.index}"

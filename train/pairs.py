@@ -17,7 +17,6 @@ seeds (whitespace aside) is one candidate, since the search and judge after it a
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from eval.dataset import load_instances
 from eval.run_dir import RunDir
 from eval.runner import RecordFileError, counts_over, parse_records
 from eval.schema import Instance, Record
+from serving.disk import write_whole
 from train.config import RewardSettings, TrainConfig
 from train.sample import dialogue_condition
 
@@ -531,7 +531,4 @@ def _is_messages(value: Any) -> bool:
 
 
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    write_whole(path, text)  # refuses a path that is not a regular file (NotAFile)

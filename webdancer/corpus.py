@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serving.files import sha256_file
 
 # ISO 639-1. A language tag is valid when its primary subtag is one of these ("zh", "zh-CN").
 ISO_639_1 = frozenset(
@@ -171,8 +174,37 @@ class CorpusError(ProblemsError):
     """A corpus with problems."""
 
 
+@dataclass(frozen=True)
+class Corpus:
+    path: Path
+    #: SHA-256 of the file's bytes: what a run's fingerprint, the search index and the tool
+    #: cache's keys name the corpus by.
+    digest: str
+    documents: tuple[CorpusDocument, ...]
+
+
+def open_corpus(path: Path) -> Corpus:
+    """The corpus's documents and digest; CorpusError lists every problem. Parsed once per
+    content in a process: `cts run` checks its corpus before writing config.yaml, and its search
+    and visit backends then take the same documents."""
+    try:
+        digest = sha256_file(path) if path.is_file() else None
+    except OSError:
+        digest = None
+    if digest is None:  # check_corpus names what is wrong with the file
+        _, problems = check_corpus(path)
+        raise CorpusError(problems or [Problem(str(path), None, "<file>", "cannot read")])
+    documents_read, problems_read = _parsed(str(path), digest)
+    if problems_read:
+        raise CorpusError(list(problems_read))
+    return Corpus(path, digest, documents_read)
+
+
+@lru_cache(maxsize=1)
+def _parsed(path: str, digest: str) -> tuple[tuple[CorpusDocument, ...], tuple[Problem, ...]]:
+    documents, problems = check_corpus(Path(path))
+    return tuple(documents), tuple(problems)
+
+
 def load_corpus(path: Path) -> list[CorpusDocument]:
-    documents, problems = check_corpus(path)
-    if problems:
-        raise CorpusError(problems)
-    return documents
+    return list(open_corpus(path).documents)

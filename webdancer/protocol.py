@@ -20,6 +20,8 @@ from typing import Any
 
 import json5
 
+from serving.outputs import valid_unicode
+
 #: Generation stops before the model writes an observation itself (as in the release).
 STOP = ("\n<tool_response>", "<tool_response>")
 #: The release's message when the tool call is not JSON; the model saw it in training.
@@ -109,21 +111,6 @@ def loads_tolerant(raw: str) -> Any:
         raise ValueError("JSON nested too deeply") from e
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _valid_unicode(value: Any) -> Any:
-    """`value` with every lone surrogate (a JSON escape such as `\\ud800`) made U+FFFD: no
-    tool, cache key or backend request can encode one."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, list):
-        return [_valid_unicode(v) for v in value]
-    if isinstance(value, dict):
-        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
-    return value
-
-
 def parse_turn(text: str) -> Turn:
     """Read one assistant turn. Only the first tool call is executed; a turn that calls a tool
     before answering is a tool call (it has not seen the result yet)."""
@@ -145,7 +132,9 @@ def parse_turn(text: str) -> Turn:
         if not isinstance(arguments, dict):
             return ProtocolError(INVALID_TOOL_CALL)
         try:
-            arguments = _valid_unicode(arguments)
+            # A lone surrogate made U+FFFD: no tool, cache key or backend request could
+            # encode one.
+            arguments = valid_unicode(arguments)
         except RecursionError:
             return ProtocolError(INVALID_TOOL_CALL)
         if payload["name"] not in TOOL_NAMES:

@@ -19,8 +19,11 @@ class SearchHit:
 
 
 class SearchBackend(Protocol):
-    #: Names the backend in the tool cache.
     name: str
+    #: Everything its hits depend on besides the query and top_k (the endpoint, the corpus's
+    #: digest): the tool cache keys a search by it, so that another corpus or server never
+    #: replays this one's results.
+    identity: str
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]: ...
 

@@ -14,6 +14,7 @@ are judged by that address, and the tunnel forms (6to4, Teredo, IPv4-compatible)
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
@@ -63,6 +64,8 @@ def _forbidden(address: str) -> str | None:
                     return label
     if ip in _METADATA:
         return "a cloud metadata address"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
+        return "a site-local address"  # fec0::/10: deprecated, still routed inside some sites
     for flag, label in (
         ("is_loopback", "a loopback address"),
         ("is_private", "a private address"),
@@ -78,26 +81,42 @@ def _forbidden(address: str) -> str | None:
     return None
 
 
-def _allow_entry(entry: str) -> tuple[str, int | None]:
-    """`host:port`, `[v6]:port`, `host` or a bare IPv6 literal -> (host, port or None)."""
-    entry = entry.strip()
-    host, port = entry, ""
-    if entry.startswith("["):
-        host, _, rest = entry[1:].partition("]")
-        port = rest.removeprefix(":")
-        if rest and not rest.startswith(":"):
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def allow_entry(entry: str) -> tuple[str, int | None]:
+    """`host:port`, `[v6]:port`, `host` or a bare IPv6 literal -> (host, port or None);
+    ValueError naming the entry for anything else (`:80`, `a:1:2`, `[x]`, `host:0`)."""
+    text = entry.strip()
+    host, port, v6 = text, "", False
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port, v6 = rest.removeprefix(":"), True
+        if (rest and not rest.startswith(":")) or rest == ":":
             raise ValueError(f"allow_hosts entry {entry!r}: expected [address]:port")
-    elif entry.count(":") == 1:
-        host, port = entry.split(":")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+        if not port:
+            raise ValueError(f"allow_hosts entry {entry!r}: no port after ':'")
+    elif ":" in text:
+        v6 = True  # a bare IPv6 literal
     if port and not (port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f"allow_hosts entry {entry!r}: bad port")
-    return host.lower().rstrip("."), int(port) if port else None
+    host = host.lower().rstrip(".")
+    if v6:
+        try:
+            ipaddress.IPv6Address(host.split("%")[0])
+        except ValueError:
+            raise ValueError(f"allow_hosts entry {entry!r}: not an IPv6 address") from None
+    elif not _HOST_NAME.fullmatch(host):
+        raise ValueError(f"allow_hosts entry {entry!r}: expected host, host:port or [IPv6]:port")
+    return host, int(port) if port else None
 
 
 def _allowed(host: str, port: int, default_port: int, allow_hosts: Iterable[str]) -> bool:
     host = host.lower().rstrip(".")
     for entry in allow_hosts:
-        entry_host, entry_port = _allow_entry(entry)
+        entry_host, entry_port = allow_entry(entry)
         if entry_host == host and port == (default_port if entry_port is None else entry_port):
             return True
     return False

@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from webdancer.protocol import ToolCall
 from webdancer.search import SearchBackend, batched_search
 from webdancer.tool_cache import ToolCache
@@ -16,6 +18,18 @@ BAD_SEARCH = "[Search] Invalid request format: Input must be a JSON object conta
 BAD_VISIT = (
     "[Visit] Invalid request format: Input must be a JSON object containing 'url' and 'goal' fields"
 )
+
+
+class _Stored(BaseModel):
+    """What the tool cache holds of a result (ToolResult.as_dict)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str
+    doc_ids: list[str]
+    urls: list[str]
+    errors: dict[str, str]
+    evidence: list[dict[str, str]]
 
 
 @dataclass
@@ -30,6 +44,12 @@ class ToolResult:
     #: Golden nuggets may cite only these.
     evidence: list[dict[str, str]] = field(default_factory=list)
     cached: bool = False
+
+    @classmethod
+    def stored(cls, row: str) -> ToolResult:
+        """A tool-cache row as a replayed result; ValidationError for a row that is not one
+        (an entry from before results carried their evidence included)."""
+        return cls(**_Stored.model_validate_json(row).model_dump(), cached=True)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -78,7 +98,7 @@ class Tools:
                 return ToolResult(BAD_SEARCH)
             return await self._cached(
                 "search",
-                self.search.name,
+                self.search.identity,
                 {"query": queries[: self.max_queries], "top_k": self.top_k},
                 self._search,
             )
@@ -86,7 +106,7 @@ class Tools:
         goal = call.arguments.get("goal")
         if urls is None or not isinstance(goal, str) or not goal.strip():
             return ToolResult(BAD_VISIT)
-        backend = f"{self.visitor.pages.name}+{self.visitor.summarizer.identity}"
+        backend = self.visitor.identity
         arguments: dict[str, Any] = {"url": urls, "goal": goal.strip(), "purpose": self.purpose}
         summarizer_seed = self.visitor.sampling.with_seed(seed).seed
         if summarizer_seed != self.visitor.sampling.seed:
@@ -121,10 +141,9 @@ class Tools:
         run: Callable[[dict[str, Any]], Awaitable[ToolResult]],
     ) -> ToolResult:
         if self.cache is not None:
-            stored = self.cache.get(tool, backend, arguments)
-            # An entry from before results carried their evidence is re-run, not replayed.
-            if stored is not None and "evidence" in stored:
-                return ToolResult(**stored, cached=True)
+            stored = self.cache.get(tool, backend, arguments, ToolResult.stored)
+            if stored is not None:
+                return stored
         result: ToolResult = await run(arguments)
         # Failures may be passing (a timeout); only clean results are replayed.
         if self.cache is not None and not result.errors:

@@ -4,6 +4,8 @@ serves the goal as structured `{evidence, summary}`, rendered as in the WebDance
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,7 +22,7 @@ from serving.errors import EngineError
 from serving.types import ChatRequest, JsonSchemaOutput, Message, RoleSampling, Sampling
 from webdancer.corpus import CorpusDocument
 from webdancer.search import QUERY_SEPARATOR
-from webdancer.ssrf import BlockedURL, Resolver, check_url, system_resolver
+from webdancer.ssrf import BlockedURL, Resolver, allow_entry, check_url, system_resolver
 
 # The release's fixed sentences for a page that could not be read (the model saw them).
 FALLBACK_EVIDENCE = (
@@ -48,6 +50,9 @@ class Page:
 
 class PageSource(Protocol):
     name: str
+    #: Everything a page it returns depends on besides the URL (the corpus's digest): part of
+    #: the tool cache's key for a visit.
+    identity: str
 
     async def fetch(self, url: str) -> Page: ...
 
@@ -57,11 +62,18 @@ class LocalPages:
 
     name = "local"
 
-    def __init__(self, documents: Iterable[CorpusDocument]) -> None:
+    def __init__(
+        self, documents: Iterable[CorpusDocument], corpus_digest: str | None = None
+    ) -> None:
+        """`corpus_digest`: the corpus file's (Corpus.digest); without one, the documents'."""
         self.by_url: dict[str, CorpusDocument] = {}
+        content = hashlib.sha256()
         for d in documents:
             self.by_url[d.url] = d
             self.by_url[f"doc://{d.doc_id}"] = d
+            if corpus_digest is None:
+                content.update(d.model_dump_json().encode() + b"\n")
+        self.identity = f"local:corpus-sha256={corpus_digest or content.hexdigest()}"
 
     async def fetch(self, url: str) -> Page:
         doc = self.by_url.get(url) or self.by_url.get(url.rstrip("/"))
@@ -75,6 +87,9 @@ class HttpPages:
     SSRF guard on the first URL and on every redirect."""
 
     name = "http"
+    #: A page is what its URL serves when fetched; the allow list and the limits decide only
+    #: whether a fetch fails, and a failed visit is never cached.
+    identity = "http"
     CONTENT_TYPES = ("text/html", "application/xhtml+xml", "text/plain")
 
     def __init__(
@@ -86,6 +101,8 @@ class HttpPages:
         resolver: Resolver = system_resolver,
     ) -> None:
         self.allow_hosts = tuple(allow_hosts)
+        for entry in self.allow_hosts:
+            allow_entry(entry)  # a malformed entry (`:80`, `a:1:2`) is refused, not ignored
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.max_redirects = max_redirects
@@ -217,6 +234,21 @@ class Visitor:
         self.summarizer = summarizer
         self.sampling = sampling
         self.max_page_tokens = max_page_tokens
+
+    @property
+    def identity(self) -> str:
+        """What a visit's notes depend on besides the URLs, the goal and the seed: the pages'
+        source, the summarizer model, its sampling and prompt, and how much of a page it
+        reads. The tool cache keys every visit by it."""
+        settings = {
+            "sampling": self.sampling.model_dump(mode="json"),
+            "max_page_tokens": self.max_page_tokens,
+            "prompt": hashlib.sha256(_summarizer_template().encode()).hexdigest(),
+            "output": JsonSchemaOutput.of(PageNotes).json_schema,
+        }
+        return f"{self.pages.identity}+{self.summarizer.identity}+" + json.dumps(
+            settings, sort_keys=True, separators=(",", ":")
+        )
 
     async def _one(
         self, url: str, goal: str, sampling: Sampling

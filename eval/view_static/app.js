@@ -375,9 +375,16 @@ function observationView(obs) {
   return h("div", { class: "obs" }, parts);
 }
 
+function rawTraceLink(sample) {
+  return h("a", { href: sample.raw.trace, target: "_blank", rel: "noopener" }, "raw trace");
+}
+
 function traceView(sample) {
   if (!sample.trace) {
-    return section("Search trace", h("p", { class: "notice" }, sample.trace_error || "no trace"));
+    // A trace too large (or too deep) to read here can still be opened whole.
+    const file = sample.record.trace_id && /^trace file (over|unreadable)/.test(sample.trace_error || "");
+    return section("Search trace", h("p", { class: "notice" }, sample.trace_error || "no trace",
+      file ? [" · ", rawTraceLink(sample)] : null));
   }
   const trace = sample.trace;
   const turns = trace.turns.map((turn, i) => h("li", { class: "turn" },
@@ -453,6 +460,11 @@ function sampleBody(sample) {
       + `${record.seed}`),
     h("p", { class: "run-name" }, sample.run.name),
     scoresLine(record),
+    sample.cut ? h("p", { class: "notice cut" },
+      "Some texts here are too long to show whole: each is cut where it says so, with its "
+      + "length. Whole: ", h("a", { href: sample.raw.record, target: "_blank", rel: "noopener" },
+        "raw record"),
+      record.trace_id ? [" · ", rawTraceLink(sample)] : null) : null,
     errorBox(record.error),
     queries(sample),
     dialogue(sample),

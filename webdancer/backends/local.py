@@ -15,8 +15,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from serving.files import cts_home, sha256_file
-from webdancer.corpus import CorpusDocument, load_corpus
+from serving.files import cts_home
+from webdancer.corpus import CorpusDocument, open_corpus
 from webdancer.search import SearchHit
 
 #: Part of the index folder name: bump it whenever tokenize() changes, so that no index built
@@ -63,9 +63,12 @@ class LocalSearch:
 
     def __init__(self, corpus_file: Path, index_root: Path | None = None) -> None:
         self.corpus_file = Path(corpus_file)
-        self.documents: list[CorpusDocument] = load_corpus(self.corpus_file)
+        corpus = open_corpus(self.corpus_file)
+        self.documents: list[CorpusDocument] = list(corpus.documents)
         self.by_url = {d.url: d for d in self.documents}
-        self.corpus_hash = sha256_file(self.corpus_file)
+        self.corpus_hash = corpus.digest
+        # Hits depend on the corpus's content and on how it is tokenized and ranked.
+        self.identity = f"local:{INDEX_VERSION}:corpus-sha256={self.corpus_hash}"
         self.index_dir = (index_root or cts_home() / "indexes") / (
             f"{self.corpus_hash}-{INDEX_VERSION}"
         )

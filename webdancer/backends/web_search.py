@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from serving.outputs import valid_unicode
 from serving.secrets import secret_from_env
 from webdancer.search import SearchHit
 
@@ -40,8 +41,9 @@ async def _fetch_json(method: str, url: str, timeout_s: float, **request: Any) -
     if reply.is_error:
         raise SearchBackendError(f"{url} answered HTTP {reply.status_code}")
     try:
-        return reply.json()
-    except ValueError as e:
+        # A lone surrogate escape in a title or snippet would fail the trace's write.
+        return valid_unicode(reply.json())
+    except (ValueError, RecursionError) as e:
         raise SearchBackendError(
             f"{url} answered HTTP {reply.status_code} with a body that is not JSON"
         ) from e
@@ -76,6 +78,8 @@ class SerperSearch:
         self.endpoint = endpoint
         self.api_key_env = api_key_env
         self.timeout_s = timeout_s
+        # The locale comes from the query (payload): the endpoint is all else the hits need.
+        self.identity = f"serper:{endpoint}"
 
     def payload(self, query: str, top_k: int) -> dict[str, Any]:
         if _CJK.search(query):
@@ -112,6 +116,7 @@ class SearxngSearch:
     def __init__(self, endpoint: str, timeout_s: float = 30.0) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.timeout_s = timeout_s
+        self.identity = f"searxng:{self.endpoint}"
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
         url = f"{self.endpoint}/search"
@@ -142,6 +147,7 @@ class RetrievalServerSearch:
     def __init__(self, endpoint: str, timeout_s: float = 60.0) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.timeout_s = timeout_s
+        self.identity = f"retrieval-server:{self.endpoint}"
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
         url = f"{self.endpoint}/retrieve"
