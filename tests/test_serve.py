@@ -115,6 +115,30 @@ def test_plan_carries_flags_env_and_ports(tmp_path):
     assert "CUDA_VISIBLE_DEVICES" not in cpu.server.env
 
 
+def test_a_job_runs_the_vllm_beside_its_interpreter_when_path_has_none(tmp_path, monkeypatch):
+    """A Slurm job runs the venv's python by absolute path without activating the venv: its
+    `vllm` is not on PATH. The server must start from the one beside the interpreter (a bare
+    `vllm serve` died with FileNotFoundError before any model loaded)."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    argv_file = tmp_path / "argv"
+    stand_in = venv / "vllm"
+    stand_in.write_text(f'#!/bin/sh\necho "$@" > {shlex.quote(str(argv_file))}\n')
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    (p,) = plan_servers({"m": model("M")}, tmp_path, gpus=["0"])
+    assert p.server.command()[:2] == [str(stand_in), "serve"]
+    p.server.start()
+    assert p.server.process is not None and p.server.process.wait(timeout=30) == 0
+    assert argv_file.read_text().split()[:2] == ["serve", "/ckpt/M"]
+
+    stand_in.unlink()  # no vllm anywhere: a clear error, not a traceback
+    with pytest.raises(ServerError, match=r"no `vllm` to run .*--vllm-python"):
+        p.server.start()
+
+
 def test_dry_run_prints_the_plan_and_quoted_commands(tmp_path, monkeypatch):
     monkeypatch.delenv("CTS_VLLM_PYTHON", raising=False)  # `vllm serve`, not the CPU venv
     result = CliRunner().invoke(
