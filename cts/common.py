@@ -28,7 +28,14 @@ from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
 from serving.disk import StorageFull
 from serving.engine import EngineStats
 from serving.errors import ServerUnreachable
-from serving.serve import EndpointsError, PlanError, ServeOptions, Stopped, served
+from serving.serve import (
+    DEFAULT_READY_TIMEOUT_S,
+    EndpointsError,
+    PlanError,
+    ServeOptions,
+    Stopped,
+    served,
+)
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
 from slurm.submit import SlurmOptionError, SubmitError
@@ -145,6 +152,13 @@ GPUS_OPTION = typer.Option(None, "--gpus", help=f"With --serve: {GPUS_HELP}")
 CPU_OPTION = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}")
 VLLM_PYTHON_OPTION = typer.Option(None, "--vllm-python", help=f"With --serve: {PYTHON_HELP}")
 SHARD_OPTION = typer.Option(None, "--shard", help="Run shard I/N of the instances (e.g. 0/4).")
+READY_TIMEOUT_HELP = (
+    "Seconds all servers together may take to become ready (a first start may download weights "
+    "and compile)."
+)
+READY_TIMEOUT_OPTION = typer.Option(
+    DEFAULT_READY_TIMEOUT_S, "--ready-timeout", min=1.0, help=f"With --serve: {READY_TIMEOUT_HELP}"
+)
 
 
 def output_dir_option(path: Path | None) -> Path | None:

@@ -15,6 +15,7 @@ from cts.common import (
     CPU_OPTION,
     ENDPOINTS_OPTION,
     GPUS_OPTION,
+    READY_TIMEOUT_OPTION,
     SERVE_OPTION,
     SET_OPTION,
     SHARD_OPTION,
@@ -62,6 +63,7 @@ def run(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run again the keys whose record is a failure."
     ),
@@ -89,7 +91,7 @@ def run(
     part = shard_of(shard)
     run_dir = RunDir(output_dir_option(output_dir) or resolved.output_dir())
     console = output_console()
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     if dry_run:
         plan = plan_run(resolved, run_dir.root, part, options, retry_failed)
         for line in plan_lines(plan):
@@ -218,6 +220,7 @@ def rejudge(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Judge again the keys whose new record is a failure."
     ),
@@ -265,7 +268,7 @@ def rejudge(
         judge_served(resolved),
         run_dir,
         part,
-        ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
+        ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
         work,
         console,
         merge_with=f"cts merge {run_dir.root}",

@@ -236,12 +236,16 @@ def _shares_gpu(a: PlannedServer, b: PlannedServer) -> bool:
     return bool(set(a.gpus) & set(b.gpus))
 
 
+#: Seconds all servers of a group may take to become ready, unless --ready-timeout says.
+DEFAULT_READY_TIMEOUT_S = 1800.0
+
+
 @dataclass
 class ServerGroup:
     """Start, watch and stop the planned servers as one."""
 
     planned: list[PlannedServer]
-    deadline_s: float = 1800.0
+    deadline_s: float = DEFAULT_READY_TIMEOUT_S
     ready_s: dict[str, float] = field(default_factory=dict)
 
     def start(self) -> None:
@@ -349,6 +353,8 @@ class ServeOptions:
     cpu: bool = False
     #: The vLLM venv's interpreter (default $CTS_VLLM_PYTHON, else `vllm serve`).
     vllm_python: str | None = None
+    #: Seconds all servers together may take to become ready (a first start may compile).
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
 
     def plan(
         self, models: dict[str, ModelConfig], log_dir: Path, host: str = "127.0.0.1"
@@ -382,5 +388,6 @@ def served(
         on_start(len(planned))
     # A signal while the servers load stops them; once the run starts, its own handlers take
     # over (finished records stay, the run is resumable).
-    with stop_on_signals(), serving(ServerGroup(planned)) as group:
+    group = ServerGroup(planned, deadline_s=options.ready_timeout_s)
+    with stop_on_signals(), serving(group) as group:
         yield {**urls, **{p.key: p.server.base_url for p in group.planned}}, group.check
