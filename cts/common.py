@@ -45,7 +45,11 @@ from train.pairs import PairsError
 from webdancer.tool_cache import ToolCacheMiss
 
 CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
-SET_HELP = "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable)."
+SET_HELP = (
+    "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable). A model "
+    "name with dots goes in quotes: "
+    """'models."ernie-4.5-21b-a3b".vllm.gpu_memory_utilization=0.5'."""
+)
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help=CONFIG_HELP)
 SET_OPTION = typer.Option([], "--set", help=SET_HELP)
 
