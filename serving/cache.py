@@ -31,7 +31,7 @@ from serving.disk import storage_errors, storage_full
 from serving.engine import ChatModel, EngineStats
 from serving.errors import ConstrainedOutputError
 from serving.outputs import validate_output
-from serving.types import ChatRequest, ChatResponse, OutputSpec
+from serving.types import ChatRequest, ChatResponse, OutputSpec, PromptCount
 from serving.yaml_config import ConfigError
 
 _SCHEMA = """
@@ -203,6 +203,9 @@ class CachedEngine:
             raise
         finally:
             del self._in_flight[key]
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
+        return await self.inner.count_prompt_tokens(request)
 
     @property
     def stats(self) -> EngineStats:

@@ -119,6 +119,14 @@ class ChatRequest(_Frozen):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+class PromptCount(_Frozen):
+    """A request's prompt as the model sees it (chat template applied), counted by the model's
+    own tokenizer, and the model's context window when the server says it."""
+
+    tokens: int = Field(ge=0)
+    window: int | None = Field(None, gt=0)
+
+
 class Usage(_Frozen):
     prompt_tokens: int = 0
     completion_tokens: int = 0
