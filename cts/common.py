@@ -26,6 +26,7 @@ from eval.run import RunResult, run_experiment
 from eval.run_dir import RunDir, RunDirError
 from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
 from serving.disk import StorageFull
+from serving.download import DownloadError
 from serving.engine import EngineStats
 from serving.errors import ServerUnreachable
 from serving.serve import (
@@ -72,6 +73,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (FitError, "fit error: ", 1),
     (LoopError, "loop error: ", 2),
     (SubmitError, "submit failed: ", 1),
+    (DownloadError, "download failed: ", 1),
     (ToolCacheMiss, "tool cache miss: ", 1),
     (ServerError, "server error: ", 1),
     (StorageFull, "storage error: ", 1),
