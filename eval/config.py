@@ -62,6 +62,7 @@ class SamplingOverrides(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, gt=0)
     repetition_penalty: float | None = Field(None, gt=0.0)
+    top_k: int | None = Field(None, ge=-1)
 
 
 class RoleConfig(_Strict):

@@ -149,6 +149,8 @@ class OpenAIEngine(Engine):
             body["stop"] = list(s.stop)
         if s.repetition_penalty != 1.0:
             body["repetition_penalty"] = s.repetition_penalty  # vLLM extension
+        if s.top_k is not None:
+            body["top_k"] = s.top_k  # vLLM extension
         if self.chat_template_kwargs:
             body["chat_template_kwargs"] = self.chat_template_kwargs
         if request.output is not None:
