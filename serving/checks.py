@@ -18,7 +18,7 @@ from typing import Literal
 
 from serving.filesystems import network_filesystem
 from serving.model_config import ModelConfig
-from serving.serve import PlanError, plan_gpus, served_models
+from serving.serve import PlanError, chat_template_problem, plan_gpus, served_models
 from serving.vllm_server import vllm_executable
 
 Status = Literal["ok", "fix", "skip"]
@@ -99,6 +99,7 @@ def weights(models: dict[str, ModelConfig], experiment: str, target: Path) -> li
     """Per model: its weights on disk (a local checkpoint, or the Hugging Face cache) and their
     size; then their total against the free disk where `cts models download` writes."""
     checks, total, missing = [], 0, []
+    served = served_models(models)
     for key, model in models.items():
         name = f"weights {key}"
         if model.engine == "openai" and not model.vllm.serve:
@@ -123,6 +124,10 @@ def weights(models: dict[str, ModelConfig], experiment: str, target: Path) -> li
             continue
         size = _folder_bytes(folder)
         total += size
+        problem = chat_template_problem(model, str(folder)) if key in served else None
+        if problem is not None:
+            checks.append(Check(name, "fix", problem))
+            continue
         checks.append(Check(name, "ok", f"{folder} ({size / 1e9:.1f} GB)"))
     free = shutil.disk_usage(_existing(target)).free
     detail = f"{total / 1e9:.1f} GB present; {free / 1e9:.0f} GB free at {target}"

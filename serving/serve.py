@@ -52,6 +52,40 @@ class PlanError(ValueError):
     """The models do not fit on the GPUs there are."""
 
 
+#: The share of each GPU the plan hands out: the rest holds what sits outside vLLM's
+#: gpu_memory_utilization (each process's CUDA context, CUDA graphs, NCCL buffers), so models
+#: sharing a GPU cannot sum to all of it.
+GPU_SHARE_CAP = 0.95
+CAP_NOTE = (
+    f"the plan hands out {GPU_SHARE_CAP:.0%} of each GPU: CUDA contexts and graphs sit outside "
+    "vLLM's share"
+)
+
+
+def chat_template_problem(model: ModelConfig, path: str) -> str | None:
+    """Why the served checkpoint at `path` cannot answer chat requests, or None: every role
+    sends chat messages, and a checkpoint without a chat template makes vLLM refuse each one.
+    Only a local checkpoint is checked (a hub id is checked where its weights are)."""
+    if any(a.split("=")[0] == "--chat-template" for a in model.vllm.extra_args):
+        return None
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        return None
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return None
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and config.get("chat_template"):
+        return None
+    return (
+        f"checkpoint {folder} ships no chat template (none in tokenizer_config.json, no "
+        "chat_template.jinja): vLLM would refuse every chat request. Use the instruct/chat "
+        'checkpoint, or give one: vllm.extra_args: ["--chat-template", "/path/template.jinja"]'
+    )
+
+
 @dataclass
 class PlannedServer:
     #: The name roles use for the model (its config file name or inline key).
@@ -99,7 +133,7 @@ def plan_gpus(models: dict[str, ModelConfig], gpus: list[str]) -> dict[str, list
     """Model key → the GPUs it runs on. Explicit `vllm.gpus` are honoured first; the rest are
     packed largest first, each onto the `tensor_parallel_size` GPUs with the most free memory
     that can hold its fraction."""
-    free = dict.fromkeys(gpus, 1.0)
+    free = dict.fromkeys(gpus, GPU_SHARE_CAP)
     plan: dict[str, list[str]] = {}
 
     def take(key: str, chosen: list[str], fraction: float) -> None:
@@ -127,7 +161,7 @@ def plan_gpus(models: dict[str, ModelConfig], gpus: list[str]) -> dict[str, list
         if short:
             raise PlanError(
                 f"model {key}: GPU(s) {short} have {[free[g] for g in short]} of their memory "
-                f"left, it needs {args.gpu_memory_utilization}"
+                f"left to plan, it needs {args.gpu_memory_utilization} ({CAP_NOTE})"
             )
         take(key, chosen, args.gpu_memory_utilization)
 
@@ -153,6 +187,7 @@ def plan_gpus(models: dict[str, ModelConfig], gpus: list[str]) -> dict[str, list
                     + ", ".join(f"GPU {g}: {free[g]:.0%} free" for g in free)
                     + " remain after "
                     + (", ".join(f"{k} on {v}" for k, v in plan.items()) or "nothing")
+                    + f" ({CAP_NOTE})"
                     if free
                     else "this job has no GPU (set CUDA_VISIBLE_DEVICES, pass --gpus, or "
                     "--cpu for the CPU build)"
@@ -206,8 +241,12 @@ def plan_servers(
         env = dict(model.vllm.env)
         if not cpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(assignment[key])
+        path = model.resolved_path()
+        problem = chat_template_problem(model, path)
+        if problem is not None:
+            raise PlanError(f"model {key}: {problem}")
         server = VllmServer(
-            model_path=model.resolved_path(),
+            model_path=path,
             served_name=model.name,
             log_path=log_dir / f"{model_label(key, model.name)}.log",
             port=port,
