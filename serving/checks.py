@@ -29,8 +29,9 @@ Status = Literal["ok", "fix", "skip"]
 VLLM_RANGE = ((0, 11), None)
 #: TRL: GRPO's rollout_func is experimental, tested on the 1.x line from 1.16.
 TRL_RANGE = ((1, 16), (2, 0))
-#: The vLLM versions TRL 1.16 supports for its colocated generation (`trl[vllm]`).
-TRL_VLLM_RANGE = ((0, 22), (0, 32))
+#: The vLLM versions TRL 1.16 generates with (`use_vllm`; its `vllm` extra): it was written
+#: against 0.22-0.31, and its colocated and server modes break outside them.
+TRL_VLLM_RANGE: tuple[tuple[int, ...], tuple[int, ...] | None] = ((0, 22), (0, 32))
 
 
 @dataclass(frozen=True)
