@@ -107,7 +107,7 @@ PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
 }
 
-# Print the gres.conf: GPUS GPUs on dummy devices (/dev/null's numbers, no driver, no
+# Print the gres.conf: GPUS GPUs on dummy devices (links to /dev/null, no driver, no
 # autodetection: nothing probes them; Slurm only hands their indices to jobs).
 render_gres() {
   cat <<EOF
@@ -148,8 +148,9 @@ cmd_up() {
   getent hosts "$NODE" >/dev/null || echo "127.0.0.1 $NODE" >>/etc/hosts
   setup_munge
   install -d -m 0755 "$DIR/state" "$DIR/spool/slurmd" "$DIR/run" "$DIR/gpu" /etc/slurm
-  local i f made=""; for ((i = 0; i < GPUS; i++)); do  # character devices, as Slurm demands
-    f="$DIR/gpu/nvidia$i"; [[ -c "$f" ]] || { rm -f "$f"; mknod -m 0666 "$f" c 1 3; made=1; }
+  # Slurm wants character devices: links to /dev/null (no mknod, which containers may forbid).
+  local i f made=""; for ((i = 0; i < GPUS; i++)); do
+    f="$DIR/gpu/nvidia$i"; [[ -L "$f" && -c "$f" ]] || { rm -f "$f"; ln -s /dev/null "$f"; made=1; }
   done
   local new gres; new="$(render_conf)" gres="$(render_gres)"
   if [[ -n "$made" ]] || [[ ! -f "$CONF" ]] || [[ "$(cat "$CONF")" != "$new" ]] \
