@@ -46,7 +46,7 @@ class Check:
         return f"{mark} {self.name}: {self.detail}"
 
 
-def _run(command: list[str], timeout: float = 60) -> tuple[int, str, str]:
+def run_command(command: list[str], timeout: float = 60) -> tuple[int, str, str]:
     """(exit code, stdout, stderr); 127 when the program is not there."""
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -168,7 +168,7 @@ def vllm_version(vllm_python: str | None) -> tuple[str | None, str]:
         "    try:\n        print(d, m.version(d)); break\n"
         "    except m.PackageNotFoundError: pass"
     )
-    code, out, err = _run([*python.split(), "-c", script])
+    code, out, err = run_command([*python.split(), "-c", script])
     if code != 0 or not out.strip():
         return None, f"{python}: {err.strip()[-200:] or 'no vllm installed'}"
     dist, version = out.split()[:2]
@@ -259,7 +259,7 @@ class Gpu:
 def gpus_here() -> list[Gpu] | None:
     """The GPUs `nvidia-smi` lists (only those in CUDA_VISIBLE_DEVICES when it is set); None
     where there is no nvidia-smi to ask (not a GPU node)."""
-    code, out, _ = _run(
+    code, out, _ = run_command(
         [
             "nvidia-smi",
             "--query-gpu=index,name,memory.total,memory.used",

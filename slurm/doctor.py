@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eval.config import ResolvedExperiment
-from serving.checks import Check, _run, filesystems, gpu_memory, versions, weights
+from serving.checks import Check, filesystems, gpu_memory, run_command, versions, weights
 from serving.files import cts_home
 from serving.serve import served_models
 from slurm.submit import SlurmOptions, plan_job, submit_chain
@@ -33,7 +33,7 @@ class DoctorOptions:
 
 
 def slurm_version() -> Check:
-    code, out, err = _run(["sbatch", "--version"])
+    code, out, err = run_command(["sbatch", "--version"])
     if code != 0:
         return Check(
             "slurm", "fix", f"{err.strip() or out.strip()}: run this on a Slurm login node"
@@ -44,7 +44,7 @@ def slurm_version() -> Check:
 def partitions(options: SlurmOptions) -> list[Check]:
     """Each partition's nodes, CPUs, memory, time limit and GRES (GPU types); the one the job
     goes to must have GPUs when it asks for them."""
-    code, out, err = _run(["sinfo", "-h", "-o", "%P|%D|%c|%m|%l|%G"])
+    code, out, err = run_command(["sinfo", "-h", "-o", "%P|%D|%c|%m|%l|%G"])
     if code != 0:
         return [Check("partitions", "fix", err.strip() or "sinfo failed")]
     checks, found = [], {}
@@ -84,7 +84,7 @@ def test_only(options: DoctorOptions) -> list[Check]:
         for done in chain:
             for which, command in done.commands.items():
                 args = [a for a in command[1:] if not a.startswith("--dependency")]
-                code, out, err = _run(["sbatch", "--test-only", *args])
+                code, out, err = run_command(["sbatch", "--test-only", *args])
                 said = (err.strip() or out.strip()).replace("sbatch: ", "")
                 title = f"sbatch --test-only {done.stage or done.kind} {which}"
                 if code == 0:
