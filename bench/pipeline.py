@@ -71,6 +71,7 @@ from serving.types import (  # noqa: E402
     ChatResponse,
     ChoiceOutput,
     JsonSchemaOutput,
+    PromptCount,
     RegexOutput,
 )
 from serving.yaml_config import Override  # noqa: E402
@@ -117,6 +118,9 @@ class RecordingModel:
         self.calls = calls
         self.identity = inner.identity
         self.model = inner.model
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
+        return await self.inner.count_prompt_tokens(request)
 
     @property
     def stats(self) -> EngineStats:

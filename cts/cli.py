@@ -5,7 +5,20 @@ from __future__ import annotations
 
 import typer
 
-from cts import data, estimate, golden, judge, models, report, run, serve, slurm, train, view
+from cts import (
+    data,
+    doctor,
+    estimate,
+    golden,
+    judge,
+    models,
+    report,
+    run,
+    serve,
+    slurm,
+    train,
+    view,
+)
 from cts.answerer import app as answerer_app
 
 app = typer.Typer(
@@ -14,8 +27,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
-# Top-level commands: run, merge, search, serve, report, view, estimate.
-for group in (run.app, serve.app, report.app, view.app, estimate.app):
+# Top-level commands: run, merge, search, serve, report, view, estimate, doctor.
+for group in (run.app, serve.app, report.app, view.app, estimate.app, doctor.app):
     app.add_typer(group)
 app.add_typer(models.app, name="models")
 app.add_typer(run.config_app, name="config")

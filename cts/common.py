@@ -27,9 +27,17 @@ from eval.run import RunResult, run_experiment
 from eval.run_dir import RunDir, RunDirError
 from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
 from serving.disk import NotAFile, StorageFull
+from serving.download import DownloadError
 from serving.engine import EngineStats
 from serving.errors import ServerUnreachable
-from serving.serve import EndpointsError, PlanError, ServeOptions, Stopped, served
+from serving.serve import (
+    DEFAULT_READY_TIMEOUT_S,
+    EndpointsError,
+    PlanError,
+    ServeOptions,
+    Stopped,
+    served,
+)
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
 from slurm.submit import SlurmOptionError, SubmitError
@@ -40,7 +48,11 @@ from webdancer.corpus import CorpusError
 from webdancer.tool_cache import ToolCacheMiss
 
 CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
-SET_HELP = "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable)."
+SET_HELP = (
+    "Override a config key, e.g. --set roles.clarifier.model=qwen3-8b (repeatable). A model "
+    "name with dots goes in quotes: "
+    """'models."ernie-4.5-21b-a3b".vllm.gpu_memory_utilization=0.5'."""
+)
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help=CONFIG_HELP)
 SET_OPTION = typer.Option([], "--set", help=SET_HELP)
 
@@ -66,6 +78,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (FitError, "fit error: ", 1),
     (LoopError, "loop error: ", 2),
     (SubmitError, "submit failed: ", 1),
+    (DownloadError, "download failed: ", 1),
     (ToolCacheMiss, "tool cache miss: ", 1),
     (ServerError, "server error: ", 1),
     (StorageFull, "storage error: ", 1),
@@ -150,6 +163,13 @@ GPUS_OPTION = typer.Option(None, "--gpus", help=f"With --serve: {GPUS_HELP}")
 CPU_OPTION = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}")
 VLLM_PYTHON_OPTION = typer.Option(None, "--vllm-python", help=f"With --serve: {PYTHON_HELP}")
 SHARD_OPTION = typer.Option(None, "--shard", help="Run shard I/N of the instances (e.g. 0/4).")
+READY_TIMEOUT_HELP = (
+    "Seconds all servers together may take to become ready (a first start may download weights "
+    "and compile)."
+)
+READY_TIMEOUT_OPTION = typer.Option(
+    DEFAULT_READY_TIMEOUT_S, "--ready-timeout", min=1.0, help=f"With --serve: {READY_TIMEOUT_HELP}"
+)
 
 
 def output_dir_option(path: Path | None) -> Path | None:

@@ -16,6 +16,7 @@ from cts.common import (
     CPU_OPTION,
     ENDPOINTS_OPTION,
     GPUS_OPTION,
+    READY_TIMEOUT_OPTION,
     SERVE_OPTION,
     SET_OPTION,
     VLLM_PYTHON_OPTION,
@@ -76,6 +77,7 @@ def estimate(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
 ) -> None:
     """Estimate a whole sweep — what `cts run -c X` would run: every instance of the dataset
     × conditions × seeds — before submitting it.
@@ -105,7 +107,7 @@ def estimate(
             set_,
             (pilot or DEFAULT_PILOT, pilot_seed),
             output_dir_option(pilot_dir) or default_pilot_dir(sweep),
-            ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
+            ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
             console,
         )
     found = estimate_run(from_run, sweep, target_hours)

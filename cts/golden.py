@@ -15,6 +15,7 @@ from cts.common import (
     CPU_OPTION,
     ENDPOINTS_OPTION,
     GPUS_OPTION,
+    READY_TIMEOUT_OPTION,
     SERVE_OPTION,
     SET_OPTION,
     SHARD_OPTION,
@@ -80,6 +81,7 @@ def build(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
 ) -> None:
     """Build golden nuggets for the experiment's dataset (its config needs roles.nugget_builder).
 
@@ -107,7 +109,7 @@ def build(
         resolved,
         run,
         part,
-        ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
+        ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
         lambda ready, part, watch, progress: build_golden(
             ready, run.root, part, progress, watch=watch, retry_failed=retry_failed
         ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import typer
 from rich.table import Table
@@ -10,7 +11,9 @@ from rich.table import Table
 from configs import CONFIG_DIR
 from cts.common import CONFIG_OPTION, SET_OPTION, command, output_console
 from eval.config import load_experiment
+from eval.local_models import download_experiment
 from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
+from serving.files import cts_home
 from serving.model_config import load_model_config
 from serving.yaml_config import ConfigError
 
@@ -32,6 +35,41 @@ def prepare_tiny_command(
 
     path = prepare_tiny(force=force)
     output_console().print(f"tiny model ready: {path}")
+
+
+@command(app, "download")
+def download_command(
+    config: str | None = CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
+    to: Path | None = typer.Option(
+        None,
+        "--to",
+        help="Folder for the weights, on storage the compute nodes see (default "
+        "$CTS_HOME/weights).",
+    ),
+) -> None:
+    """Fetch every model of the experiment from the Hugging Face hub, once, on a machine with
+    internet (a login node), so that compute nodes start offline.
+
+    Each model whose `path` is a hub id is snapshotted into --to (its revision if the config
+    pins one); then --to/manifest.json records each model's repo, the commit fetched, its files
+    and size, and --to/<experiment>.yaml is the experiment with those models' `path` on the
+    local copies: run and submit with `-c` on it. Served names stay, so caches still hit."""
+    resolved = load_experiment(config, set_)
+    where = (to or cts_home() / "weights").expanduser().resolve()
+    console = output_console()
+    console.print(f"fetching into {where}", highlight=False)
+    local = download_experiment(resolved, where)
+    table = Table("model", "repo", "revision", "files", "size")
+    for d in local.downloaded:
+        table.add_row(d.key, d.repo, d.revision[:12], str(d.files), f"{d.bytes / 1e9:.1f} GB")
+    console.print(table)
+    total = sum(d.bytes for d in local.downloaded)
+    console.print(
+        f"{len(local.downloaded)} model(s), {total / 1e9:.1f} GB; manifest {local.manifest}\n"
+        f"run on the local copies: cts slurm submit -c {local.experiment} …  (or cts run -c …)",
+        highlight=False,
+    )
 
 
 @command(app, "list")

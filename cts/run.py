@@ -16,6 +16,7 @@ from cts.common import (
     CPU_OPTION,
     ENDPOINTS_OPTION,
     GPUS_OPTION,
+    READY_TIMEOUT_OPTION,
     SERVE_OPTION,
     SET_OPTION,
     SHARD_OPTION,
@@ -65,6 +66,7 @@ def run(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run again the keys whose record is a failure."
     ),
@@ -92,7 +94,7 @@ def run(
     part = shard_of(shard)
     run_dir = RunDir(output_dir_option(output_dir) or resolved.output_dir())
     console = output_console()
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     if dry_run:
         plan = plan_run(resolved, run_dir.root, part, options, retry_failed)
         for line in plan_lines(plan):
@@ -221,6 +223,7 @@ def rejudge(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Judge again the keys whose new record is a failure."
     ),
@@ -269,7 +272,7 @@ def rejudge(
         judge_served(resolved),
         run_dir,
         part,
-        ServeOptions(endpoints, serve, gpus, cpu, vllm_python),
+        ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
         work,
         console,
         merge_with=f"cts merge {run_dir.root}",

@@ -13,7 +13,14 @@ from rich.table import Table
 
 from cts.common import SET_OPTION, command, output_console
 from slurm.status import chain_status, status
-from slurm.submit import SlurmOptions, plan_job, submissions, submit_chain
+from slurm.submit import (
+    CPUS_PER_GPU,
+    MEM_GB_PER_GPU,
+    SlurmOptions,
+    plan_job,
+    submissions,
+    submit_chain,
+)
 
 app = typer.Typer(
     help="Run the benchmark, golden construction, a rejudge or clarifier fine-tuning as Slurm "
@@ -53,10 +60,16 @@ def submit_command(
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
     partition: str | None = typer.Option(None, help="sbatch --partition."),
     gpus_per_task: int = typer.Option(
-        0, help="GPUs per array task (its models are packed on them)."
+        0,
+        help="GPUs per array task (its models are packed on them), asked as --nodes=1 "
+        "--ntasks=1 --gpus-per-task=G.",
     ),
-    cpus_per_task: int | None = typer.Option(None, help="sbatch --cpus-per-task."),
-    mem: str | None = typer.Option(None, help="sbatch --mem, e.g. 64G."),
+    cpus_per_task: int | None = typer.Option(
+        None, help=f"sbatch --cpus-per-task (with GPUs, default {CPUS_PER_GPU} per GPU)."
+    ),
+    mem: str | None = typer.Option(
+        None, help=f"sbatch --mem, e.g. 64G (with GPUs, default {MEM_GB_PER_GPU}G per GPU)."
+    ),
     time: str | None = typer.Option(None, help="sbatch --time per task, e.g. 24:00:00."),
     account: str | None = typer.Option(None, help="sbatch --account."),
     array_parallelism: int | None = typer.Option(
@@ -74,6 +87,12 @@ def submit_command(
     cpu: bool = typer.Option(False, "--cpu", help="Serve with the CPU build of vLLM."),
     vllm_python: str | None = typer.Option(
         None, help="Interpreter of the vLLM venv the tasks serve with (default `vllm serve`)."
+    ),
+    ready_timeout: float | None = typer.Option(
+        None,
+        "--ready-timeout",
+        min=1.0,
+        help="Seconds each task's servers together may take to become ready (default 1800).",
     ),
     sbatch_arg: list[str] = typer.Option(
         [], "--sbatch-arg", help="Extra sbatch option for the array job, e.g. --qos=high."
@@ -104,6 +123,7 @@ def submit_command(
         vllm_python=vllm_python,
         extra_sbatch=sbatch_arg,
         fit_gpus=fit_gpus,
+        ready_timeout_s=ready_timeout,
     )
     planned, name = plan_job(job, config, set_, output_dir, options, source, iterations)
     chain = submit_chain(planned, name, options, dry_run=dry_run)

@@ -14,6 +14,7 @@ from cts.common import (
     CPU_OPTION,
     ENDPOINTS_OPTION,
     GPUS_OPTION,
+    READY_TIMEOUT_OPTION,
     SERVE_OPTION,
     SHARD_OPTION,
     VLLM_PYTHON_OPTION,
@@ -163,6 +164,7 @@ def sample_command(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
 ) -> None:
     """Sample and score candidate dialogues: an evaluation run into OUTPUT_DIR/samples.
 
@@ -171,7 +173,7 @@ def sample_command(
     dialogue with the restore score its search reached; with `reward.baseline: blurred` the
     blurred condition runs under the same seeds. Like `cts run` it resumes, survives SIGTERM,
     shards with --shard (then `cts merge OUTPUT_DIR/samples`) and serves models with --serve."""
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     _sample(load_train_config(config, set_), shard, options)
 
 
@@ -264,6 +266,7 @@ def grpo_command(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
 ) -> None:
     """Online RL (GRPO) of the clarifier's first question, rewarded end to end.
 
@@ -277,7 +280,10 @@ def grpo_command(
     parts), trainer/ checkpoints every `grpo.save_steps` (a rerun resumes there), then the
     adapter, the merged checkpoint, clarifier.yaml and grpo_metrics.json. --serve starts vLLM
     for the other roles; the policy trains in this process."""
-    _grpo(load_train_config(config, set_), ServeOptions(endpoints, serve, gpus, cpu, vllm_python))
+    _grpo(
+        load_train_config(config, set_),
+        ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
+    )
 
 
 def _evaluate(
@@ -343,6 +349,7 @@ def loop_command(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
 ) -> None:
     """Expert iteration: sample → pairs → fit → evaluate, R times, each from the last fit.
 
@@ -358,7 +365,7 @@ def loop_command(
     the model calls and tokens spent. Rerunning resumes at the first unfinished step (a
     finished fit is not redone; finished runs make no model call)."""
     train = load_train_config(config, set_)
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     loop = iterations(train, count or train.loop.iterations)
     _evaluate(train, loop[0], options)
     _loop_tables(train, loop[:1])
@@ -400,6 +407,7 @@ def loop_step_command(
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
+    ready_timeout: float = READY_TIMEOUT_OPTION,
 ) -> None:
     """One step of `cts train loop`, as the jobs of `cts slurm submit --job train-loop` run it.
 
@@ -413,7 +421,7 @@ def loop_step_command(
     if iteration >= len(loop):
         raise usage_error(f"--iteration {iteration}: the loop has iterations 0..{len(loop) - 1}")
     current = loop[iteration]
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python)
+    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     if step == "eval":
         _evaluate(train, current, options, shard)
     elif step == "table":

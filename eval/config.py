@@ -63,6 +63,7 @@ class SamplingOverrides(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, gt=0)
     repetition_penalty: float | None = Field(None, gt=0.0)
+    top_k: int | None = Field(None, ge=-1)
 
 
 class RoleConfig(_Strict):
@@ -484,6 +485,48 @@ def model_folders(experiment_path: Path) -> list[Path]:
     return [local, shipped] if local != shipped else [shipped]
 
 
+def _names_a_model(name: str, experiment: ExperimentConfig, path: Path) -> bool:
+    """A model a role uses, one the experiment's `models:` holds, or a model config file."""
+    if name in {r.model for r in experiment.roles.values()}:
+        return True
+    try:
+        return _model_file(name, path) is not None
+    except ConfigError:
+        return False
+
+
+def _refuse_overrides_of_no_model(
+    experiment: ExperimentConfig, origins: Origins, path: Path
+) -> None:
+    """ConfigError for an override of `models.<name>…` whose name is no model: a name with dots
+    split at them (`models.ernie-4.5-21b-a3b.vllm.x` set `ernie-4`, which nothing reads) would
+    otherwise change nothing, silently."""
+    for keys, label in origins.overridden.items():
+        if len(keys) < 2 or keys[0] != "models" or ("models", keys[1]) in origins.lines:
+            continue  # not a model, or one the experiment file's `models:` holds
+        if _names_a_model(keys[1], experiment, path):
+            continue
+        dotted = next(
+            (
+                ".".join(keys[1:n])
+                for n in range(len(keys), 2, -1)
+                if _names_a_model(".".join(keys[1:n]), experiment, path)
+            ),
+            None,
+        )
+        rest = ".".join(keys[2 + (dotted.count(".") if dotted else 0) :])
+        hint = (
+            f"; a model name with dots goes in quotes: {label} 'models.\"{dotted}\".{rest}=VALUE'"
+            if dotted
+            else '; a model name with dots goes in quotes: models."qwen2.5-7b".KEY=VALUE'
+        )
+        roles = sorted({r.model for r in experiment.roles.values()})
+        raise ConfigError(
+            f"{label} {'.'.join(keys)}: {keys[1]!r} names no model (the roles use "
+            f"{', '.join(roles)}; none is a model config file or under `models:`){hint}"
+        )
+
+
 def load_experiment(
     config: str | Path | None = None, overrides: Sequence[str | Override] = ()
 ) -> ResolvedExperiment:
@@ -493,6 +536,7 @@ def load_experiment(
     path = find_experiment(config)
     loaded = load_config(ExperimentConfig, path, overrides)
     experiment = loaded.config
+    _refuse_overrides_of_no_model(experiment, loaded.origins, path)
     model_configs: dict[str, ModelConfig] = {}
     model_files: dict[str, Path | None] = {}
     for role, role_config in experiment.roles.items():

@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, fields
 
 from serving.engine import ChatModel, EngineStats
-from serving.types import ChatRequest, ChatResponse
+from serving.types import ChatRequest, ChatResponse, PromptCount
 
 
 @dataclass
@@ -100,6 +100,9 @@ class MeteredModel:
         self.role = role
         self.identity = inner.identity
         self.model = inner.model
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
+        return await self.inner.count_prompt_tokens(request)
 
     @property
     def stats(self) -> EngineStats:

@@ -9,8 +9,10 @@
 #   down    stop slurmd, slurmctld, munged via their pid files and wait for them to exit.
 #   status  exit 0 iff sinfo answers and the node is idle/mixed/allocated/completing.
 #
-# CTS_SLURM_DIR (default /var/lib/cts-slurm) holds state/, spool/, run/ and log/
-# (slurmctld.log, slurmd.log, munged.log, jobcomp.log).
+# CTS_SLURM_DIR (default /var/lib/cts-slurm) holds state/, spool/, run/, log/ (slurmctld.log,
+# slurmd.log, munged.log, jobcomp.log) and gpu/: the node has GPUS (4) GRES `gpu` on dummy
+# device files gpu/nvidia0..3 (gres.conf, AutoDetect=off), so a job that asks for GPUs gets them
+# and a CUDA_VISIBLE_DEVICES from Slurm, as on a GPU cluster (no GPU is there to use).
 # No slurmdbd, hence no sacct: finished jobs stay in `scontrol show job` for MinJobAge (300 s)
 # and are appended to log/jobcomp.log. `sbatch --wait` polls with back-off (2, 8, 32 s...),
 # so poll squeue instead.
@@ -18,7 +20,9 @@ set -euo pipefail
 
 DIR="${CTS_SLURM_DIR:-/var/lib/cts-slurm}"
 CONF=/etc/slurm/slurm.conf
+GRES_CONF=/etc/slurm/gres.conf
 PARTITION=debug
+GPUS=4
 MUNGE_PID=/run/munge/munged.pid
 SLURMCTLD_PID="$DIR/run/slurmctld.pid"
 SLURMD_PID="$DIR/run/slurmd.pid"
@@ -63,6 +67,8 @@ render_conf() {
 # Written by scripts/slurm_cluster.sh -- single-node test cluster, do not edit by hand.
 ClusterName=cts
 SlurmctldHost=$NODE(127.0.0.1)
+# Dummy GPUs (gres.conf): jobs asking for them get CUDA_VISIBLE_DEVICES as on a GPU node.
+GresTypes=gpu
 AuthType=auth/munge
 # A requeued job may only restart cred_expire seconds later (default 120 s).
 AuthInfo=cred_expire=10
@@ -96,8 +102,18 @@ ReturnToService=2
 SlurmdTimeout=30
 MessageTimeout=10
 KillWait=5
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus Boards=$boards SocketsPerBoard=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$mem State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus Boards=$boards SocketsPerBoard=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$mem Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+EOF
+}
+
+# Print the gres.conf: GPUS GPUs on dummy devices (links to /dev/null, no driver, no
+# autodetection: nothing probes them; Slurm only hands their indices to jobs).
+render_gres() {
+  cat <<EOF
+# Written by scripts/slurm_cluster.sh -- dummy GPUs of the single-node test cluster.
+AutoDetect=off
+NodeName=$NODE Name=gpu File=$DIR/gpu/nvidia[0-$((GPUS - 1))]
 EOF
 }
 
@@ -131,11 +147,16 @@ cmd_up() {
   install_packages
   getent hosts "$NODE" >/dev/null || echo "127.0.0.1 $NODE" >>/etc/hosts
   setup_munge
-  install -d -m 0755 "$DIR/state" "$DIR/spool/slurmd" "$DIR/run" /etc/slurm
-  local new; new="$(render_conf)"
-  if [[ ! -f "$CONF" ]] || [[ "$(cat "$CONF")" != "$new" ]]; then
+  install -d -m 0755 "$DIR/state" "$DIR/spool/slurmd" "$DIR/run" "$DIR/gpu" /etc/slurm
+  # Slurm wants character devices: links to /dev/null (no mknod, which containers may forbid).
+  local i f made=""; for ((i = 0; i < GPUS; i++)); do
+    f="$DIR/gpu/nvidia$i"; [[ -L "$f" && -c "$f" ]] || { rm -f "$f"; ln -s /dev/null "$f"; made=1; }
+  done
+  local new gres; new="$(render_conf)" gres="$(render_gres)"
+  if [[ -n "$made" ]] || [[ ! -f "$CONF" ]] || [[ "$(cat "$CONF")" != "$new" ]] \
+    || [[ ! -f "$GRES_CONF" ]] || [[ "$(cat "$GRES_CONF")" != "$gres" ]]; then
     stop_pid slurmd "$SLURMD_PID"; stop_pid slurmctld "$SLURMCTLD_PID"
-    printf '%s\n' "$new" >"$CONF"; log "wrote $CONF"
+    printf '%s\n' "$new" >"$CONF"; printf '%s\n' "$gres" >"$GRES_CONF"; log "wrote $CONF and $GRES_CONF"
   fi
   alive "$MUNGE_PID" || runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID" \
     --log-file="$DIR/log/munged.log"
@@ -153,7 +174,7 @@ cmd_up() {
     fi
     sleep 0.5
   done
-  sinfo -h -N -n "$NODE" -o 'slurm up: node=%N cpus=%c memory=%mMB partition=%P state=%T' \
+  sinfo -h -N -n "$NODE" -o 'slurm up: node=%N cpus=%c memory=%mMB gres=%G partition=%P state=%T' \
     | head -n1 | sed "s|\$| logs=$DIR/log|"
 }
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from serving.engine import Engine, EngineStats
 from serving.errors import EngineError
-from serving.types import ChatRequest, ChatResponse
+from serving.types import ChatRequest, ChatResponse, PromptCount
 
 
 def weights_fingerprint(path: str) -> str:
@@ -170,6 +170,9 @@ class Unbatched:
             return await self.inner.chat(request)
         finally:
             _ALONE.reset(token)
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
+        return await self.inner.count_prompt_tokens(request)
 
     async def aclose(self) -> None:
         """Nothing of its own: the engine is closed by whoever built it."""

@@ -1,4 +1,7 @@
-"""Response cache: SQLite in WAL mode, shared safely by the processes of one run (Slurm tasks).
+"""Response cache: SQLite, shared safely by the processes of one run (Slurm tasks): in WAL mode
+on a local file system; on a network one (NFS, Lustre, GPFS…), where SQLite's WAL does not work
+across hosts, with a rollback journal and the file locks it takes (POSIX locks, which the
+network file system must honour: NFS with lockd or v4, Lustre mounted with `flock`, GPFS).
 
 Keyed by purpose (evaluation or golden construction), engine identity (engine kind, model,
 weights), messages, sampling (seed included) and output spec, so a finished run re-runs without
@@ -32,8 +35,9 @@ from pydantic import ValidationError
 from serving.disk import storage_errors, storage_full
 from serving.engine import ChatModel, EngineStats
 from serving.errors import ConstrainedOutputError
+from serving.filesystems import network_filesystem
 from serving.outputs import validate_output
-from serving.types import ChatRequest, ChatResponse, OutputSpec
+from serving.types import ChatRequest, ChatResponse, OutputSpec, PromptCount
 from serving.yaml_config import ConfigError
 
 _SCHEMA = """
@@ -87,38 +91,47 @@ def guard_cache_file(path: Path) -> Iterator[None]:
         ) from e
 
 
+def journal_mode(path: Path) -> str:
+    """WAL on a local file system; DELETE (a rollback journal) on a network one, where WAL's
+    shared-memory index cannot be shared by processes on different hosts (SQLite's WAL docs)."""
+    return "DELETE" if network_filesystem(path.parent) else "WAL"
+
+
 def open_shared_sqlite(path: Path, schema: str) -> sqlite3.Connection:
-    """A connection several processes (Slurm tasks) can write through at once: WAL, and
-    autocommit so that each write is its own short transaction and concurrent writers wait
-    (busy_timeout) instead of failing. Callers guard it with a lock across threads.
-    A file that is not a readable SQLite database raises CacheFileError."""
+    """A connection several processes (Slurm tasks) can write through at once: WAL (or a
+    rollback journal on a network file system, `journal_mode`), and autocommit so that each
+    write is its own short transaction and concurrent writers wait (busy_timeout) instead of
+    failing. Callers guard it with a lock across threads. A file that is not a readable SQLite
+    database raises CacheFileError."""
     with storage_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
     with guard_cache_file(path):
         db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
     try:
         with guard_cache_file(path):
-            _prepare(db, schema)
+            _prepare(db, schema, journal_mode(path))
     except BaseException:
         db.close()
         raise
     return db
 
 
-def _prepare(db: sqlite3.Connection, schema: str) -> None:
+def _prepare(db: sqlite3.Connection, schema: str, journal: str) -> None:
     db.execute("PRAGMA busy_timeout = 60000")
-    # Switching a new file to WAL needs an exclusive lock, and SQLite does not wait on the busy
-    # handler for it: two Slurm tasks opening a fresh cache at once got "database is locked".
+    # Switching a file's journal mode needs an exclusive lock, and SQLite does not wait on the
+    # busy handler for it: two Slurm tasks opening a fresh cache at once got "database is
+    # locked".
     deadline = time.monotonic() + 60
     while True:
         try:
-            db.execute("PRAGMA journal_mode = WAL")
+            db.execute(f"PRAGMA journal_mode = {journal}")
             break
         except sqlite3.OperationalError as e:
             if "locked" not in str(e) or time.monotonic() > deadline:
                 raise
             time.sleep(0.05 + random.random() * 0.2)
-    db.execute("PRAGMA synchronous = NORMAL")
+    # A rollback journal is only safe with full syncs: NORMAL is WAL's (durable at checkpoints).
+    db.execute(f"PRAGMA synchronous = {'NORMAL' if journal == 'WAL' else 'FULL'}")
     db.execute(schema)
 
 
@@ -224,6 +237,9 @@ class CachedEngine:
             raise
         finally:
             del self._in_flight[key]
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
+        return await self.inner.count_prompt_tokens(request)
 
     @property
     def stats(self) -> EngineStats:

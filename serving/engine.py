@@ -13,7 +13,7 @@ from typing import Protocol
 
 from serving.errors import ConstrainedOutputError, EngineError
 from serving.outputs import valid_unicode, validate_output
-from serving.types import ChatRequest, ChatResponse
+from serving.types import ChatRequest, ChatResponse, PromptCount
 
 
 @dataclass
@@ -50,6 +50,8 @@ class ChatModel(Protocol):
 
     async def chat(self, request: ChatRequest) -> ChatResponse: ...
 
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -84,6 +86,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def _complete(self, request: ChatRequest) -> ChatResponse:
         """Run the model; return the raw answer (validation happens in `chat`)."""
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
+        """The request's prompt tokens exactly as the model will see them, and its context
+        window when known; None when this engine cannot count (callers then estimate)."""
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - engines without resources need nothing
         """Release servers, threads and clients."""

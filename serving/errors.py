@@ -29,3 +29,20 @@ class ConstrainedOutputError(EngineError):
     def __init__(self, message: str, text: str) -> None:
         super().__init__(f"{message}; raw answer: {text[:200]!r}")
         self.text = text
+
+
+class ContextLengthExceeded(EngineError):
+    """The server refused a request whose prompt plus `max_tokens` exceeds the model's context
+    window (GPU vLLM 0.11-0.13 answer HTTP 400; later versions clamp `max_tokens` and refuse only
+    a prompt that alone overflows). `window` and `prompt_tokens` are the server's figures when
+    its message gives them; `exact` is false when the prompt's figure is only a lower bound."""
+
+    kind = "context_length"
+
+    def __init__(
+        self, message: str, window: int | None, prompt_tokens: int | None, exact: bool = True
+    ) -> None:
+        super().__init__(message)
+        self.window = window
+        self.prompt_tokens = prompt_tokens
+        self.exact = exact

@@ -32,6 +32,9 @@ class SamplingDefaults(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(512, gt=0)
     repetition_penalty: float = Field(1.0, gt=0.0)
+    #: Top-k (-1: off); unset, none is sent and a vLLM server applies the checkpoint's
+    #: generation config.
+    top_k: int | None = Field(None, ge=-1)
 
 
 class VllmServerArgs(_Strict):

@@ -9,15 +9,22 @@ constrained answer anyway.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
+import re
 import time
 from typing import Any, Literal
 
 import httpx
 
 from serving.engine import Engine
-from serving.errors import EngineError, EngineUnavailable, ServerUnreachable
+from serving.errors import (
+    ContextLengthExceeded,
+    EngineError,
+    EngineUnavailable,
+    ServerUnreachable,
+)
 from serving.secrets import redact_cut, secret_from_env
 from serving.types import (
     ChatRequest,
@@ -25,6 +32,7 @@ from serving.types import (
     ChoiceOutput,
     JsonSchemaOutput,
     OutputSpec,
+    PromptCount,
     RegexOutput,
     Usage,
 )
@@ -37,6 +45,34 @@ _RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 #: httpx's pool of 100, 427 on a client per 64); an engine allowed more in flight spreads them
 #: over several clients.
 CLIENT_CONNECTIONS = 64
+
+
+#: vLLM's context-length refusal: "This model's maximum context length is W tokens. However,
+#: you requested N tokens (P in the messages, C in the completion)…" (0.11-0.13), or "…your
+#: prompt contains [at least] P input tokens…" (later versions, which clamp max_tokens).
+_CONTEXT_WINDOW = re.compile(r"maximum context length is (\d+) tokens")
+_PROMPT_TOKENS = re.compile(r"\((\d+) in the messages|contains (at least )?(\d+) input tokens")
+
+
+def context_length_error(status: int, text: str) -> ContextLengthExceeded | None:
+    """The refusal as a ContextLengthExceeded when a 400 says the context window overflowed."""
+    if status != 400:
+        return None
+    try:
+        body = json.loads(text)
+        error = body.get("error", body) if isinstance(body, dict) else {}
+        message = str(error.get("message", "")) if isinstance(error, dict) else ""
+    except ValueError:
+        message = text
+    window = _CONTEXT_WINDOW.search(message)
+    if window is None:
+        return None
+    prompt = _PROMPT_TOKENS.search(message)
+    if prompt is None:
+        return ContextLengthExceeded(message[:500], int(window[1]), None)
+    tokens = int(prompt[1] or prompt[3])
+    # "at least": the server stopped tokenizing one past its window.
+    return ContextLengthExceeded(message[:500], int(window[1]), tokens, exact=not prompt[2])
 
 
 def constraint_fields(spec: OutputSpec, prefer: ConstraintField) -> dict[str, Any]:
@@ -113,6 +149,8 @@ class OpenAIEngine(Engine):
             body["stop"] = list(s.stop)
         if s.repetition_penalty != 1.0:
             body["repetition_penalty"] = s.repetition_penalty  # vLLM extension
+        if s.top_k is not None:
+            body["top_k"] = s.top_k  # vLLM extension
         if self.chat_template_kwargs:
             body["chat_template_kwargs"] = self.chat_template_kwargs
         if request.output is not None:
@@ -173,6 +211,9 @@ class OpenAIEngine(Engine):
                 last_error = f"HTTP {reply.status_code}: {redact_cut(reply.text, 300)}"
                 why = f"HTTP {reply.status_code}"
                 continue
+            overflow = context_length_error(reply.status_code, reply.text)
+            if overflow is not None:
+                raise overflow
             if reply.status_code != 200:
                 raise EngineError(
                     f"{self.url} (model {self.model}) refused the request: "
@@ -184,6 +225,27 @@ class OpenAIEngine(Engine):
             f"last error: {last_error}"
         )
         raise ServerUnreachable(message) if refused else EngineUnavailable(message)
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
+        """vLLM's `POST /tokenize` of the request's messages, with the chat template and the
+        generation prompt as a chat request gets them; None when the server cannot say (not
+        vLLM, unreachable): the caller then estimates."""
+        root = self.base_url.removesuffix("/v1")
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.model_dump() for m in request.messages],
+            "add_generation_prompt": True,
+        }
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
+        clients, semaphore = self._session()
+        try:
+            async with semaphore:
+                reply = await clients[0].post(f"{root}/tokenize", json=body)
+            payload = reply.json() if reply.status_code == 200 else {}
+            return PromptCount(tokens=payload["count"], window=payload.get("max_model_len"))
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
 
     def _response(self, payload: dict[str, Any], latency: float) -> ChatResponse:
         try:

@@ -53,6 +53,40 @@ class PlanError(ValueError):
     """The models do not fit on the GPUs there are."""
 
 
+#: The share of each GPU the plan hands out: the rest holds what sits outside vLLM's
+#: gpu_memory_utilization (each process's CUDA context, CUDA graphs, NCCL buffers), so models
+#: sharing a GPU cannot sum to all of it.
+GPU_SHARE_CAP = 0.95
+CAP_NOTE = (
+    f"the plan hands out {GPU_SHARE_CAP:.0%} of each GPU: CUDA contexts and graphs sit outside "
+    "vLLM's share"
+)
+
+
+def chat_template_problem(model: ModelConfig, path: str) -> str | None:
+    """Why the served checkpoint at `path` cannot answer chat requests, or None: every role
+    sends chat messages, and a checkpoint without a chat template makes vLLM refuse each one.
+    Only a local checkpoint is checked (a hub id is checked where its weights are)."""
+    if any(a.split("=")[0] == "--chat-template" for a in model.vllm.extra_args):
+        return None
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        return None
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return None
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and config.get("chat_template"):
+        return None
+    return (
+        f"checkpoint {folder} ships no chat template (none in tokenizer_config.json, no "
+        "chat_template.jinja): vLLM would refuse every chat request. Use the instruct/chat "
+        'checkpoint, or give one: vllm.extra_args: ["--chat-template", "/path/template.jinja"]'
+    )
+
+
 @dataclass
 class PlannedServer:
     #: The name roles use for the model (its config file name or inline key).
@@ -100,7 +134,7 @@ def plan_gpus(models: dict[str, ModelConfig], gpus: list[str]) -> dict[str, list
     """Model key → the GPUs it runs on. Explicit `vllm.gpus` are honoured first; the rest are
     packed largest first, each onto the `tensor_parallel_size` GPUs with the most free memory
     that can hold its fraction."""
-    free = dict.fromkeys(gpus, 1.0)
+    free = dict.fromkeys(gpus, GPU_SHARE_CAP)
     plan: dict[str, list[str]] = {}
 
     def take(key: str, chosen: list[str], fraction: float) -> None:
@@ -128,7 +162,7 @@ def plan_gpus(models: dict[str, ModelConfig], gpus: list[str]) -> dict[str, list
         if short:
             raise PlanError(
                 f"model {key}: GPU(s) {short} have {[free[g] for g in short]} of their memory "
-                f"left, it needs {args.gpu_memory_utilization}"
+                f"left to plan, it needs {args.gpu_memory_utilization} ({CAP_NOTE})"
             )
         take(key, chosen, args.gpu_memory_utilization)
 
@@ -154,6 +188,7 @@ def plan_gpus(models: dict[str, ModelConfig], gpus: list[str]) -> dict[str, list
                     + ", ".join(f"GPU {g}: {free[g]:.0%} free" for g in free)
                     + " remain after "
                     + (", ".join(f"{k} on {v}" for k, v in plan.items()) or "nothing")
+                    + f" ({CAP_NOTE})"
                     if free
                     else "this job has no GPU (set CUDA_VISIBLE_DEVICES, pass --gpus, or "
                     "--cpu for the CPU build)"
@@ -207,8 +242,12 @@ def plan_servers(
         env = dict(model.vllm.env)
         if not cpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(assignment[key])
+        path = model.resolved_path()
+        problem = chat_template_problem(model, path)
+        if problem is not None:
+            raise PlanError(f"model {key}: {problem}")
         server = VllmServer(
-            model_path=model.resolved_path(),
+            model_path=path,
             served_name=model.name,
             log_path=log_dir / f"{model_label(key, model.name)}.log",
             port=port,
@@ -237,12 +276,16 @@ def _shares_gpu(a: PlannedServer, b: PlannedServer) -> bool:
     return bool(set(a.gpus) & set(b.gpus))
 
 
+#: Seconds all servers of a group may take to become ready, unless --ready-timeout says.
+DEFAULT_READY_TIMEOUT_S = 1800.0
+
+
 @dataclass
 class ServerGroup:
     """Start, watch and stop the planned servers as one."""
 
     planned: list[PlannedServer]
-    deadline_s: float = 1800.0
+    deadline_s: float = DEFAULT_READY_TIMEOUT_S
     ready_s: dict[str, float] = field(default_factory=dict)
 
     def start(self) -> None:
@@ -347,6 +390,8 @@ class ServeOptions:
     cpu: bool = False
     #: The vLLM venv's interpreter (default $CTS_VLLM_PYTHON, else `vllm serve`).
     vllm_python: str | None = None
+    #: Seconds all servers together may take to become ready (a first start may compile).
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
 
     def plan(
         self, models: dict[str, ModelConfig], log_dir: Path, host: str = "127.0.0.1"
@@ -380,5 +425,6 @@ def served(
         on_start(len(planned))
     # A signal while the servers load stops them; once the run starts, its own handlers take
     # over (finished records stay, the run is resumable).
-    with stop_on_signals(), serving(ServerGroup(planned)) as group:
+    group = ServerGroup(planned, deadline_s=options.ready_timeout_s)
+    with stop_on_signals(), serving(group) as group:
         yield {**urls, **{p.key: p.server.base_url for p in group.planned}}, group.check

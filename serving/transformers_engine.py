@@ -343,7 +343,8 @@ def _sampling_kwargs(s: Sampling) -> dict[str, Any]:
     """generate()'s sampling arguments: greedy at temperature 0, else nucleus sampling."""
     kwargs: dict[str, Any] = {"do_sample": s.temperature > 0}
     if s.temperature > 0:
-        kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=0)
+        top_k = 0 if s.top_k in (None, -1) else s.top_k  # 0: off, in generate()'s terms
+        kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=top_k)
     else:
         kwargs.update(temperature=None, top_p=None, top_k=None)
     if s.repetition_penalty != 1.0:

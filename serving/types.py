@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class _Frozen(BaseModel):
@@ -26,6 +26,18 @@ class Sampling(_Frozen):
     seed: int | None = 0
     stop: tuple[str, ...] = ()
     repetition_penalty: float = Field(1.0, gt=0.0)
+    #: Top-k (-1: off), sent only when set: unset, a vLLM server applies the checkpoint's
+    #: generation config (WebDancer's says 40).
+    top_k: int | None = Field(None, ge=-1)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_top_k(self, handler: Any) -> Any:
+        # Unset, top_k is left out of the dump that cache keys and dialogue fingerprints hash,
+        # so that every answer cached before the field existed is still found.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("top_k") is None:
+            data.pop("top_k", None)
+        return data
 
     def with_seed(self, seed: int | None) -> Sampling:
         """Seeded with a run's seed when it samples (None: unchanged). A greedy request
@@ -125,6 +137,14 @@ class ChatRequest(_Frozen):
         }
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class PromptCount(_Frozen):
+    """A request's prompt as the model sees it (chat template applied), counted by the model's
+    own tokenizer, and the model's context window when the server says it."""
+
+    tokens: int = Field(ge=0)
+    window: int | None = Field(None, gt=0)
 
 
 class Usage(_Frozen):

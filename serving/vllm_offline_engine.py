@@ -82,6 +82,7 @@ class VllmOfflineEngine(BatchingEngine):
             stop=list(s.stop) or None,
             repetition_penalty=s.repetition_penalty,
             structured_outputs=structured,
+            **({"top_k": s.top_k} if s.top_k is not None else {}),
         )
 
     def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse | EngineError]:

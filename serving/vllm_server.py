@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,16 @@ def _die_with_parent() -> None:
 
 class ServerError(RuntimeError):
     """A server died or never became ready; the message ends with the tail of its log."""
+
+
+def vllm_executable() -> str:
+    """The `vllm` command of this environment: the one beside this interpreter (a Slurm job runs
+    the venv's python by absolute path, without activating the venv, so its bin/ is not on
+    PATH), else `vllm` as PATH finds it when the server starts."""
+    beside = Path(sys.executable).parent / "vllm"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return "vllm"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,7 +80,7 @@ class VllmServer:
         if self.python:
             head = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model"]
         else:
-            head = ["vllm", "serve"]
+            head = [vllm_executable(), "serve"]
         return [
             *head,
             self.model_path,
@@ -82,10 +94,17 @@ class VllmServer:
         ]
 
     def start(self) -> VllmServer:
+        command = self.command()
+        if shutil.which(command[0], path=self.env.get("PATH", os.environ.get("PATH"))) is None:
+            raise ServerError(
+                f"vLLM server for {self.served_name}: no `{command[0]}` to run (none beside "
+                f"{sys.executable}, none on PATH); install vLLM into this environment (the "
+                "`vllm` extra), or pass --vllm-python with the interpreter of a vLLM venv"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            self.command(),
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},

@@ -10,6 +10,7 @@ about an overridden key names the override instead of a line.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,7 +132,7 @@ def parse_override(override: str) -> Override:
         raise ConfigError(
             f"--set {_short(override)}: expected KEY=VALUE, e.g. roles.clarifier.model=x"
         )
-    keys = tuple(key.strip().split("."))
+    keys = _split_key(key.strip(), override)
     if len(keys) > MAX_KEY_DEPTH:
         raise ConfigError(
             f"--set {_short(override)}: key nested too deeply "
@@ -148,6 +149,33 @@ def parse_override(override: str) -> Override:
     if isinstance(value, datetime.date):
         value = raw.strip()  # configs keep dates as text (`search.date=2026-11-30`)
     return Override(keys, value)
+
+
+#: One key of a dotted path: a name in double or single quotes (which may hold dots, as model
+#: names do: `models."ernie-4.5-21b-a3b".vllm`), or a bare name up to the next dot.
+_SEGMENT = r"""(?:"[^"]+"|'[^']+'|[^."']*)"""
+_QUOTED_KEY = re.compile(rf"{_SEGMENT}(?:\.{_SEGMENT})*")
+
+
+def _split_key(key: str, override: str) -> Key:
+    """`a.b.c` → ("a", "b", "c"); a quoted segment is one key, dots and all."""
+    if not any(q in key for q in "\"'"):
+        return tuple(key.split("."))
+    if not _QUOTED_KEY.fullmatch(key):
+        raise ConfigError(
+            f"--set {_short(override)}: a quoted key must be a whole segment between dots, "
+            'e.g. models."ernie-4.5-21b-a3b".vllm.gpu_memory_utilization=0.5'
+        )
+    keys, rest = [], key
+    while True:
+        segment = re.match(_SEGMENT, rest)
+        assert segment is not None  # the whole key matched _QUOTED_KEY
+        text = segment.group()
+        keys.append(text[1:-1] if text[:1] in "\"'" else text)
+        rest = rest[segment.end() :]
+        if not rest:
+            return tuple(keys)
+        rest = rest[1:]  # the dot
 
 
 def _short(override: str, limit: int = 80) -> str:

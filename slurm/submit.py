@@ -68,6 +68,26 @@ LIVE_STATES = frozenset(
 SIGTERM_GRACE_S = 120
 
 
+#: What a task asks per GPU when --cpus-per-task / --mem are not given. Site defaults are often
+#: one core and a few GB per job: five vLLM servers (an API server, an engine core and a worker
+#: per GPU each, every one importing torch) then miss their readiness deadline or are OOM-killed.
+CPUS_PER_GPU = 4
+MEM_GB_PER_GPU = 32
+
+#: sbatch options that shape a GPU request; with --gpus-per-task cts sets them itself.
+_GPU_SHAPE = re.compile(
+    r"^(-n|-N|--ntasks|--nodes|--gpus|--gres=gpu|--tres-per-task|--cpus-per-gpu)"
+)
+
+
+def gpu_request(gpus: int) -> list[str]:
+    """`gpus` GPUs for one task on one node, in the form every Slurm from 22.05 to 24.x takes:
+    since 23.11 sbatch refuses --gpus-per-task without -n/--ntasks or --gpus ("--gpus-per-task
+    or --tres-per-task used without either --gpus or -n/--ntasks is not allowed"), and --nodes
+    keeps the task's GPUs on the node whose localhost its servers listen on."""
+    return ["--nodes=1", "--ntasks=1", f"--gpus-per-task={gpus}"]
+
+
 class SubmitError(RuntimeError):
     """sbatch refused a job; the message has its stderr."""
 
@@ -92,6 +112,8 @@ class SlurmOptions:
     extra_sbatch: list[str] = field(default_factory=list)
     #: GPUs of the training job (`--job train`), which runs after the sampling array.
     fit_gpus: int = 1
+    #: `--ready-timeout` of the array task's servers (None: the command's default).
+    ready_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -102,6 +124,13 @@ class SlurmOptions:
             # confusing job; refuse control characters outright.
             if value is not None and (not value or re.search(r"[\x00-\x1f]", value)):
                 raise SlurmOptionError(f"--{name.replace('_', '-')} {value!r}: not a valid value")
+        shaping = [a for a in self.extra_sbatch if _GPU_SHAPE.match(a)]
+        if self.gpus_per_task and shaping:
+            raise SlurmOptionError(
+                f"--sbatch-arg {' '.join(shaping)}: with --gpus-per-task, cts asks for the GPUs "
+                f"itself ({' '.join(gpu_request(self.gpus_per_task))}); a second task count or "
+                "GPU request would contradict it (newer Slurm refuses such mixes)"
+            )
 
     def common_args(self) -> list[str]:
         args = ["--parsable", "--requeue"]
@@ -120,15 +149,18 @@ class SlurmOptions:
             array += f"%{self.array_parallelism}"
         args = [*self.common_args(), f"--array={array}", f"--signal=B:TERM@{SIGTERM_GRACE_S}"]
         if self.gpus_per_task:
-            args.append(f"--gpus-per-task={self.gpus_per_task}")
-        return [*args, *self._cpus_and_mem(), *self.extra_sbatch]
+            args += gpu_request(self.gpus_per_task)
+        return [*args, *self._cpus_and_mem(self.gpus_per_task), *self.extra_sbatch]
 
-    def _cpus_and_mem(self) -> list[str]:
+    def _cpus_and_mem(self, gpus: int) -> list[str]:
+        """The given requests; with GPUs and none given, CPUS_PER_GPU and MEM_GB_PER_GPU each."""
         args = []
-        if self.cpus_per_task:
-            args.append(f"--cpus-per-task={self.cpus_per_task}")
-        if self.mem:
-            args.append(f"--mem={self.mem}")
+        cpus = self.cpus_per_task or (CPUS_PER_GPU * gpus if gpus else None)
+        mem = self.mem or (f"{MEM_GB_PER_GPU * gpus}G" if gpus else None)
+        if cpus:
+            args.append(f"--cpus-per-task={cpus}")
+        if mem:
+            args.append(f"--mem={mem}")
         return args
 
     def final_args(self, trains: bool) -> list[str]:
@@ -138,8 +170,8 @@ class SlurmOptions:
         if trains:
             args.append(f"--signal=B:TERM@{SIGTERM_GRACE_S}")
             if self.fit_gpus:
-                args.append(f"--gpus={self.fit_gpus}")
-            args += self._cpus_and_mem()
+                args += gpu_request(self.fit_gpus)
+            args += self._cpus_and_mem(self.fit_gpus)
         return args
 
 
@@ -202,6 +234,8 @@ def _serve_args(options: SlurmOptions) -> list[str]:
         serve.append("--cpu")
     if options.vllm_python:
         serve += ["--vllm-python", options.vllm_python]
+    if options.ready_timeout_s is not None:
+        serve += ["--ready-timeout", f"{options.ready_timeout_s:g}"]
     return serve
 
 

@@ -5,6 +5,7 @@ the replay it sends, and the metrics it reads; and the experiment bench/gpu_chec
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -167,6 +168,27 @@ def test_the_gpu_check_experiment_has_the_key_concurrency_and_the_server_s_dev_m
     assert model.vllm.env["VLLM_SERVER_DEV_MODE"] == "1"
     assert ("VLLM_CPU_KVCACHE_SPACE" in model.vllm.env) is cpu
     assert "VLLM_SERVER_DEV_MODE" not in gpu_check.CPU_MODEL["vllm"]["env"]
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+def test_the_gpu_check_serves_compact_json_on_gpu_as_on_cpu(gpu_check, tmp_path, cpu):
+    """The rendered server command carries the same structured-output settings on the GPU as
+    on the CPU build: without `disable_any_whitespace` a model pads its JSON answers with
+    newlines to the token limit, and the check measured padding (it was CPU-only)."""
+    import yaml
+
+    from eval.config import load_experiment
+    from serving.serve import plan_servers
+
+    settings = {"instances": 2, "concurrency": 16, "max_concurrency": 32, "memory": 0.5}
+    generated = gpu_check.experiment("/ckpt/model", tmp_path, **settings, cpu=cpu)
+    (tmp_path / "gpu-check.yaml").write_text(yaml.safe_dump(generated))
+    models = load_experiment(tmp_path / "gpu-check.yaml").model_configs
+    (server,) = plan_servers(models, tmp_path, gpus=["0"], cpu=cpu, python="/venv/bin/python")
+    command = server.server.command()
+    config = command[command.index("--structured-outputs-config") + 1]
+    assert json.loads(config) == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert ("--gpu-memory-utilization" in command) is not cpu  # the GPU command, or the CPU one
 
 
 def test_the_gpu_check_defaults_fill_its_concurrency_with_keys(gpu_check):

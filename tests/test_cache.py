@@ -119,3 +119,53 @@ def test_processes_opening_a_new_cache_at_once_all_succeed(tmp_path):
         for w in workers:
             w.join(120)
         assert [w.exitcode for w in workers] == [0] * 8
+
+
+def _network_writer(path: str, worker: int, n: int) -> None:
+    import serving.filesystems
+
+    # The detector faked: statfs says NFS, as it would for a home shared by the nodes.
+    serving.filesystems.statfs_type = lambda p: 0x6969  # type: ignore[assignment]
+    _writer(path, worker, n)
+
+
+def test_a_cache_on_a_network_file_system_uses_a_rollback_journal(tmp_path, monkeypatch):
+    """SQLite's WAL needs every process on one host: on NFS, Lustre or GPFS (statfs type) the
+    caches use a rollback journal with its file locks instead."""
+    import serving.filesystems
+    from serving.cache import journal_mode
+    from webdancer.tool_cache import ToolCache
+
+    assert journal_mode(tmp_path / "local.sqlite") == "WAL"  # the real statfs: a local disk
+    monkeypatch.setattr(serving.filesystems, "statfs_type", lambda p: 0x0BD00BD0)  # Lustre
+    assert journal_mode(tmp_path / "c.sqlite") == "DELETE"
+    ResponseCache(tmp_path / "c.sqlite").close()
+    ToolCache(tmp_path / "tools.sqlite").close()
+    for name in ("c.sqlite", "tools.sqlite"):
+        db = sqlite3.connect(tmp_path / name)
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",), name
+    # A cache made in WAL mode (on a local disk, then copied) is switched when opened there.
+    monkeypatch.setattr(serving.filesystems, "statfs_type", lambda p: 0xEF53)  # ext4
+    ResponseCache(tmp_path / "was-wal.sqlite").close()
+    monkeypatch.setattr(serving.filesystems, "statfs_type", lambda p: 0x6969)  # NFS
+    ResponseCache(tmp_path / "was-wal.sqlite").close()
+    db = sqlite3.connect(tmp_path / "was-wal.sqlite")
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
+def test_processes_sharing_a_cache_on_a_network_file_system_leave_it_consistent(tmp_path):
+    """Four processes writing one cache through the rollback-journal path (the detector faked in
+    each): every row there, the file intact, never a WAL file."""
+    path = str(tmp_path / "shared.sqlite")
+    ctx = mp.get_context("spawn")
+    workers = [ctx.Process(target=_network_writer, args=(path, w, 100)) for w in range(4)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    assert not (tmp_path / "shared.sqlite-wal").exists()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    assert db.execute("SELECT COUNT(*) FROM responses").fetchone() == (100 + 4 * 100,)

@@ -42,6 +42,7 @@ def test_config_show_prints_the_resolved_config():
         "top_p": None,
         "max_tokens": None,
         "repetition_penalty": None,
+        "top_k": None,
     }
     assert doc["models"]["smollm2-135m-instruct"]["engine"] == "transformers"
     assert doc["sources"]["experiment"].endswith("quickstart.yaml")

@@ -167,3 +167,37 @@ def test_the_llm_question_classifier_needs_its_role():
         ],
     )
     assert resolved.experiment.clarification.question_types == "llm"
+
+
+def test_set_on_a_model_name_with_dots_is_refused_and_quoting_applies_it():
+    """`--set models.ernie-4.5-21b-a3b.vllm.gpu_memory_utilization=0.5` used to create a bogus
+    `ernie-4` entry and change nothing; it is refused with the quoted form, which applies."""
+    dotted = "models.ernie-4.5-21b-a3b.vllm.gpu_memory_utilization=0.5"
+    with pytest.raises(ConfigError) as refused:
+        load_experiment("hard518", [dotted])
+    assert "'ernie-4' names no model" in str(refused.value)
+    assert """--set 'models."ernie-4.5-21b-a3b".vllm.gpu_memory_utilization=VALUE'""" in str(
+        refused.value
+    )
+    quoted = load_experiment(
+        "hard518", ['models."ernie-4.5-21b-a3b".vllm.gpu_memory_utilization=0.5']
+    )
+    assert quoted.model_configs["ernie-4.5-21b-a3b"].vllm.gpu_memory_utilization == 0.5
+    single = load_experiment("hard518", ["models.'ernie-4.5-21b-a3b'.max_concurrency=3"])
+    assert single.model_configs["ernie-4.5-21b-a3b"].max_concurrency == 3
+    with pytest.raises(ConfigError, match="'nosuch' names no model"):
+        load_experiment(None, ["models.nosuch.dtype=float32"])
+    with pytest.raises(ConfigError, match="a quoted key must be a whole segment"):
+        load_experiment(None, ['models."smollm2-135m-instruct.dtype=float32'])
+
+
+def test_set_may_name_any_model_there_is(project):
+    """A model no role uses yet is still a model: a config file, or the file's `models:`."""
+    exp = project / "experiments" / "exp.yaml"
+    assert load_experiment(exp, ["models.qwen3-8b.dtype=float32"])  # a shipped config file
+    inline = write(exp.with_name("inline.yaml"), exp.read_text() + "models:\n  spare: {}\n")
+    assert load_experiment(inline, ["models.spare.dtype=float32"])
+    swapped = load_experiment(
+        exp, ["models.other.name=o", "models.other.path=/x", "roles.judge.model=other"]
+    )
+    assert swapped.model_configs["other"].path == "/x"

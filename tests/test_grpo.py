@@ -187,3 +187,58 @@ def test_shipped_grpo_configs_resolve():
     served = downstream_models(resolved)
     assert "qwen3-8b" not in served and {"qwen3-32b", "webdancer-32b"} <= set(served)
     assert resolved.experiment.conditions == ["blurred", "clarify@1"]
+
+
+def test_colocated_vllm_gets_a_window_sized_to_the_prompts(tmp_path, tiny_path):
+    """GRPO colocates vLLM with the trainer on one GPU at TRL's 0.3 share. Without a window,
+    vLLM takes the model's own (40k tokens for Qwen3-8B): ~5.6 GiB of KV in the ~6.5 GiB the
+    share leaves beside the weights. The window is the longest training prompt plus the
+    completion, rounded up to 256; set explicitly, it is kept."""
+    from transformers import AutoTokenizer
+
+    config = load_train_config(train_yaml(tmp_path, limit=3, grpo={"use_vllm": True}))
+    rows, _ = prompt_rows(experiment(config))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    args = train.grpo.vllm_args(config.grpo, rows, tokenizer, {})
+    longest = max(
+        len(tokenizer(tokenizer.apply_chat_template(r["prompt"], tokenize=False,
+            add_generation_prompt=True), add_special_tokens=False)["input_ids"])
+        for r in rows
+    )  # fmt: skip
+    needed = longest + config.grpo.max_completion_length
+    assert args["vllm_max_model_length"] % 256 == 0
+    assert needed <= args["vllm_max_model_length"] < needed + 256
+    assert args["vllm_gpu_memory_utilization"] == 0.3 and args["vllm_mode"] == "colocate"
+    pinned = config.grpo.model_copy(update={"vllm_max_model_length": 8192})
+    assert train.grpo.vllm_args(pinned, rows, tokenizer, {})["vllm_max_model_length"] == 8192
+    server = config.grpo.model_copy(update={"vllm_mode": "server"})
+    assert "vllm_max_model_length" not in train.grpo.vllm_args(server, rows, tokenizer, {})
+    shipped = load_train_config("qwen3-8b-grpo").grpo
+    assert shipped.use_vllm and shipped.vllm_gpu_memory_utilization == 0.3
+
+
+def test_grpo_with_vllm_refuses_a_vllm_trl_does_not_support(tmp_path, monkeypatch):
+    """TRL 1.16 samples with vLLM 0.22-0.31; `pyproject` allowed any vLLM >= 0.12. Refused
+    before any work, naming the range and the extra that installs it."""
+    from importlib import metadata
+
+    config = load_train_config(train_yaml(tmp_path, grpo={"use_vllm": True}))
+    real_version = metadata.version
+
+    def version(found: str | None):  # type: ignore[no-untyped-def]
+        def fake(dist: str) -> str:
+            if dist != "vllm":
+                return real_version(dist)
+            if found is None:
+                raise metadata.PackageNotFoundError(dist)
+            return found
+
+        return fake
+
+    for found, said in ((None, "none is installed"), ("0.12.0", "it has 0.12.0")):
+        monkeypatch.setattr(metadata, "version", version(found))
+        with pytest.raises(GrpoError, match=rf">= 0.22, < 0.32.*{said}.*train-vllm"):
+            train.grpo.require_trl_vllm(config)
+    for found in ("0.22.0", "0.31.2+cu128"):
+        monkeypatch.setattr(metadata, "version", version(found))
+        train.grpo.require_trl_vllm(config)

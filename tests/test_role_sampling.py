@@ -58,10 +58,24 @@ def _capture(monkeypatch: pytest.MonkeyPatch) -> dict[str, ScriptedEngine]:
     return scripted
 
 
+#: WebDancer-32B's max_tokens (the release's), and the least room a search turn gets before the
+#: forced answer (webdancer/agent.py AgentBudget.min_turn_tokens).
+WEBDANCER_MAX_TOKENS, MIN_TURN_TOKENS = 32768, 4096
+
+
 def _sent(scripted: dict[str, ScriptedEngine]) -> dict[str, list[str]]:
-    """Per role, every distinct Sampling it sent, as the JSON the cache key hashes."""
+    """Per role, every distinct Sampling it sent, as the JSON the cache key hashes. A searcher
+    turn of WebDancer's 32768 max_tokens is clamped to the room its prompt leaves in the
+    window, which varies with the prompt: shown as the configured value once checked."""
+
+    def shown(role: str, sampling: Sampling) -> str:
+        clamped = MIN_TURN_TOKENS <= sampling.max_tokens < WEBDANCER_MAX_TOKENS
+        if role == "searcher" and sampling.top_k == -1 and clamped:
+            sampling = sampling.model_copy(update={"max_tokens": WEBDANCER_MAX_TOKENS})
+        return sampling.model_dump_json()
+
     return {
-        role: sorted({r.sampling.model_dump_json() for r in engine.requests})
+        role: sorted({shown(role, r.sampling) for r in engine.requests})
         for role, engine in scripted.items()
         if engine.requests
     }
@@ -171,7 +185,8 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
                 S(
                     temperature=0.6,
                     top_p=0.95,
-                    max_tokens=8192,
+                    max_tokens=32768,
+                    top_k=-1,
                     seed=1000,
                     repetition_penalty=1.1,
                     stop=STOP,
@@ -179,7 +194,8 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
                 S(
                     temperature=0.6,
                     top_p=0.95,
-                    max_tokens=8192,
+                    max_tokens=32768,
+                    top_k=-1,
                     seed=3,
                     repetition_penalty=1.1,
                     stop=STOP,
@@ -204,6 +220,7 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
                     temperature=0.6,
                     top_p=0.95,
                     max_tokens=448,
+                    top_k=-1,
                     seed=1000,
                     repetition_penalty=1.1,
                     stop=STOP,
@@ -212,6 +229,7 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
                     temperature=0.6,
                     top_p=0.95,
                     max_tokens=448,
+                    top_k=-1,
                     seed=3,
                     repetition_penalty=1.1,
                     stop=STOP,
@@ -239,7 +257,8 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
                 S(
                     temperature=0.6,
                     top_p=0.95,
-                    max_tokens=8192,
+                    max_tokens=32768,
+                    top_k=-1,
                     seed=1000,
                     repetition_penalty=1.1,
                     stop=STOP,
@@ -247,7 +266,8 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
                 S(
                     temperature=0.6,
                     top_p=0.95,
-                    max_tokens=8192,
+                    max_tokens=32768,
+                    top_k=-1,
                     seed=3,
                     repetition_penalty=1.1,
                     stop=STOP,

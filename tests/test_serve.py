@@ -76,6 +76,68 @@ def test_refuses_when_the_models_do_not_fit():
         plan_gpus({"a": model("a")}, [])
 
 
+def test_models_sharing_a_gpu_leave_five_percent_of_it():
+    """CUDA contexts and graphs sit outside vLLM's gpu_memory_utilization: two models at 0.5
+    on one GPU overcommit it; the plan hands out at most 0.95 of each GPU."""
+    assert plan_gpus({"a": model("a", memory=0.5), "b": model("b", memory=0.45)}, ["0"]) == {
+        "a": ["0"],
+        "b": ["0"],
+    }
+    with pytest.raises(PlanError, match=r"model b needs 1 GPU\(s\) with 50% .*95% of each GPU"):
+        plan_gpus({"a": model("a", memory=0.5), "b": model("b", memory=0.5)}, ["0"])
+    explicit = {"a": model("a", memory=0.5, gpus=[0]), "b": model("b", memory=0.5, gpus=[0])}
+    with pytest.raises(PlanError, match=r"model b: GPU\(s\) \['0'\] have \[0.45\]"):
+        plan_gpus(explicit, ["0"])
+    with pytest.raises(PlanError, match="CUDA contexts and graphs"):
+        plan_gpus({"a": model("a", memory=0.97)}, ["0"])
+
+
+def checkpoint(folder: Path, template: str | None, where: str = "tokenizer_config.json") -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    tokenizer: dict[str, str] = {}
+    if template is not None and where == "tokenizer_config.json":
+        tokenizer["chat_template"] = template
+    elif template is not None:
+        (folder / where).write_text(template)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    return folder
+
+
+def test_a_served_checkpoint_without_a_chat_template_is_refused_before_it_starts(tmp_path):
+    """Every role sends chat messages: a base checkpoint without a chat template would answer
+    each with an error, after a long start. Refused at plan time, naming the way out."""
+    base = checkpoint(tmp_path / "base", None)
+    served = ModelConfig(name="b", path=str(base), engine="openai")
+    with pytest.raises(PlanError, match=r"model judge: checkpoint .*base ships no chat template"):
+        plan_servers({"judge": served}, tmp_path, gpus=["0"])
+    given = served.model_copy(
+        update={"vllm": served.vllm.model_copy(update={"extra_args": ["--chat-template", "t"]})}
+    )
+    assert plan_servers({"judge": given}, tmp_path, gpus=["0"])
+    for where, folder in (("tokenizer_config.json", "a"), ("chat_template.jinja", "b")):
+        ok = checkpoint(tmp_path / folder, "{{ messages }}", where)
+        assert plan_servers({"judge": served.model_copy(update={"path": str(ok)})}, tmp_path, ["0"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "serve",
+            "--set",
+            "roles.judge.model=m",
+            "--set",
+            "models.m.name=m",
+            "--set",
+            f"models.m.path={base}",
+            "--set",
+            "models.m.engine=openai",
+            "--gpus",
+            "0",
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 2 and "ships no chat template" in result.output
+
+
 def test_only_openai_models_with_serve_on_are_served():
     models = {
         "served": model("served"),
@@ -113,6 +175,30 @@ def test_plan_carries_flags_env_and_ports(tmp_path):
     ]
     assert "--gpu-memory-utilization" not in cpu.server.command()
     assert "CUDA_VISIBLE_DEVICES" not in cpu.server.env
+
+
+def test_a_job_runs_the_vllm_beside_its_interpreter_when_path_has_none(tmp_path, monkeypatch):
+    """A Slurm job runs the venv's python by absolute path without activating the venv: its
+    `vllm` is not on PATH. The server must start from the one beside the interpreter (a bare
+    `vllm serve` died with FileNotFoundError before any model loaded)."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    argv_file = tmp_path / "argv"
+    stand_in = venv / "vllm"
+    stand_in.write_text(f'#!/bin/sh\necho "$@" > {shlex.quote(str(argv_file))}\n')
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    (p,) = plan_servers({"m": model("M")}, tmp_path, gpus=["0"])
+    assert p.server.command()[:2] == [str(stand_in), "serve"]
+    p.server.start()
+    assert p.server.process is not None and p.server.process.wait(timeout=30) == 0
+    assert argv_file.read_text().split()[:2] == ["serve", "/ckpt/M"]
+
+    stand_in.unlink()  # no vllm anywhere: a clear error, not a traceback
+    with pytest.raises(ServerError, match=r"no `vllm` to run .*--vllm-python"):
+        p.server.start()
 
 
 def test_dry_run_prints_the_plan_and_quoted_commands(tmp_path, monkeypatch):

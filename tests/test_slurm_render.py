@@ -160,7 +160,7 @@ def test_training_job_samples_in_shards_then_pairs_and_fits_on_gpus(tmp_path, fa
         None, ["limit=2", "candidates=4", "reward.baseline=blurred"], run_dir, options
     )
     assert with_baseline.keys_per_instance == 8
-    assert "--gpus=2" in done.commands["final"] and "--mem=64G" in done.commands["final"]
+    assert "--gpus-per-task=2" in done.commands["final"] and "--mem=64G" in done.commands["final"]
     assert "--signal=B:TERM@120" in done.commands["final"]
 
     assert not run_dir.exists()
@@ -208,8 +208,8 @@ def test_train_loop_is_a_chain_each_job_after_the_one_before(tmp_path, fake_cts)
         "--dependency=afterok:<previous final job>" in c.commands["array"] for c in chain[1:]
     )
     fits = [c for c in chain if c.stage and c.stage.startswith("loop-sample")]
-    assert all("--gpus=2" in c.commands["final"] for c in fits)
-    assert all("--gpus=2" not in c.commands["final"] for c in chain if c not in fits)
+    assert all("--gpus-per-task=2" in c.commands["final"] for c in fits)
+    assert all("--gpus-per-task=2" not in c.commands["final"] for c in chain if c not in fits)
     frozen = rendered_in(chain[0]) / "train.yaml"
     train = load_train_config(frozen)
     assert train.resolved_output_dir() == run_dir.resolve() and train.limit == 2

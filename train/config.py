@@ -101,6 +101,12 @@ class GrpoSettings(_Strict):
     use_vllm: bool = False
     vllm_mode: Literal["colocate", "server"] = "colocate"
     vllm_server_base_url: str | None = None
+    #: Colocated vLLM's share of the training GPU (TRL's default, 0.3): the rest trains.
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, le=0.95)
+    #: Colocated vLLM's context window; None: the longest training prompt plus
+    #: max_completion_length (unset in TRL, vLLM takes the model's own, 40k tokens for Qwen3,
+    #: whose KV cache does not fit the 0.3 share of an 80 GB GPU beside an 8B model).
+    vllm_max_model_length: int | None = Field(None, gt=0)
 
 
 class TrainConfig(_Strict):

@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -39,11 +40,12 @@ from eval.pipeline import PipelineContext, run_instance
 from eval.run import no_nuggets
 from eval.schema import Instance, Record
 from eval.search_agent import open_agent
+from serving.checks import TRL_VLLM_RANGE, version_tuple
 from serving.engine import Engine
 from serving.model_config import ModelConfig
 from serving.transformers_engine import output_regex, row_rules, vocabulary
 from serving.types import ChatRequest, ChatResponse, JsonSchemaOutput, Sampling
-from train.config import TrainConfig
+from train.config import GrpoSettings, TrainConfig
 from train.fit import (
     FitError,
     base_model,
@@ -385,6 +387,56 @@ def constrained_rollouts(
     return rollout
 
 
+def require_trl_vllm(config: TrainConfig) -> None:
+    """GrpoError, before any work, when `use_vllm` meets no vLLM TRL supports."""
+    try:
+        found = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        found = None
+    low, high = TRL_VLLM_RANGE
+    assert high is not None
+    if found is None or not low <= version_tuple(found) < high:
+        raise GrpoError(
+            f"{config.where('grpo', 'use_vllm')}: TRL samples with vLLM >= 0.22, < 0.32 in this "
+            f"environment; {'none is installed' if found is None else f'it has {found}'}: "
+            "pip install -e '.[train-vllm]' (or set grpo.use_vllm: false)"
+        )
+
+
+def vllm_args(
+    settings: GrpoSettings, rows: list[dict[str, Any]], tokenizer: Any, template: dict[str, Any]
+) -> dict[str, Any]:
+    """GRPOConfig's vLLM arguments. Colocated, vLLM's window is the longest training prompt
+    plus max_completion_length (rounded up to 256), unless set: unset, it would take the
+    model's own (40k tokens for Qwen3), whose KV cache overflows its share of the GPU."""
+    args: dict[str, Any] = {
+        "use_vllm": settings.use_vllm,
+        "vllm_mode": settings.vllm_mode,
+        "vllm_server_base_url": settings.vllm_server_base_url,
+    }
+    if not settings.use_vllm or settings.vllm_mode != "colocate":
+        return args
+    length = settings.vllm_max_model_length
+    if length is None:
+        longest = max(
+            len(
+                tokenizer(
+                    tokenizer.apply_chat_template(
+                        row["prompt"], add_generation_prompt=True, tokenize=False, **template
+                    ),
+                    add_special_tokens=False,
+                )["input_ids"]
+            )
+            for row in rows
+        )
+        length = -(-(longest + settings.max_completion_length) // 256) * 256
+    return {
+        **args,
+        "vllm_gpu_memory_utilization": settings.vllm_gpu_memory_utilization,
+        "vllm_max_model_length": length,
+    }
+
+
 def downstream_models(resolved: ResolvedExperiment) -> dict[str, ModelConfig]:
     """The models of every role but the clarifier: what the rollouts call (and `--serve`
     starts; the policy is trained in-process)."""
@@ -401,6 +453,8 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
     rows, instances = prompt_rows(resolved)
     settings = config.grpo
     require_train_extra()
+    if settings.use_vllm:
+        require_trl_vllm(config)
     from datasets import Dataset
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer
@@ -439,9 +493,7 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
         bf16=bf16,
         fp16=fp16,
         chat_template_kwargs=template_kwargs or None,
-        use_vllm=settings.use_vllm,
-        vllm_mode=settings.vllm_mode,
-        vllm_server_base_url=settings.vllm_server_base_url,
+        **vllm_args(settings, rows, tokenizer, template_kwargs),
         vllm_structured_outputs_regex=output_regex(schema) if settings.use_vllm else None,
     )
     reward = PipelineReward(config, resolved, instances, rollouts_path)
