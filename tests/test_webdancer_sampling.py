@@ -33,7 +33,8 @@ def test_an_unset_top_k_leaves_every_cache_key_as_it_was():
     """Cache keys hash the request's sampling: an unset top_k is left out of it, so the answers
     cached before the field existed are still found."""
     request = ChatRequest.of([{"role": "user", "content": "q"}], temperature=0.7, seed=3)
-    before = {
+    before = {  # the key as it was before top_k existed (the purpose came first)
+        "purpose": "evaluation",
         "engine": "e",
         "request": {
             "messages": [{"role": "user", "content": "q"}],
