@@ -474,8 +474,9 @@ def _gains_table(summary: dict[str, Any]) -> list[str]:
 
 
 def _answerer_table(summary: dict[str, Any]) -> list[str]:
-    """The User Answerer per k: answerability, all-unknown and stopped-early rates, and the
-    score with some answer against with none."""
+    """The User Answerer per k, in two tables narrow enough to print at A4: what the answers
+    gave away, then what they led to (all-unknown and stopped-early rates, the score with some
+    answer against with none)."""
     c = summary["clarification"]
     answered = summary["score_by_answered"]
     lines = [
@@ -483,21 +484,29 @@ def _answerer_table(summary: dict[str, Any]) -> list[str]:
         "User Answerer, per k (rates of the clarify@k records that did not fail): "
         "answerability (answers not `unknown`), per turn within k; over-answer rate (of the "
         "answers not `unknown`, those revealing two or more pieces of the fused query's "
-        "missing information) and those holding most (over half) of the fused query; "
-        "all-unknown rate; the score when some answer was given against when all were "
-        "`unknown`.",
+        "missing information) and those holding most (over half) of the fused query.",
         "",
-        "| k | answerability | per turn | over-answer | most of fused query | all-unknown rate "
-        "| stopped early | score, some answered | score, all unknown |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| k | answerability | per turn | over-answer | most of fused query |",
+        "|---|---|---|---|---|",
     ]
     over, most = c["over_answer_rate_per_k"], c["most_of_fused_rate_per_k"]
     for k, value in c["answerability_per_k"].items():
         turns = "; ".join(f"t{t}: {_pct(v)}" for t, v in c["answerability_per_turn"][k].items())
+        lines.append(
+            f"| {k} | {_pct(value)} | {turns} | {_pct(over.get(k))} | {_pct(most.get(k))} |"
+        )
+    lines += [
+        "",
+        "What the answers led to, per k: the all-unknown rate, the stopped-early rate, and the "
+        "score when some answer was given against when all were `unknown`.",
+        "",
+        "| k | all-unknown rate | stopped early | score, some answered | score, all unknown |",
+        "|---|---|---|---|---|",
+    ]
+    for k in c["answerability_per_k"]:
         split = answered.get(k, {})
         lines.append(
-            f"| {k} | {_pct(value)} | {turns} | {_pct(over.get(k))} | {_pct(most.get(k))} | "
-            f"{_pct(c['all_unknown_rate_per_k'][k])} | "
+            f"| {k} | {_pct(c['all_unknown_rate_per_k'][k])} | "
             f"{_pct(c['stopped_early_rate_per_k'][k])} | "
             f"{_score(split['some_answered']) if split else '–'} | "
             f"{_score(split['all_unknown']) if split else '–'} |"
