@@ -16,7 +16,6 @@ spans. Without a throughput the hours are unknown, never guessed.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -34,8 +33,8 @@ from eval.run import CLARIFY_ROLES, SEARCH_ROLES
 from eval.run_dir import RunDir, RunDirError
 from eval.runner import RecordStore, counts_over
 from eval.schema import Record
+from eval.traces import inside, read_trace_file
 from eval.usage import RoleUsage, role_usage
-from eval.view import MAX_TRACE_BYTES, inside
 from serving.yaml_config import ConfigError
 
 #: Bootstrap resamples of the pilot's instances (a fixed seed: the same pilot, the same
@@ -301,13 +300,8 @@ def read_traces(run_dir: Path, records: Sequence[Record]) -> tuple[dict[str, dic
         if not r.trace_id or r.trace_id in found:
             continue
         path = inside(traces_dir, r.trace_id)
-        try:
-            if path is None or path.stat().st_size > MAX_TRACE_BYTES:
-                raise ValueError(r.trace_id)
-            loaded = json.loads(path.read_bytes())
-            if not isinstance(loaded, dict):
-                raise ValueError(r.trace_id)
-        except (OSError, ValueError):
+        loaded = read_trace_file(path)[0] if path is not None else None
+        if loaded is None:
             unread += 1
             continue
         found[r.trace_id] = loaded
@@ -354,6 +348,199 @@ def roles_shown(sweep: ResolvedExperiment, pilot_roles: set[str]) -> list[str]:
     return [r for r in [*needed, *extra] if r in experiment.roles]
 
 
+#: A record's key: (instance id, condition, seed).
+_Key = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class _Extrapolation:
+    """The pilot's figures per instance (instances × figure names) and the bootstrap interval
+    of each figure's sweep total."""
+
+    column: dict[str, int]
+    per_instance: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    keys_per_instance: int
+    sweep_instances: int
+
+    def figure(self, name: str) -> Figure | None:
+        """The named figure (per key, sweep total, interval), or None if no key has it."""
+        if name not in self.column:
+            return None
+        j = self.column[name]
+        mean = float(self.per_instance[:, j].mean())
+        return Figure(
+            mean / self.keys_per_instance,
+            mean * self.sweep_instances,
+            float(self.low[j]),
+            float(self.high[j]),
+        )
+
+    def zero_or(self, name: str) -> Figure:
+        return self.figure(name) or Figure(0.0, 0.0, 0.0, 0.0)
+
+
+def _pilot_roles(pilot: Sequence[Record], sweep: ResolvedExperiment) -> tuple[dict[str, str], bool]:
+    """The roles an estimate shows (role → model config) and whether the pilot's records
+    metered per-role usage at all."""
+    all_roles = {str(role): rc.model for role, rc in sweep.experiment.roles.items()}
+    metered = any(role_usage(r.usage, role) is not None for r in pilot for role in all_roles)
+    called = {
+        role
+        for r in pilot
+        for role in all_roles
+        if (used := role_usage(r.usage, role)) is not None and used.calls + used.cached_calls
+    }
+    shown = roles_shown(sweep, called)
+    return {role: all_roles[role] for role in shown}, metered
+
+
+def _keyed_figures(
+    pilot: Sequence[Record],
+    traces: Mapping[str, Mapping[str, Any]],
+    roles: Mapping[str, str],
+    max_queries: int,
+    metered: bool,
+    counted: Sequence[Record],
+) -> dict[_Key, dict[str, float]]:
+    """Each pilot key's figures, with the model work of its replaced attempts (`counted`)."""
+    keyed = {
+        r.key: key_figures(r, traces.get(r.trace_id or ""), roles, max_queries, metered)
+        for r in pilot
+    }
+    for r in counted:
+        for name, value in key_figures(r, None, roles, max_queries, metered).items():
+            keyed[r.key][name] = keyed[r.key].get(name, 0.0) + value
+    return keyed
+
+
+def _extrapolate(
+    complete: Mapping[str, list[Record]],
+    keyed: Mapping[_Key, Mapping[str, float]],
+    keys_per_instance: int,
+    sweep_instances: int,
+    resamples: int,
+) -> _Extrapolation:
+    """Sum each instance's keys' figures and bootstrap the sweep's totals."""
+    names = sorted({name for figures in keyed.values() for name in figures})
+    column = {name: j for j, name in enumerate(names)}
+    per_instance = np.zeros((len(complete), len(names)))
+    for i, instance_id in enumerate(sorted(complete)):
+        for r in complete[instance_id]:
+            for name, value in keyed[r.key].items():
+                per_instance[i, column[name]] += value
+    low, high = _bootstrap(per_instance, sweep_instances, resamples)
+    return _Extrapolation(column, per_instance, low, high, keys_per_instance, sweep_instances)
+
+
+def _role_rows(
+    x: _Extrapolation,
+    sweep: ResolvedExperiment,
+    roles: Mapping[str, str],
+    pilot: Sequence[Record],
+    keyed: Mapping[_Key, Mapping[str, float]],
+) -> list[RoleRow]:
+    return [
+        RoleRow(
+            role,
+            model,
+            sweep.model_configs[model].name,
+            x.figure(f"{role}:calls"),
+            x.figure(f"{role}:prompt_tokens"),
+            x.figure(f"{role}:completion_tokens"),
+            int(sum(keyed[r.key].get(f"{role}:cached_calls", 0) for r in pilot)),
+        )
+        for role, model in roles.items()
+    ]
+
+
+def _model_rows(
+    x: _Extrapolation,
+    sweep: ResolvedExperiment,
+    roles: Mapping[str, str],
+    target_hours: float,
+    sweep_instances: int,
+) -> list[ModelRow]:
+    """Per model: generated tokens, server and GPU hours (from its throughput) and shards."""
+    model_rows = []
+    for model in dict.fromkeys(roles.values()):
+        config = sweep.model_configs[model]
+        generated = x.figure(f"model:{model}:completion_tokens")
+        throughput = config.throughput_tokens_per_s
+        hours = generated.scaled(1 / throughput / 3600) if generated and throughput else None
+        gpus = config.vllm.tensor_parallel_size
+        model_rows.append(
+            ModelRow(
+                model,
+                config.name,
+                [role for role, m in roles.items() if m == model],
+                generated,
+                throughput,
+                gpus,
+                hours,
+                hours.scaled(gpus) if hours else None,
+                shards_for(hours.total, target_hours, sweep_instances) if hours else None,
+                shards_for(hours.high, target_hours, sweep_instances) if hours else None,
+            )
+        )
+    return model_rows
+
+
+def _condition_rows(
+    conditions: Sequence[str],
+    pilot: Sequence[Record],
+    keyed: Mapping[_Key, Mapping[str, float]],
+    sweep_keys_per_condition: int,
+    metered: bool,
+) -> list[ConditionRow]:
+    """Per condition: the per-key means over the pilot's keys of that condition."""
+    by_condition = []
+    for condition in conditions:
+        rows = [r for r in pilot if r.condition == condition]
+
+        def mean(name: str, rows: list[Record] = rows) -> float:
+            return sum(keyed[r.key].get(name, 0.0) for r in rows) / len(rows)
+
+        by_condition.append(
+            ConditionRow(
+                condition,
+                len(rows),
+                sweep_keys_per_condition,
+                mean("all:calls") if metered else None,
+                mean("all:prompt_tokens") if metered else None,
+                mean("all:completion_tokens") if metered else None,
+                mean("search:calls"),
+                mean("visit:calls"),
+            )
+        )
+    return by_condition
+
+
+def _tool_rows(
+    x: _Extrapolation,
+    sweep: ResolvedExperiment,
+    pilot: Sequence[Record],
+    keyed: Mapping[_Key, Mapping[str, float]],
+) -> list[ToolRow]:
+    """Search and visit calls, the pilot's replayed ones, and their cost where priced."""
+    search = sweep.experiment.search
+    prices = {"search": search.price_per_call, "visit": search.price_per_visit}
+    tools = []
+    for tool, price in prices.items():
+        calls = x.zero_or(f"{tool}:calls")
+        tools.append(
+            ToolRow(
+                tool,
+                calls,
+                int(sum(keyed[r.key].get(f"{tool}:replayed", 0) for r in pilot)),
+                price,
+                calls.scaled(price) if price is not None else None,
+            )
+        )
+    return tools
+
+
 def estimate(
     records: Sequence[Record],
     traces: Mapping[str, Mapping[str, Any]],
@@ -376,140 +563,38 @@ def estimate(
     seeds = list(experiment.seeds)
     complete, incomplete = pilot_instances(records, conditions, seeds, source)
     pilot = [r for rs in complete.values() for r in rs]
-    all_roles = {str(role): rc.model for role, rc in experiment.roles.items()}
-    metered = any(role_usage(r.usage, role) is not None for r in pilot for role in all_roles)
-    called = {
-        role
-        for r in pilot
-        for role in all_roles
-        if (used := role_usage(r.usage, role)) is not None and used.calls + used.cached_calls
-    }
-    shown = roles_shown(sweep, called)
-    roles = {role: all_roles[role] for role in shown}
+    roles, metered = _pilot_roles(pilot, sweep)
     max_queries = experiment.search.max_queries
-
-    keyed = {
-        r.key: key_figures(r, traces.get(r.trace_id or ""), roles, max_queries, metered)
-        for r in pilot
-    }
-    counted = [r for r in replaced if r.key in keyed]
-    for r in counted:
-        for name, value in key_figures(r, None, roles, max_queries, metered).items():
-            keyed[r.key][name] = keyed[r.key].get(name, 0.0) + value
-    names = sorted({name for figures in keyed.values() for name in figures})
-    ids = sorted(complete)
-    column = {name: j for j, name in enumerate(names)}
-    per_instance = np.zeros((len(ids), len(names)))
-    for i, instance_id in enumerate(ids):
-        for r in complete[instance_id]:
-            for name, value in keyed[r.key].items():
-                per_instance[i, column[name]] += value
-    low, high = _bootstrap(per_instance, sweep_instances, resamples)
+    pilot_keys = {r.key for r in pilot}
+    counted = [r for r in replaced if r.key in pilot_keys]
+    keyed = _keyed_figures(pilot, traces, roles, max_queries, metered, counted)
     keys_per_instance = len(conditions) * len(seeds)
-    pilot_keys = len(ids) * keys_per_instance
-    sweep_keys = sweep_instances * keys_per_instance
-
-    def figure(name: str) -> Figure | None:
-        if name not in column:
-            return None
-        j = column[name]
-        mean = float(per_instance[:, j].mean())
-        return Figure(
-            mean / keys_per_instance, mean * sweep_instances, float(low[j]), float(high[j])
-        )
-
-    def zero_or(name: str) -> Figure:
-        return figure(name) or Figure(0.0, 0.0, 0.0, 0.0)
-
-    role_rows = [
-        RoleRow(
-            role,
-            model,
-            sweep.model_configs[model].name,
-            figure(f"{role}:calls"),
-            figure(f"{role}:prompt_tokens"),
-            figure(f"{role}:completion_tokens"),
-            int(sum(keyed[r.key].get(f"{role}:cached_calls", 0) for r in pilot)),
-        )
-        for role, model in roles.items()
-    ]
-    model_rows = []
-    for model in dict.fromkeys(roles.values()):
-        config = sweep.model_configs[model]
-        generated = figure(f"model:{model}:completion_tokens")
-        throughput = config.throughput_tokens_per_s
-        hours = generated.scaled(1 / throughput / 3600) if generated and throughput else None
-        gpus = config.vllm.tensor_parallel_size
-        model_rows.append(
-            ModelRow(
-                model,
-                config.name,
-                [role for role, m in roles.items() if m == model],
-                generated,
-                throughput,
-                gpus,
-                hours,
-                hours.scaled(gpus) if hours else None,
-                shards_for(hours.total, target_hours, sweep_instances) if hours else None,
-                shards_for(hours.high, target_hours, sweep_instances) if hours else None,
-            )
-        )
-    by_condition = []
-    for condition in conditions:
-        rows = [r for r in pilot if r.condition == condition]
-
-        def mean(name: str, rows: list[Record] = rows) -> float:
-            return sum(keyed[r.key].get(name, 0.0) for r in rows) / len(rows)
-
-        by_condition.append(
-            ConditionRow(
-                condition,
-                len(rows),
-                sweep_instances * len(seeds),
-                mean("all:calls") if metered else None,
-                mean("all:prompt_tokens") if metered else None,
-                mean("all:completion_tokens") if metered else None,
-                mean("search:calls"),
-                mean("visit:calls"),
-            )
-        )
-    prices = {
-        "search": experiment.search.price_per_call,
-        "visit": experiment.search.price_per_visit,
-    }
-    tools = []
-    for tool, price in prices.items():
-        calls = zero_or(f"{tool}:calls")
-        tools.append(
-            ToolRow(
-                tool,
-                calls,
-                int(sum(keyed[r.key].get(f"{tool}:replayed", 0) for r in pilot)),
-                price,
-                calls.scaled(price) if price is not None else None,
-            )
-        )
+    x = _extrapolate(complete, keyed, keys_per_instance, sweep_instances, resamples)
+    model_rows = _model_rows(x, sweep, roles, target_hours, sweep_instances)
+    tools = _tool_rows(x, sweep, pilot, keyed)
     known = [m.shards for m in model_rows if m.shards is not None]
     return Estimate(
         experiment=experiment.name,
         pilot_dir=source,
-        pilot_instances=len(ids),
-        pilot_keys=pilot_keys,
+        pilot_instances=len(complete),
+        pilot_keys=len(complete) * keys_per_instance,
         pilot_failed=sum(r.error is not None for r in pilot),
         sweep_instances=sweep_instances,
         conditions=conditions,
         seeds=seeds,
-        sweep_keys=sweep_keys,
-        roles=role_rows,
+        sweep_keys=sweep_instances * keys_per_instance,
+        roles=_role_rows(x, sweep, roles, pilot, keyed),
         models=model_rows,
-        by_condition=by_condition,
+        by_condition=_condition_rows(
+            conditions, pilot, keyed, sweep_instances * len(seeds), metered
+        ),
         tools=tools,
-        calls=figure("all:calls") if metered else None,
-        prompt_tokens=figure("all:prompt_tokens") if metered else None,
-        completion_tokens=figure("all:completion_tokens") if metered else None,
+        calls=x.figure("all:calls") if metered else None,
+        prompt_tokens=x.figure("all:prompt_tokens") if metered else None,
+        completion_tokens=x.figure("all:completion_tokens") if metered else None,
         target_hours=target_hours,
         shards=max(known) if known else None,
-        notes=_notes(sweep, pilot, keyed, incomplete, metered, model_rows, tools, len(ids))
+        notes=_notes(sweep, pilot, keyed, incomplete, metered, model_rows, tools, len(complete))
         + _replaced_note(counted, roles, metered),
         pilot_replaced=len(counted),
     )

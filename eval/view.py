@@ -14,7 +14,6 @@ DOM with text nodes only, and the API sends it as JSON.
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import re
 import socket
@@ -33,6 +32,7 @@ from eval.dataset import DatasetError, load_instances
 from eval.run_dir import RunDir
 from eval.runner import Key, RecordStore
 from eval.schema import Instance, Record
+from eval.traces import inside, read_trace_file
 from serving.yaml_config import ConfigError
 from webdancer.protocol import FinalAnswer, ProtocolError, ToolCall, parse_turn
 from webdancer.search import QUERY_SEPARATOR
@@ -41,9 +41,6 @@ STATIC = Path(__file__).with_name("view_static")
 DEFAULT_PORT = 8765
 #: The most rows one page of the index may hold.
 MAX_LIMIT = 500
-#: A trace larger than this is not parsed (a runaway page dump would stall the server); its raw
-#: file is still served.
-MAX_TRACE_BYTES = 16 * 1024 * 1024
 #: The most characters of one text a sample shows (an answer, a model turn, a tool's response,
 #: a quote): a longer one is cut, saying its length, and the raw record or trace (/api/raw)
 #: holds it whole. Every parse and mark works on cut text, so a request's work is linear in
@@ -216,27 +213,7 @@ class ViewRun:
         path, error = self.trace_file(record)
         if path is None:
             return None, error
-        if path.stat().st_size > MAX_TRACE_BYTES:
-            return None, f"trace file over {MAX_TRACE_BYTES >> 20} MiB: not read"
-        try:
-            loaded = json.loads(path.read_bytes())
-        except (ValueError, OSError) as e:
-            return None, f"trace file unreadable: {e}"
-        except RecursionError:  # json.loads recurses per level: a file nested ~1000 deep
-            return None, "trace file unreadable: JSON nested too deeply"
-        if not isinstance(loaded, dict):
-            return None, "trace file is not a JSON object"
-        return loaded, None
-
-
-def inside(base: Path, relative: str) -> Path | None:
-    """`base/relative` resolved (symbolic links followed), or None when it is not below
-    `base`: an absolute path, `..`, or a link out."""
-    if not relative or "\x00" in relative or Path(relative).is_absolute():
-        return None
-    root = base.resolve()
-    path = (root / relative).resolve()
-    return path if path.is_relative_to(root) and path != root else None
+        return read_trace_file(path)
 
 
 def load_run(index: int, root: Path) -> ViewRun:
