@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -311,10 +311,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
-    out: Path = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+def write_config(args: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any]]:
+    """The experiment the check serves and runs, written to OUT/gpu-check.yaml, and its
+    settings."""
     config = out / "gpu-check.yaml"
     settings = {
         "instances": args.instances,
@@ -332,6 +331,87 @@ def main() -> None:
             )
         )
     )
+    return config, settings
+
+
+def serve_command(args: argparse.Namespace, config: Path, out: Path, endpoints: Path) -> list[str]:
+    """`cts serve` of the check's experiment, writing its endpoints to `endpoints`."""
+    command = [sys.executable, "-m", "cts", "serve", "-c", str(config), "--output-dir", str(out)]
+    command += ["--endpoints", str(endpoints), "--ready-timeout", str(args.ready_timeout)]
+    if args.vllm_python:
+        command += ["--vllm-python", args.vllm_python]
+    if args.cpu:
+        command.append("--cpu")
+    return command
+
+
+def run_stages(
+    args: argparse.Namespace,
+    config: Path,
+    out: Path,
+    endpoints: Path,
+    serve: subprocess.Popen[bytes],
+    results: dict[str, Any],
+    stage: Callable[[str, Any], None],
+    console: Console,
+) -> None:
+    """Once the server is ready: warm-up, pipeline, ceiling, ratios and burst, each recorded
+    with `stage` as it ends."""
+    while not endpoints.exists():
+        if serve.poll() is not None:
+            sys.exit(f"cts serve exited with {serve.returncode}; see {out / 'logs'}")
+        time.sleep(1)
+    ready_s = json.loads(endpoints.read_text())["ready_s"][MODEL_KEY]
+    resolved = load_experiment(config).with_endpoints(read_endpoints(endpoints))
+    url = read_endpoints(endpoints)[MODEL_KEY]
+    served = resolved.model_for("judge").name
+    stage("server", {"ready_s": ready_s, "first_requests_s": warm_up(url, served)})
+
+    console.print(
+        f"pipeline: {args.instances} instances, concurrency {args.concurrency}, engine "
+        f"max_concurrency {args.max_concurrency}"
+    )
+    figures, calls, run = measure_run(url, resolved, out / "run", show_progress=True)
+    save_calls(out / "requests.jsonl", calls)
+    stats = run.engine_stats[MODEL_KEY]
+    results["engine_stats"] = {
+        "calls": stats.calls,
+        "constrained": stats.constrained,
+        "completion_tokens": stats.completion_tokens,
+        "errors": dict(stats.errors),
+        "retried": dict(stats.retried),
+    }
+    stage("pipeline", figures)
+    if figures["keys_run"] < args.concurrency:
+        console.print(
+            f"[yellow]only {figures['keys_run']} keys for {args.concurrency} slots: the "
+            "pipeline could not fill its concurrency (raise --instances)[/]"
+        )
+
+    mix = [c for c in calls if not c.cached]
+    if mix:
+        stage(
+            "ceiling",
+            ceiling(
+                url,
+                served,
+                mix,
+                args.ceiling,
+                args.ceiling_warmup_s,
+                args.ceiling_window_s,
+            ),
+        )
+        stage("ratios", over_ceiling(figures, results["ceiling"]))
+    else:
+        console.print("[red]the pipeline sent no request: no ceiling to replay[/]")
+    stage("burst", asyncio.run(fire(resolved, burst(args.requests))))
+
+
+def main() -> None:
+    args = parse_args()
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    config, settings = write_config(args, out)
     results: dict[str, Any] = {
         "model": args.model,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -345,64 +425,12 @@ def main() -> None:
 
     endpoints = out / "endpoints.json"
     endpoints.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "cts", "serve", "-c", str(config), "--output-dir", str(out)]
-    command += ["--endpoints", str(endpoints), "--ready-timeout", str(args.ready_timeout)]
-    if args.vllm_python:
-        command += ["--vllm-python", args.vllm_python]
-    if args.cpu:
-        command.append("--cpu")
+    command = serve_command(args, config, out, endpoints)
     console = Console()
     console.print(f"$ {' '.join(command)}")
     serve = subprocess.Popen(command)
     try:
-        while not endpoints.exists():
-            if serve.poll() is not None:
-                sys.exit(f"cts serve exited with {serve.returncode}; see {out / 'logs'}")
-            time.sleep(1)
-        ready_s = json.loads(endpoints.read_text())["ready_s"][MODEL_KEY]
-        resolved = load_experiment(config).with_endpoints(read_endpoints(endpoints))
-        url = read_endpoints(endpoints)[MODEL_KEY]
-        served = resolved.model_for("judge").name
-        stage("server", {"ready_s": ready_s, "first_requests_s": warm_up(url, served)})
-
-        console.print(
-            f"pipeline: {args.instances} instances, concurrency {args.concurrency}, engine "
-            f"max_concurrency {args.max_concurrency}"
-        )
-        figures, calls, run = measure_run(url, resolved, out / "run", show_progress=True)
-        save_calls(out / "requests.jsonl", calls)
-        stats = run.engine_stats[MODEL_KEY]
-        results["engine_stats"] = {
-            "calls": stats.calls,
-            "constrained": stats.constrained,
-            "completion_tokens": stats.completion_tokens,
-            "errors": dict(stats.errors),
-            "retried": dict(stats.retried),
-        }
-        stage("pipeline", figures)
-        if figures["keys_run"] < args.concurrency:
-            console.print(
-                f"[yellow]only {figures['keys_run']} keys for {args.concurrency} slots: the "
-                "pipeline could not fill its concurrency (raise --instances)[/]"
-            )
-
-        mix = [c for c in calls if not c.cached]
-        if mix:
-            stage(
-                "ceiling",
-                ceiling(
-                    url,
-                    served,
-                    mix,
-                    args.ceiling,
-                    args.ceiling_warmup_s,
-                    args.ceiling_window_s,
-                ),
-            )
-            stage("ratios", over_ceiling(figures, results["ceiling"]))
-        else:
-            console.print("[red]the pipeline sent no request: no ceiling to replay[/]")
-        stage("burst", asyncio.run(fire(resolved, burst(args.requests))))
+        run_stages(args, config, out, endpoints, serve, results, stage, console)
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=120)

@@ -211,17 +211,8 @@ def add_row(table: Table, *cells: str) -> None:
     table.add_row(*(Text(c) for c in cells))
 
 
-def print_estimate(console: Console, found: Estimate) -> None:
-    seeds = len(found.seeds)
-    console.print(
-        f"estimate of {found.experiment}: {found.sweep_instances} instances × "
-        f"{len(found.conditions)} conditions × {seeds} seed(s) = {found.sweep_keys} keys, from "
-        f"a pilot of {found.pilot_instances} instance(s) ({found.pilot_keys} keys) in "
-        f"{found.pilot_dir}; [low–high]: 95% bootstrap interval over the pilot's instances",
-        highlight=False,
-        markup=False,
-    )
-    console.print(f"pilot: {found.pilot_drawn}", highlight=False, markup=False)
+def _print_roles(console: Console, found: Estimate) -> None:
+    """The model calls and tokens per role, per key (pilot) and for the sweep."""
     roles = Table(
         "role",
         "model",
@@ -258,6 +249,10 @@ def print_estimate(console: Console, found: Estimate) -> None:
         total(found.completion_tokens),
     )
     console.print(roles)
+
+
+def _print_conditions(console: Console, found: Estimate) -> None:
+    """The pilot's per-key means per condition."""
     conditions = Table(
         "condition",
         "keys (pilot → sweep)",
@@ -280,6 +275,10 @@ def print_estimate(console: Console, found: Estimate) -> None:
             per_key(c.visit_calls),
         )
     console.print(conditions)
+
+
+def _print_servers(console: Console, found: Estimate) -> None:
+    """Per model: tokens, throughput, server- and GPU-hours, and shards."""
     servers = Table(
         "model",
         "roles",
@@ -304,6 +303,10 @@ def print_estimate(console: Console, found: Estimate) -> None:
             "unknown" if m.shards is None else f"{m.shards} (≤ {m.shards_high})",
         )
     console.print(servers)
+
+
+def _print_tools(console: Console, found: Estimate) -> None:
+    """Search calls and visits, and their cost where priced."""
     for tool in found.tools:
         search = tool.tool == "search"
         what = "search calls (one per query)" if search else "pages visited"
@@ -314,6 +317,10 @@ def print_estimate(console: Console, found: Estimate) -> None:
             else f"cost {total(tool.cost, '$')} at ${tool.price:g} each"
         )
         console.print(f"{what}: {total(tool.calls)}; {cost}", highlight=False, markup=False)
+
+
+def _print_shards(console: Console, found: Estimate) -> None:
+    """The suggested --shards, or why it is unknown."""
     if found.shards is None:
         console.print(
             "suggested --shards: unknown (no model has a throughput_tokens_per_s)",
@@ -332,5 +339,25 @@ def print_estimate(console: Console, found: Estimate) -> None:
             highlight=False,
             markup=False,
         )
+
+
+def print_estimate(console: Console, found: Estimate) -> None:
+    """The estimate as `cts estimate` prints it: what it covers, the tables, the
+    suggested shards and the notes."""
+    seeds = len(found.seeds)
+    console.print(
+        f"estimate of {found.experiment}: {found.sweep_instances} instances × "
+        f"{len(found.conditions)} conditions × {seeds} seed(s) = {found.sweep_keys} keys, from "
+        f"a pilot of {found.pilot_instances} instance(s) ({found.pilot_keys} keys) in "
+        f"{found.pilot_dir}; [low–high]: 95% bootstrap interval over the pilot's instances",
+        highlight=False,
+        markup=False,
+    )
+    console.print(f"pilot: {found.pilot_drawn}", highlight=False, markup=False)
+    _print_roles(console, found)
+    _print_conditions(console, found)
+    _print_servers(console, found)
+    _print_tools(console, found)
+    _print_shards(console, found)
     for note in found.notes:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)

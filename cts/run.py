@@ -194,39 +194,46 @@ def _where(model: ModelPlan) -> str:
     return where + ("; --serve would start vLLM for it" if model.servable else "")
 
 
+_REJUDGE_OUTPUT = typer.Option(
+    ..., "--output-dir", help="The new run directory (records, summary, report)."
+)
+_REJUDGE_CONFIG = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help="Experiment YAML to judge with (default: the source's config.yaml); it may differ "
+    "from the source's only in the judge.",
+)
+_REJUDGE_SET = typer.Option(
+    [],
+    "--set",
+    help="Override a judge key, e.g. --set roles.judge.model=qwen3-32b, "
+    "--set judge.show_query=true (repeatable).",
+)
+_REJUDGE_SERVE = typer.Option(
+    False,
+    "--serve",
+    help="Start the judge's vLLM server first (no other model), stop it after.",
+)
+_REJUDGE_RETRY = typer.Option(
+    False, "--retry-failed", help="Judge again the keys whose new record is a failure."
+)
+
+
 @command(app, "rejudge")
 def rejudge(
     source: Path = typer.Argument(..., help="The finished run whose answers are judged again."),
-    output_dir: Path = typer.Option(
-        ..., "--output-dir", help="The new run directory (records, summary, report)."
-    ),
-    config: str | None = typer.Option(
-        None,
-        "--config",
-        "-c",
-        help="Experiment YAML to judge with (default: the source's config.yaml); it may differ "
-        "from the source's only in the judge.",
-    ),
-    set_: list[str] = typer.Option(
-        [],
-        "--set",
-        help="Override a judge key, e.g. --set roles.judge.model=qwen3-32b, "
-        "--set judge.show_query=true (repeatable).",
-    ),
+    output_dir: Path = _REJUDGE_OUTPUT,
+    config: str | None = _REJUDGE_CONFIG,
+    set_: list[str] = _REJUDGE_SET,
     shard: str | None = SHARD_OPTION,
     endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = typer.Option(
-        False,
-        "--serve",
-        help="Start the judge's vLLM server first (no other model), stop it after.",
-    ),
+    serve: bool = _REJUDGE_SERVE,
     gpus: str | None = GPUS_OPTION,
     cpu: bool = CPU_OPTION,
     vllm_python: str | None = VLLM_PYTHON_OPTION,
     ready_timeout: float = READY_TIMEOUT_OPTION,
-    retry_failed: bool = typer.Option(
-        False, "--retry-failed", help="Judge again the keys whose new record is a failure."
-    ),
+    retry_failed: bool = _REJUDGE_RETRY,
 ) -> None:
     """Score a finished run's stored answers again with another judge, calling no other role.
 
@@ -277,6 +284,19 @@ def rejudge(
         console,
         merge_with=f"cts merge {run_dir.root}",
     )
+    _print_rejudged(console, result, copied, against, source, run_dir.root)
+
+
+def _print_rejudged(
+    console: Console,
+    result: RunResult,
+    copied: int,
+    against: PairAgreement | None,
+    source: Path,
+    new: Path,
+) -> None:
+    """After a rejudge: the failures copied from the source, then (unless a shard) the
+    summary, what moved against the source and where the report is."""
     if copied:
         console.print(
             f"{copied} of the failed records failed before the judge in the source run "
@@ -287,7 +307,7 @@ def rejudge(
         return
     print_summary(console, result.report["summary"])
     if against is not None:
-        _against_source(console, against, source, run_dir.root)
+        _against_source(console, against, source, new)
     console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
 
 

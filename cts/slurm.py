@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from cts.common import SET_OPTION, command, output_console
@@ -16,7 +17,9 @@ from slurm.status import chain_status, status
 from slurm.submit import (
     CPUS_PER_GPU,
     MEM_GB_PER_GPU,
+    Job,
     SlurmOptions,
+    Submission,
     plan_job,
     submissions,
     submit_chain,
@@ -40,68 +43,85 @@ JOB_HELP = (
 )
 
 
+_SUBMIT_CONFIG = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help="Experiment YAML (path or name; a train config for --job train). Default: quickstart.",
+)
+_SUBMIT_JOB = typer.Option("eval", "--job", help=JOB_HELP)
+_SUBMIT_SOURCE = typer.Option(
+    None,
+    "--source",
+    help="--job rejudge: the finished run to judge again (--config then defaults to its "
+    "config.yaml; --set changes the judge).",
+)
+_SUBMIT_SHARDS = typer.Option(..., help="Array tasks: shard i of N each.")
+_SUBMIT_OUTPUT_DIR = typer.Option(None, help="Run directory (default from config).")
+_SUBMIT_PARTITION = typer.Option(None, help="sbatch --partition.")
+_SUBMIT_GPUS_PER_TASK = typer.Option(
+    0,
+    help="GPUs per array task (its models are packed on them), asked as --nodes=1 "
+    "--ntasks=1 --gpus-per-task=G.",
+)
+_SUBMIT_CPUS_PER_TASK = typer.Option(
+    None, help=f"sbatch --cpus-per-task (with GPUs, default {CPUS_PER_GPU} per GPU)."
+)
+_SUBMIT_MEM = typer.Option(
+    None, help=f"sbatch --mem, e.g. 64G (with GPUs, default {MEM_GB_PER_GPU}G per GPU)."
+)
+_SUBMIT_TIME = typer.Option(None, help="sbatch --time per task, e.g. 24:00:00.")
+_SUBMIT_ACCOUNT = typer.Option(None, help="sbatch --account.")
+_SUBMIT_ARRAY_PARALLELISM = typer.Option(None, help="At most M tasks at once (--array=0-N%M).")
+_SUBMIT_FIT_GPUS = typer.Option(1, help="--job train / train-loop: GPUs of the fine-tuning job(s).")
+_SUBMIT_ITERATIONS = typer.Option(
+    None,
+    "--iterations",
+    min=1,
+    help="--job train-loop: iterations (default: the train config's loop.iterations).",
+)
+_SUBMIT_CPU = typer.Option(False, "--cpu", help="Serve with the CPU build of vLLM.")
+_SUBMIT_VLLM_PYTHON = typer.Option(
+    None, help="Interpreter of the vLLM venv the tasks serve with (default `vllm serve`)."
+)
+_SUBMIT_READY_TIMEOUT = typer.Option(
+    None,
+    "--ready-timeout",
+    min=1.0,
+    help="Seconds each task's servers together may take to become ready (default 1800).",
+)
+_SUBMIT_SBATCH_ARG = typer.Option(
+    [], "--sbatch-arg", help="Extra sbatch option for the array job, e.g. --qos=high."
+)
+_SUBMIT_DRY_RUN = typer.Option(
+    False,
+    "--dry-run",
+    help="Render the scripts and frozen configs into a temporary directory; submit nothing.",
+)
+
+
 @command(app, "submit")
 def submit_command(
-    config: str | None = typer.Option(
-        None,
-        "--config",
-        "-c",
-        help="Experiment YAML (path or name; a train config for --job train). Default: quickstart.",
-    ),
+    config: str | None = _SUBMIT_CONFIG,
     set_: list[str] = SET_OPTION,
-    job: str = typer.Option("eval", "--job", help=JOB_HELP),
-    source: Path | None = typer.Option(
-        None,
-        "--source",
-        help="--job rejudge: the finished run to judge again (--config then defaults to its "
-        "config.yaml; --set changes the judge).",
-    ),
-    shards: int = typer.Option(..., help="Array tasks: shard i of N each."),
-    output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
-    partition: str | None = typer.Option(None, help="sbatch --partition."),
-    gpus_per_task: int = typer.Option(
-        0,
-        help="GPUs per array task (its models are packed on them), asked as --nodes=1 "
-        "--ntasks=1 --gpus-per-task=G.",
-    ),
-    cpus_per_task: int | None = typer.Option(
-        None, help=f"sbatch --cpus-per-task (with GPUs, default {CPUS_PER_GPU} per GPU)."
-    ),
-    mem: str | None = typer.Option(
-        None, help=f"sbatch --mem, e.g. 64G (with GPUs, default {MEM_GB_PER_GPU}G per GPU)."
-    ),
-    time: str | None = typer.Option(None, help="sbatch --time per task, e.g. 24:00:00."),
-    account: str | None = typer.Option(None, help="sbatch --account."),
-    array_parallelism: int | None = typer.Option(
-        None, help="At most M tasks at once (--array=0-N%M)."
-    ),
-    fit_gpus: int = typer.Option(
-        1, help="--job train / train-loop: GPUs of the fine-tuning job(s)."
-    ),
-    iterations: int | None = typer.Option(
-        None,
-        "--iterations",
-        min=1,
-        help="--job train-loop: iterations (default: the train config's loop.iterations).",
-    ),
-    cpu: bool = typer.Option(False, "--cpu", help="Serve with the CPU build of vLLM."),
-    vllm_python: str | None = typer.Option(
-        None, help="Interpreter of the vLLM venv the tasks serve with (default `vllm serve`)."
-    ),
-    ready_timeout: float | None = typer.Option(
-        None,
-        "--ready-timeout",
-        min=1.0,
-        help="Seconds each task's servers together may take to become ready (default 1800).",
-    ),
-    sbatch_arg: list[str] = typer.Option(
-        [], "--sbatch-arg", help="Extra sbatch option for the array job, e.g. --qos=high."
-    ),
-    dry_run: bool = typer.Option(
-        False,
-        "--dry-run",
-        help="Render the scripts and frozen configs into a temporary directory; submit nothing.",
-    ),
+    job: str = _SUBMIT_JOB,
+    source: Path | None = _SUBMIT_SOURCE,
+    shards: int = _SUBMIT_SHARDS,
+    output_dir: Path | None = _SUBMIT_OUTPUT_DIR,
+    partition: str | None = _SUBMIT_PARTITION,
+    gpus_per_task: int = _SUBMIT_GPUS_PER_TASK,
+    cpus_per_task: int | None = _SUBMIT_CPUS_PER_TASK,
+    mem: str | None = _SUBMIT_MEM,
+    time: str | None = _SUBMIT_TIME,
+    account: str | None = _SUBMIT_ACCOUNT,
+    array_parallelism: int | None = _SUBMIT_ARRAY_PARALLELISM,
+    fit_gpus: int = _SUBMIT_FIT_GPUS,
+    iterations: int | None = _SUBMIT_ITERATIONS,
+    cpu: bool = _SUBMIT_CPU,
+    vllm_python: str | None = _SUBMIT_VLLM_PYTHON,
+    ready_timeout: float | None = _SUBMIT_READY_TIMEOUT,
+    sbatch_arg: list[str] = _SUBMIT_SBATCH_ARG,
+    dry_run: bool = _SUBMIT_DRY_RUN,
 ) -> None:
     """Submit an array job and a final job that waits for it (afterok).
 
@@ -131,6 +151,17 @@ def submit_command(
         for which, line in done.commands.items():
             prefix = f"{done.stage} {which}" if done.stage else which
             print(f"{prefix}: {shlex.join(line)}")  # unwrapped, to copy and paste
+    _print_submitted(console, planned, chain, shards, dry_run)
+
+
+def _print_submitted(
+    console: Console,
+    planned: list[Job],
+    chain: list[Submission],
+    shards: int,
+    dry_run: bool,
+) -> None:
+    """Where a dry run rendered its scripts, or the jobs submitted and how to watch them."""
     run_dir = planned[0].run_dir
     if dry_run:
         where = Path(chain[0].scripts["array"]).parent

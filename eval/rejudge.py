@@ -219,7 +219,7 @@ def describe_judge(resolved: ResolvedExperiment) -> dict[str, Any]:
 
 
 def judge_context(engine: ChatModel, resolved: ResolvedExperiment) -> PipelineContext:
-    """A pipeline context in which only the judge stage runs: `_judge` reads the judge's
+    """A pipeline context in which only the judge stage runs: `judge_record` reads the judge's
     engine and sampling and the `judge:` options. There is no search agent (a rejudge never
     searches) and the clarification has no roles (it never asks)."""
     return PipelineContext(
@@ -264,6 +264,79 @@ class RejudgeResult(RunResult):
     against_source: PairAgreement | None = None
 
 
+def _require_own_cache(resolved: ResolvedExperiment, output_dir: Path) -> None:
+    """A rejudge caches its judge's answers in its own run directory only (ConfigError)."""
+    caching = resolved.experiment.cache
+    own = RunDir(output_dir).own_cache.resolve()
+    if caching.enabled and caching.resolved_path().resolve() != own:
+        raise ConfigError(
+            f"cache.path {caching.path}: a rejudge caches its judge's answers in {own} only "
+            "(build its experiment with rejudge_experiment)"
+        )
+
+
+def _source_instances(
+    resolved: ResolvedExperiment, source: Source
+) -> tuple[list[Instance], dict[str, str]]:
+    """The instances to rejudge (the dataset, with its `limit`) and the rejudge's fingerprint,
+    which carries the source's corpus digest. ConfigError when the dataset is not the one the
+    source ran on."""
+    dataset = resolved.experiment.dataset
+    everything = load_instances(dataset.model_copy(update={"limit": None}))
+    source_prints = source.document.get("fingerprint") or {}
+    # The answers are the source's: so is the corpus they were searched in.
+    prints = fingerprint(everything, source_prints.get("corpus"))
+    ran_on = source_prints.get("dataset")
+    if ran_on is not None and ran_on != prints["dataset"]:
+        raise ConfigError(
+            f"{dataset.path}: the dataset is not the one {source.run.root} ran on (its "
+            "fingerprint.dataset differs): its nuggets or queries changed since, and the "
+            "answers would be judged against other nuggets"
+        )
+    instances = everything[: dataset.limit] if dataset.limit else everything
+    return instances, prints
+
+
+def _require_recorded(
+    source: Source,
+    recorded: dict[Key, Record],
+    instances: list[Instance],
+    conditions: list[str],
+    seeds: list[int],
+    shard: Shard,
+) -> None:
+    """SourceRunError when a key of this shard has no record in the source run."""
+    mine = [(i.id, c, s) for i in shard.select(instances) for c in conditions for s in seeds]
+    missing = [k for k in mine if k not in recorded]
+    if missing:
+        raise SourceRunError(
+            f"{source.run.root}: {len(missing)} of the {len(mine)} keys to rejudge "
+            f"{'in shard ' + shard.name + ' ' if shard.count > 1 else ''}have no record in the "
+            f"source run (e.g. {', '.join(map(str, missing[:3]))}); finish it first (`cts run`, "
+            "or `cts merge` to list what is missing), or select its conditions and seeds with "
+            "--set"
+        )
+
+
+def _write_provenance(run: RunDir, source: Source, resolved: ResolvedExperiment) -> None:
+    """provenance.json: the source run (path, config digest, fingerprint, system, judge), the
+    new judge and its cache."""
+    provenance = {
+        "source": {
+            "path": str(source.run.root.resolve()),
+            "config_digest": source.digest,
+            "fingerprint": source.document.get("fingerprint") or {},
+            "system": source.resolved.system_name(),
+            "judge": describe_judge(source.resolved),
+        },
+        "judge": describe_judge(resolved),
+        "cache": (
+            resolved.experiment.cache.path if resolved.experiment.cache.enabled else "disabled"
+        ),
+    }
+    write_whole(run.provenance, json.dumps(provenance, indent=1, ensure_ascii=False))
+
+
 def rejudge_run(
     resolved: ResolvedExperiment,
     source_dir: Path,
@@ -281,55 +354,15 @@ def rejudge_run(
     # Also here, not only in rejudge_experiment: whoever built `resolved`, the records of NEW
     # never describe other answers, nor hold a label replayed from a shared cache.
     _refuse_other_than_judge(source, resolved)
-    caching = resolved.experiment.cache
-    own = RunDir(output_dir).own_cache.resolve()
-    if caching.enabled and caching.resolved_path().resolve() != own:
-        raise ConfigError(
-            f"cache.path {caching.path}: a rejudge caches its judge's answers in {own} only "
-            "(build its experiment with rejudge_experiment)"
-        )
-    dataset = resolved.experiment.dataset
-    everything = load_instances(dataset.model_copy(update={"limit": None}))
-    source_prints = source.document.get("fingerprint") or {}
-    # The answers are the source's: so is the corpus they were searched in.
-    prints = fingerprint(everything, source_prints.get("corpus"))
-    ran_on = source_prints.get("dataset")
-    if ran_on is not None and ran_on != prints["dataset"]:
-        raise ConfigError(
-            f"{dataset.path}: the dataset is not the one {source.run.root} ran on (its "
-            "fingerprint.dataset differs): its nuggets or queries changed since, and the "
-            "answers would be judged against other nuggets"
-        )
-    instances = everything[: dataset.limit] if dataset.limit else everything
+    _require_own_cache(resolved, output_dir)
+    instances, prints = _source_instances(resolved, source)
     conditions = [str(c) for c in resolved.experiment.conditions]
     seeds = list(resolved.experiment.seeds)
     recorded = RecordStore(source.run.root).completed()
-    mine = [(i.id, c, s) for i in shard.select(instances) for c in conditions for s in seeds]
-    missing = [k for k in mine if k not in recorded]
-    if missing:
-        raise SourceRunError(
-            f"{source.run.root}: {len(missing)} of the {len(mine)} keys to rejudge "
-            f"{'in shard ' + shard.name + ' ' if shard.count > 1 else ''}have no record in the "
-            f"source run (e.g. {', '.join(map(str, missing[:3]))}); finish it first (`cts run`, "
-            "or `cts merge` to list what is missing), or select its conditions and seeds with "
-            "--set"
-        )
+    _require_recorded(source, recorded, instances, conditions, seeds, shard)
     run = RunDir(output_dir)
     run.write_config(resolved, {**prints, "source": source.digest})
-    provenance = {
-        "source": {
-            "path": str(source.run.root.resolve()),
-            "config_digest": source.digest,
-            "fingerprint": source.document.get("fingerprint") or {},
-            "system": source.resolved.system_name(),
-            "judge": describe_judge(source.resolved),
-        },
-        "judge": describe_judge(resolved),
-        "cache": (
-            resolved.experiment.cache.path if resolved.experiment.cache.enabled else "disabled"
-        ),
-    }
-    write_whole(run.provenance, json.dumps(provenance, indent=1, ensure_ascii=False))
+    _write_provenance(run, source, resolved)
     started = time.perf_counter()
     outcome, stats, cache, copied = asyncio.run(
         _rejudge(
