@@ -1,7 +1,7 @@
 """Does the pipeline keep the model server busy? Ceiling, pipeline and naive side by side.
 
 Parts (`--parts`, default all), each with the figures it prints and writes to the JSON (`--out`):
-- overhead: the quickstart on zero-latency scripted engines (tests/scripted.py) over the local
+- overhead: the quickstart on zero-latency scripted engines (serving/scripted.py) over the local
   BM25 search: seconds of orchestration per model call, and a pyinstrument profile's top entries.
 - curve: the pipeline against a latency-simulating OpenAI-compatible server on loopback
   (per-request and per-token delays, unlimited capacity) at concurrency 1…256, against the ideal
@@ -56,7 +56,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # tests.scripted: the zero-latency engines
+    sys.path.insert(0, str(ROOT))  # the repository's packages, when run as a script
 
 import eval.run  # noqa: E402 - after the path fix, like the modules below
 from eval.config import ResolvedExperiment, load_experiment  # noqa: E402
@@ -169,10 +169,10 @@ def recording(calls: list[Call]) -> Iterator[None]:
 
 @contextmanager
 def scripted() -> Iterator[None]:
-    """`cts run` with every role on a zero-latency scripted engine (tests/scripted.py, the
+    """`cts run` with every role on a zero-latency scripted engine (serving/scripted.py, the
     searcher searching, visiting and answering as `sim_searcher`) behind the real cache."""
     from serving.cache import CachedEngine, ResponseCache
-    from tests.scripted import scripted_roles
+    from serving.scripted import scripted_roles
 
     @asynccontextmanager
     async def opened(
@@ -1068,7 +1068,7 @@ def sim_searcher(request: ChatRequest) -> str:
 
 
 def sim_app(request_s: float, token_s: float, tokens: int) -> Any:
-    """An OpenAI-compatible chat endpoint answering like tests/scripted.py after
+    """An OpenAI-compatible chat endpoint answering like serving/scripted.py after
     request_s + token_s × tokens seconds, for any number of requests at once; /stats gives the
     requests in flight integrated over time."""
     from starlette.applications import Starlette
@@ -1076,7 +1076,7 @@ def sim_app(request_s: float, token_s: float, tokens: int) -> Any:
     from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
-    from tests.scripted import scripted_roles
+    from serving.scripted import scripted_roles
 
     scripts = {role: engine.script for role, engine in scripted_roles().items()}
     scripts["searcher"] = sim_searcher

@@ -25,8 +25,9 @@ from eval.dataset import DatasetSource, corpus_path, load_instances
 from eval.pipeline import run_instance
 from eval.run import until_signalled
 from eval.runner import RecordStore, Shard, run_keys
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, ChatResponse
-from tests.scripted import ScriptedEngine, scripted_context
+from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
 CONDITIONS: list[str] = list(ALL_CONDITIONS)

@@ -1,5 +1,5 @@
 """`python -m tests.scripted_cts ARGS…`: the real `cts` command line, with every role on a
-scripted engine (tests/scripted.py) behind the real response cache. For subprocess tests of
+scripted engine (serving/scripted.py) behind the real response cache. For subprocess tests of
 whole runs (a full disk, shards sharing files, a preempted Slurm task) that finish in seconds.
 
 $CTS_SCRIPTED_DELAY_S (default 0) delays each model call by up to that many seconds, drawn
@@ -23,8 +23,8 @@ from eval.config import ResolvedExperiment, Role
 from eval.engines import Engines
 from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel
+from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, ChatResponse
-from tests.scripted import ScriptedEngine, scripted_roles
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,8 +14,8 @@ from eval.dataset import DatasetSource, load_instances
 from eval.metrics import LABEL_SCORE, restore_score
 from eval.schema import Nugget
 from serving.errors import ConstrainedOutputError
+from serving.scripted import ScriptedEngine
 from serving.types import Sampling
-from tests.scripted import ScriptedEngine
 
 SAMPLING = Sampling(max_tokens=64)
 

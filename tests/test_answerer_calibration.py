@@ -41,8 +41,8 @@ from eval.dialogue import Clarification
 from eval.engines import Engines
 from eval.schema import CONSTRAINT_TYPES, Instance
 from serving.errors import EngineError
+from serving.scripted import ScriptedEngine, fused_query
 from serving.types import ChatRequest, Sampling
-from tests.scripted import ScriptedEngine, fused_query
 
 TAX = "How much is the overnight tourist tax for hotel stays in Calvanne in 2025?"
 TV = "What does the Ferrow Lumen 65-inch OLED TV cost, and what refresh rate does it support?"

@@ -8,8 +8,8 @@ import pytest
 
 from serving.cache import CachedEngine, ResponseCache
 from serving.errors import ConstrainedOutputError
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, ChoiceOutput
-from tests.scripted import ScriptedEngine
 
 
 def requests(n: int, seed: int | None = 0) -> list[ChatRequest]:

@@ -25,8 +25,8 @@ from eval.run_dir import RunDir
 from eval.runner import RecordStore
 from eval.schema import Record
 from eval.usage import charged_to_key, metered, role_usage
+from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, ChatResponse, Usage
-from tests.scripted import ScriptedEngine, scripted_roles
 from tests.scripted_cts import scripted_engines
 
 runner = CliRunner()

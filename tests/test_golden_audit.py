@@ -34,8 +34,9 @@ from eval.golden_audit import (
 )
 from eval.pipeline import run_instance
 from eval.schema import Instance
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
-from tests.scripted import ScriptedEngine, scripted_context
+from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
 runner = CliRunner()

@@ -21,10 +21,10 @@ from eval.config import ResolvedExperiment, Role, load_experiment
 from eval.engines import Engines
 from serving.engine import ChatModel
 from serving.model_config import build_engine
+from serving.scripted import ScriptedEngine, fused_query, scripted_roles
 from serving.types import ChatRequest
 from serving.yaml_config import ConfigError
 from tests import scripted_cts
-from tests.scripted import ScriptedEngine, fused_query, scripted_roles
 from tests.test_train import cts, read_records, tiny_train_config, train_yaml, wide_terminal
 from train.config import load_train_config
 from train.grpo import GrpoError, downstream_models, experiment, prompt_rows

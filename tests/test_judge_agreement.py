@@ -29,7 +29,7 @@ from eval.agreement import (
 )
 from eval.runner import RecordStore
 from eval.schema import Record
-from tests.scripted import scripted_roles
+from serving.scripted import scripted_roles
 from tests.test_rejudge import NEW_JUDGE, make_source, rejudge
 
 # A 3×3 table of 14 nugget labels (rows: judge A, columns: judge B):

@@ -31,8 +31,8 @@ from eval.config import JudgeConfig, ResolvedExperiment, Role
 from eval.dataset import DatasetError
 from eval.engines import Engines
 from serving.errors import EngineError
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
-from tests.scripted import ScriptedEngine
 
 # -- agreement on tables small enough to check by hand ------------------------------------------
 

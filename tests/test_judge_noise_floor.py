@@ -17,8 +17,8 @@ from eval.agreement import agreement, compare, movement, pair
 from eval.fingerprint import judge_setup
 from eval.metrics import ratio_ci
 from eval.runner import RecordStore
+from serving.scripted import scripted_roles
 from serving.types import ChatRequest
-from tests.scripted import scripted_roles
 from tests.test_judge_agreement import judgement, record
 from tests.test_rejudge import NEW_JUDGE, make_source, rejudge
 

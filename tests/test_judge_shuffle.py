@@ -21,9 +21,10 @@ from eval.fingerprint import changes, results_view
 from eval.pipeline import PipelineContext, _judge, judge_order, run_instance
 from eval.run_dir import RunDir
 from eval.schema import Instance, Nugget
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
 from serving.yaml_config import ConfigError
-from tests.scripted import ScriptedEngine, scripted_context
+from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
 ROOT = Path(__file__).resolve().parent.parent

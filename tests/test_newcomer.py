@@ -25,7 +25,7 @@ import tests.scripted_cts
 from cts.cli import app
 from cts.common import print_summary, progress_for
 from eval.progress import ProgressLines, ProgressLog
-from tests.scripted import ScriptedEngine, scripted_roles
+from serving.scripted import ScriptedEngine, scripted_roles
 from tests.scripted_cts import ROOT, scripted_engines, start
 
 runner = CliRunner()

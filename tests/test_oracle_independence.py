@@ -18,8 +18,8 @@ from cts.cli import app
 from eval.config import load_experiment
 from eval.oracle import oracle_independence
 from eval.schema import Golden, GoldenSearcher, Instance, Nugget
+from serving.scripted import scripted_roles
 from serving.types import ChatRequest
-from tests.scripted import scripted_roles
 from tests.scripted_cts import scripted_engines
 
 runner = CliRunner()

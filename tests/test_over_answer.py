@@ -21,8 +21,9 @@ from eval.pipeline import run_instance
 from eval.report import markdown
 from eval.schema import Instance, Record
 from serving.errors import ConstrainedOutputError
+from serving.scripted import ScriptedEngine
 from serving.types import Sampling
-from tests.scripted import ScriptedEngine, scripted_context
+from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
 TAX = Instance(

@@ -19,8 +19,8 @@ from agents.question_type import (
     types_schema,
 )
 from bench.question_types import exact_accuracy, load_table, scores
+from serving.scripted import ScriptedEngine
 from serving.types import Sampling
-from tests.scripted import ScriptedEngine
 
 
 @pytest.mark.parametrize(

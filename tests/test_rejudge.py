@@ -34,11 +34,11 @@ from eval.schema import Record
 from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel
 from serving.errors import EngineError
+from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest
 from serving.yaml_config import ConfigError
 from slurm import submit as submit_module
 from slurm.submit import SlurmOptionError, SlurmOptions, plan_job, submit
-from tests.scripted import ScriptedEngine, scripted_roles
 
 #: Search fails on this instance's blurred query (before the judge): a copied failure.
 FAILS_SEARCH = "monthly commuter pass cost on regional rail"

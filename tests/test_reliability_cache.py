@@ -12,9 +12,9 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
 from serving.yaml_config import ConfigError
-from tests.scripted import ScriptedEngine
 
 
 class Verdict(BaseModel):

@@ -40,6 +40,7 @@ from eval.dataset import DatasetError, DatasetSource, GoldTable, load_instances
 from eval.schema import CONSTRAINT_TYPES, Instance
 from serving.errors import ConstrainedOutputError
 from serving.outputs import validate_output
+from serving.scripted import ScriptedEngine
 from serving.types import (
     ChatRequest,
     ChoiceOutput,
@@ -49,7 +50,6 @@ from serving.types import (
     Sampling,
 )
 from serving.yaml_config import ConfigError, load_config, parse_override
-from tests.scripted import ScriptedEngine
 from webdancer.agent import FINAL_REGEX, TURN_REGEX
 from webdancer.corpus import CorpusError, Problem, load_corpus
 from webdancer.protocol import TOOL_NAMES, FinalAnswer, ProtocolError, ToolCall, parse_turn

@@ -18,8 +18,8 @@ import pytest
 
 from agents import judge
 from serving.errors import ConstrainedOutputError
+from serving.scripted import ScriptedEngine
 from serving.types import RoleSampling, Sampling
-from tests.scripted import ScriptedEngine
 from webdancer.corpus import CorpusDocument
 from webdancer.visit import SUMMARIZER_SAMPLING, LocalPages, Visitor
 

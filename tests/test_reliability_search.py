@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
-from tests.scripted import ScriptedEngine
 from tests.test_pipeline import search as search  # the fixture
 from webdancer.agent import AgentBudget, WebDancerAgent, searcher_sampling
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch

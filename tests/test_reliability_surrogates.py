@@ -20,8 +20,8 @@ from eval.config import load_experiment
 from eval.run import run_experiment
 from eval.runner import RecordStore, run_keys
 from eval.schema import Record
+from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, JsonSchemaOutput
-from tests.scripted import ScriptedEngine, scripted_roles
 from tests.scripted_cts import scripted_engines
 from tests.test_pipeline import instances
 from webdancer.backends.web_search import SearxngSearch

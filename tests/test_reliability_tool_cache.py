@@ -17,8 +17,8 @@ import yaml
 
 from eval.dataset import corpus_path
 from serving.files import sha256_file
+from serving.scripted import ScriptedEngine
 from serving.types import Sampling
-from tests.scripted import ScriptedEngine
 from tests.scripted_cts import cts
 from webdancer.backends.local import LocalSearch
 from webdancer.backends.web_search import SearxngSearch

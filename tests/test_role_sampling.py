@@ -19,8 +19,8 @@ import eval.run
 from eval.config import ResolvedExperiment, Role, load_experiment
 from eval.engines import Engines
 from eval.run import build_golden, run_experiment
+from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, Sampling
-from tests.scripted import ScriptedEngine, scripted_roles
 
 
 def _search_then_visit(request: ChatRequest) -> str:

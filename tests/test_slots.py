@@ -15,8 +15,9 @@ from eval.runner import RecordStore, run_keys
 from eval.schema import Record
 from eval.slots import KeySlots, released
 from eval.usage import metered
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, ChatResponse
-from tests.scripted import ScriptedEngine, scripted_context
+from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
 #: A hang guard, not a timing assertion: without the behaviour under test the run deadlocks.
@@ -48,7 +49,7 @@ class Gated(ScriptedEngine):
 
 
 def asked_before(request: ChatRequest) -> int:
-    """How many turns the dialogue in a clarifier request already has (as tests/scripted.py
+    """How many turns the dialogue in a clarifier request already has (as serving/scripted.py
     reads it)."""
     return request.messages[-1].content.count("\nQ")
 

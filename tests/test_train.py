@@ -28,9 +28,9 @@ from eval.run_dir import RunDir
 from eval.runner import RecordStore, Shard
 from eval.schema import Instance, Record
 from serving.model_config import ModelConfig, load_model_config
+from serving.scripted import ScriptedEngine
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
-from tests.scripted import ScriptedEngine
 from tests.scripted_cts import scripted_engines
 from train.config import RewardSettings, load_train_config
 from train.fit import fine_tuned_config

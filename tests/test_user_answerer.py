@@ -15,8 +15,8 @@ from agents import user_answerer
 from agents.user_answerer import SpanLimits, is_span, span_regex, spans
 from eval.dataset import DatasetSource, load_instances
 from serving.errors import ConstrainedOutputError
+from serving.scripted import ScriptedEngine
 from serving.types import Sampling
-from tests.scripted import ScriptedEngine
 
 SAMPLING = Sampling(max_tokens=64)
 

@@ -10,8 +10,8 @@ import pytest
 
 from eval.dataset import DatasetSource, corpus_path, load_corpus, load_instances
 from serving.errors import EngineError
+from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
-from tests.scripted import ScriptedEngine
 from webdancer.agent import FINAL_REGEX, AgentBudget, WebDancerAgent, searcher_sampling
 from webdancer.backends.local import LocalSearch
 from webdancer.protocol import FORCE_ANSWER, INVALID_TOOL_CALL

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from eval.dataset import corpus_path
+from serving.scripted import ScriptedEngine
 from serving.types import Sampling
-from tests.scripted import ScriptedEngine
 from webdancer.backends.local import LocalSearch, tokenize
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
 from webdancer.corpus import CorpusDocument
