@@ -1,5 +1,5 @@
-"""The golden nugget builder: from the fused query and the evidence a WebDancer run on it
-showed, the weighted facts a complete answer contains (golden construction, DESIGN §2).
+"""The golden nugget builder: from the fused query and the evidence a WebDancer run on it showed,
+the weighted facts a complete answer contains (golden construction, docs/data-and-golden.md).
 
 Its schema makes every `source_ids` entry one of the evidence ids of that run, so a nugget can
 only cite what the trace saw; weights are 3 (essential), 2 (important), 1 (context), the scale

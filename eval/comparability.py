@@ -1,4 +1,4 @@
-"""Whether runs may be compared as clarifier systems (DESIGN §2, Comparisons).
+"""Whether runs may be compared as clarifier systems (docs/reading-the-report.md, "Systems").
 
 A difference between two runs' scores is the clarifier's only when everything else that makes
 a record is the same: the User Answerer, the rewriter, the searcher and its summarizer (model,

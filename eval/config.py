@@ -73,7 +73,7 @@ class RoleConfig(_Strict):
 
 
 class SearchConfig(_Strict):
-    """The WebDancer agent's tools (DESIGN §5)."""
+    """The WebDancer agent's tools (docs/search-agent.md)."""
 
     backend: Literal["local", "serper", "searxng", "retrieval-server"] = "local"
     #: Corpus JSONL for the local search and visit backends (`sample` = the shipped corpus).
@@ -203,7 +203,7 @@ class JudgeConfig(_Strict):
     #: Run each judge request alone (engine `transformers` only): batching moves greedy
     #: decoding, so that the same judge re-reading the same answers may give other labels; alone,
     #: a label depends on its request only. Slower where the judge's requests would have shared
-    #: a batch (README: "Calibrating the judge" has the measured cost).
+    #: a batch (docs/calibration-and-rejudging.md, "Calibrating the judge", has the measured cost).
     deterministic: bool = False
 
 

@@ -1,4 +1,5 @@
-"""From records to the numbers a paper needs (DESIGN §2), every one with the n it stands on.
+"""From records to the numbers a paper needs (docs/reading-the-report.md), every one with the n it
+stands on.
 
 Scores: per condition, each instance's score is its mean over seeds. Failed records are never a
 silent 0 nor silently dropped: under the `exclude` policy (the default) the score table, gains,

@@ -1,6 +1,6 @@
-"""Golden construction (once per dataset, DESIGN §2): WebDancer on the fused query, its trace
-archived, weighted nuggets extracted from that trace, each nugget's `source_ids` restricted to
-evidence ids the trace showed.
+"""Golden construction (once per dataset, docs/data-and-golden.md): WebDancer on the fused query,
+its trace archived, weighted nuggets extracted from that trace, each nugget's `source_ids`
+restricted to evidence ids the trace showed.
 
 The search run is the pipeline's `golden` key (one per instance, seeded with `golden.seed`,
 which is never an evaluation seed, and cached apart from evaluation runs: the `oracle` condition

@@ -1,4 +1,5 @@
-"""The restore score and its statistics: pure functions over labelled nuggets (DESIGN §2).
+"""The restore score and its statistics: pure functions over labelled nuggets
+(docs/reading-the-report.md).
 
 restore_score_100 = 100 · Σ w·s / Σ w with s(full) = 1, s(partial) = 0.5, s(none) = 0; the strict
 variant scores partial as 0; the unweighted one gives every nugget weight 1.

@@ -1,8 +1,8 @@
-"""Over-answering: a User Answerer answer that hands the clarifier more of the fused query's
-missing information than one attribute (DESIGN §2). The study's simulator answers "only if the
-requested attribute is explicitly present"; a span of the fused query can be most of it.
+"""Over-answering: a User Answerer answer that hands the clarifier more of the fused query's missing
+information than one attribute (docs/reading-the-report.md). The study's simulator answers "only if
+the requested attribute is explicitly present"; a span of the fused query can be most of it.
 
-What is measured, per answer (README, "How to read the report"):
+What is measured, per answer (docs/reading-the-report.md, "Clarification"):
 
 - **Units** are the User Answerer's own: a Latin/digit word (case-folded) or one CJK, kana or
   hangul character (agents/user_answerer.py).

@@ -529,7 +529,7 @@ def _over_answer_note(c: dict[str, Any]) -> list[str]:
         "",
         f"Over-answer pieces found by {found or 'nothing'}"
         + (f"; {skipped} answers of older records not measured" if skipped else "")
-        + " (README, How to read the report).",
+        + " (docs/reading-the-report.md).",
     ]
 
 

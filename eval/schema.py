@@ -1,6 +1,6 @@
 """The benchmark's plain data types: instance, golden nugget, and the record of one evaluated key
-(DESIGN §6). The corpus document lives with the search agent that reads it (webdancer.corpus)
-and is re-exported here."""
+(docs/data-and-golden.md). The corpus document lives with the search agent that reads it
+(webdancer.corpus) and is re-exported here."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def test_the_over_answer_rate_per_k_against_a_hand_computation():
     assert "| 1 | 100% of 2 | t1: 100% of 2 | 50% of 2 | 50% of 2 |" in text
     assert (
         "Over-answer pieces found by runs of missing words (a proxy; a lower bound): 4 answers; "
-        "1 answers of older records not measured" in text
+        "1 answers of older records not measured (docs/reading-the-report.md)." in text
     )
 
 

@@ -1,6 +1,6 @@
 """The corpus the local search backend indexes and the local visit backend reads: JSONL lines
-`{doc_id, url, title, text, date?, language?}` (DESIGN §6), validated with every problem
-reported as `file:line: field: message`."""
+`{doc_id, url, title, text, date?, language?}` (docs/data-and-golden.md), validated with every
+problem reported as `file:line: field: message`."""
 
 from __future__ import annotations
 
