@@ -106,6 +106,9 @@ def weights(models: dict[str, ModelConfig], experiment: str, target: Path) -> li
         if model.engine == "openai" and not model.vllm.serve:
             checks.append(Check(name, "skip", f"served elsewhere ({model.endpoint})"))
             continue
+        if model.engine == "scripted":
+            checks.append(Check(name, "skip", "a scripted engine: no weights"))
+            continue
         if model.is_tiny:
             checks.append(Check(name, "ok", "the tiny model (`cts models prepare-tiny`)"))
             continue

@@ -43,13 +43,12 @@ class Downloaded:
 
 def hub_models(models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
     """The models whose weights come from the hub: not the tiny model, not a local directory,
-    not an endpoint someone else serves (`engine: openai` with `vllm.serve: false`)."""
+    not an endpoint someone else serves (`engine: openai` with `vllm.serve: false`), not a
+    scripted engine."""
     return {
         key: m
         for key, m in models.items()
-        if not m.is_tiny
-        and not Path(m.path).expanduser().is_dir()
-        and not (m.engine == "openai" and not m.vllm.serve)
+        if not m.is_tiny and not Path(m.path).expanduser().is_dir() and m.needs_weights
     }
 
 

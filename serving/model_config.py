@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel, Engine
@@ -62,7 +62,7 @@ class ModelConfig(_Strict):
     name: str
     #: Local checkpoint directory, hub id, or `tiny:smollm2-135m-instruct`.
     path: str
-    engine: Literal["transformers", "openai", "vllm-offline"] = "transformers"
+    engine: Literal["transformers", "openai", "vllm-offline", "scripted"] = "transformers"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     revision: str | None = None
     #: Passed to the chat template (e.g. `enable_thinking: false` for Qwen3).
@@ -80,10 +80,38 @@ class ModelConfig(_Strict):
     max_batch_size: int = Field(8, ge=1)
     threads: int | None = None
     vllm: VllmServerArgs = VllmServerArgs()
+    # scripted engine (serving/scripted.py): answers by rules, no weights (`path` is ignored)
+    #: The built-in rules of one role (`judge`, `clarifier`, ...: `scripted_roles()`).
+    script: str | None = None
+    #: A JSONL file of `{"text": ..., "contains": ...}` lines: a request gets the text of the
+    #: first line whose `contains` occurs in its messages (no `contains`: any request).
+    replay: str | None = None
     #: Generated tokens per second one server of this model sustains while a run drives it
     #: (measure it: `bench/pipeline.py`'s pipeline figure, or the server's log during a pilot
     #: on your GPU), for `cts estimate`'s server- and GPU-hours; None: unknown, and it says so.
     throughput_tokens_per_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _scripted_needs_a_script(self) -> ModelConfig:
+        if self.engine == "scripted":
+            if (self.script is None) == (self.replay is None):
+                raise ValueError("engine 'scripted' needs exactly one of `script` and `replay`")
+            from serving.scripted import SCRIPTED_ROLES
+
+            if self.script is not None and self.script not in SCRIPTED_ROLES:
+                raise ValueError(
+                    f"script {self.script!r}: not a scripted role (one of "
+                    f"{', '.join(SCRIPTED_ROLES)})"
+                )
+        elif self.script is not None or self.replay is not None:
+            raise ValueError("`script` and `replay` are for engine 'scripted' only")
+        return self
+
+    @property
+    def needs_weights(self) -> bool:
+        """Whether this model runs from weights this machine must have: not a scripted
+        engine, not an endpoint someone else serves (`engine: openai`, `vllm.serve: false`)."""
+        return self.engine != "scripted" and not (self.engine == "openai" and not self.vllm.serve)
 
     @property
     def is_tiny(self) -> bool:
@@ -150,6 +178,10 @@ def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> Cha
             chat_template_kwargs=config.chat_template_kwargs,
             revision=config.revision,
         )
+    elif config.engine == "scripted":
+        from serving.scripted import scripted_engine
+
+        engine = scripted_engine(config.name, script=config.script, replay=config.replay)
     else:
         from serving.vllm_offline_engine import VllmOfflineEngine
 

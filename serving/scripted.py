@@ -1,18 +1,25 @@
 """Scripted engines: answers written by rules instead of a model, for testing configs, pipelines
 and fault handling without weights (never for model behaviour). `ScriptedEngine` answers each
 request with a function of it; `scripted_roles()` gives a deterministic stand-in for every role
-of the pipeline (answers depend only on the request), used by the tests and by bench/."""
+of the pipeline (answers depend only on the request), used by the tests and by bench/. A model
+config names one with `engine: scripted` and `script: <role>` (those rules) or `replay: FILE`
+(canned answers), to test configs and pipelines without weights
+(docs/configs-and-checkpoints.md)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from serving.engine import Engine
 from serving.errors import EngineError, ServerUnreachable
 from serving.types import ChatRequest, ChatResponse, Usage
+from serving.yaml_config import ConfigError
 
 Script = Callable[[ChatRequest], str | Exception]
 
@@ -134,3 +141,87 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
         "nugget_builder": nugget_builder,
     }
     return {role: ScriptedEngine(script, name=role) for role, script in scripts.items()}
+
+
+#: The roles `scripted_roles()` has rules for: what a model config's `script:` may name.
+SCRIPTED_ROLES = (
+    "clarifier",
+    "user_answerer",
+    "rewriter",
+    "searcher",
+    "judge",
+    "summarizer",
+    "question_classifier",
+    "nugget_builder",
+)
+
+
+@dataclass(frozen=True)
+class ReplayLine:
+    #: The answer.
+    text: str
+    #: Text the request's messages must hold for this answer (None: any request).
+    contains: str | None = None
+
+
+def read_replay(path: Path) -> list[ReplayLine]:
+    """A replay file: one JSON object a line, `{"text": ..., "contains": ...}` (`contains`
+    optional). ConfigError naming `file:line` for a line that is not one."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: replay file unreadable: {e}") from e
+    found = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(f"{path}:{number}: not JSON: {e}") from e
+        shape = '{"text": str, "contains": str (optional)}'
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{number}: a line is {shape}")
+        text, contains = row.get("text"), row.get("contains")
+        if not isinstance(text, str) or not (contains is None or isinstance(contains, str)):
+            raise ConfigError(f"{path}:{number}: a line is {shape}")
+        extra = set(row) - {"text", "contains"}
+        if extra:
+            raise ConfigError(f"{path}:{number}: unknown key(s) {', '.join(sorted(extra))}")
+        found.append(ReplayLine(text, contains))
+    if not found:
+        raise ConfigError(f"{path}: replay file has no line")
+    return found
+
+
+def replay_script(lines: list[ReplayLine], source: str) -> Script:
+    """Answers a request with the text of the first line whose `contains` occurs in one of its
+    messages; a request no line matches is an EngineError (a failed key, as a model's error)."""
+
+    def script(request: ChatRequest) -> str | Exception:
+        contents = [m.content for m in request.messages]
+        for line in lines:
+            if line.contains is None or any(line.contains in c for c in contents):
+                return line.text
+        return EngineError(f"{source}: no replay line matches the request")
+
+    return script
+
+
+def scripted_engine(
+    name: str, script: str | None = None, replay: str | None = None
+) -> ScriptedEngine:
+    """The engine of a model config with `engine: scripted`: the built-in rules of the role
+    `script`, or the answers of the replay file `replay` (read now; its digest is part of the
+    engine's identity, so an edited file answers nothing from the response cache)."""
+    if script is not None:
+        engine = ScriptedEngine(scripted_roles()[script].script, name=name)
+        engine.identity = f"scripted:rules:{script}"
+        return engine
+    if replay is None:
+        raise ConfigError(f"model {name}: engine 'scripted' needs `script` or `replay`")
+    path = Path(replay).expanduser()
+    lines = read_replay(path)
+    engine = ScriptedEngine(replay_script(lines, replay), name=name)
+    engine.identity = f"scripted:replay:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+    return engine

@@ -1,0 +1,127 @@
+"""`engine: scripted` in a model config: the rules of `serving/scripted.py` or a replay file,
+so that a user can test a config and the whole pipeline without weights."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval.config import load_experiment
+from eval.run import run_experiment
+from eval.runner import RecordStore
+from serving.download import hub_models
+from serving.errors import EngineError
+from serving.model_config import build_engine, load_model_config
+from serving.scripted import SCRIPTED_ROLES, ScriptedEngine, scripted_roles
+from serving.types import ChatRequest
+from serving.yaml_config import ConfigError
+
+ROLES = ["clarifier", "user_answerer", "rewriter", "searcher", "summarizer", "judge"]
+
+
+def model_file(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump({"name": "m", "path": "scripted", **fields}))
+    return path
+
+
+def ask(engine: object, text: str) -> str:
+    assert isinstance(engine, ScriptedEngine)
+    request = ChatRequest.of([{"role": "user", "content": text}])
+    return asyncio.run(engine.chat(request)).text
+
+
+def test_every_scripted_role_can_be_named():
+    assert set(SCRIPTED_ROLES) == set(scripted_roles())
+
+
+def test_a_script_names_the_rules_of_one_role(tmp_path):
+    config = load_model_config(model_file(tmp_path, engine="scripted", script="searcher"))
+    engine = build_engine(config)
+    assert isinstance(engine, ScriptedEngine)
+    assert engine.script(ChatRequest.of([{"role": "user", "content": "x"}])) == (
+        scripted_roles()["searcher"].script(ChatRequest.of([{"role": "user", "content": "x"}]))
+    )
+    assert engine.identity == "scripted:rules:searcher"
+    assert hub_models({"m": config}) == {}  # no weights to download
+
+
+def test_a_replay_file_answers_with_its_first_matching_line(tmp_path):
+    replay = tmp_path / "answers.jsonl"
+    lines = [{"contains": "capital", "text": "Paris"}, {"text": "I do not know"}]
+    replay.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    engine = build_engine(
+        load_model_config(model_file(tmp_path, engine="scripted", replay=str(replay)))
+    )
+    assert ask(engine, "the capital of France?") == "Paris"
+    assert ask(engine, "anything else") == "I do not know"
+    replay.write_text(json.dumps(lines[0]) + "\n")
+    only = build_engine(
+        load_model_config(model_file(tmp_path, engine="scripted", replay=str(replay)))
+    )
+    with pytest.raises(EngineError, match="no replay line matches"):
+        ask(only, "anything else")
+    assert isinstance(only, ScriptedEngine) and isinstance(engine, ScriptedEngine)
+    assert only.identity != engine.identity  # an edited file is a new engine to the cache
+
+
+def test_a_bad_replay_line_is_named_by_file_and_line(tmp_path):
+    replay = tmp_path / "answers.jsonl"
+    replay.write_text('{"text": "ok"}\n{"txt": "typo"}\n')
+    with pytest.raises(ConfigError, match=r"answers\.jsonl:2: "):
+        build_engine(load_model_config(model_file(tmp_path, engine="scripted", replay=str(replay))))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"engine": "scripted"}, "exactly one of `script` and `replay`"),
+        ({"engine": "scripted", "script": "oracle"}, "not a scripted role"),
+        ({"engine": "transformers", "script": "judge"}, "for engine 'scripted' only"),
+    ],
+)
+def test_a_scripted_config_without_a_valid_script_is_refused(tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=message):
+        load_model_config(model_file(tmp_path, **fields))
+
+
+def test_a_whole_run_on_scripted_model_configs_needs_no_weights(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    for role in ROLES:
+        (models / f"scripted-{role}.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "name": f"scripted-{role}",
+                    "path": "scripted",
+                    "engine": "scripted",
+                    "script": role,
+                }
+            )
+        )
+    experiment = tmp_path / "experiments" / "scripted.yaml"
+    experiment.parent.mkdir()
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                "name": "scripted",
+                "roles": {role: {"model": f"../models/scripted-{role}.yaml"} for role in ROLES},
+                "dataset": {"path": "sample", "split": "dev", "limit": 1},
+                "search": {"backend": "local", "corpus": "sample", "top_k": 3},
+                "budgets": {"max_llm_calls": 3, "max_context_tokens": 6144},
+                "seeds": [0],
+                "cache": {"path": str(tmp_path / "responses.sqlite")},
+            }
+        )
+    )
+    resolved = load_experiment(experiment, [f"search.tool_cache={tmp_path / 'tools.sqlite'}"])
+    result = run_experiment(resolved, tmp_path / "run", show_progress=False)
+    records = RecordStore(tmp_path / "run").completed()
+    assert result.outcome.failures == {}
+    assert len(records) == 5
+    assert all(r.error is None and "restore_score_100" in r.scores for r in records.values())
+    assert result.report is not None and result.report["summary"].exists()
