@@ -125,3 +125,16 @@ def test_a_whole_run_on_scripted_model_configs_needs_no_weights(tmp_path):
     assert len(records) == 5
     assert all(r.error is None and "restore_score_100" in r.scores for r in records.values())
     assert result.report is not None and result.report["summary"].exists()
+
+
+def test_bench_imports_nothing_from_tests():
+    root = Path(__file__).resolve().parent.parent
+    found = [
+        str(path.relative_to(root))
+        for path in sorted((root / "bench").glob("*.py"))
+        if any(
+            line.strip().startswith(("from tests", "import tests"))
+            for line in path.read_text().splitlines()
+        )
+    ]
+    assert found == []
