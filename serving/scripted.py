@@ -60,6 +60,32 @@ def fused_query(request: ChatRequest) -> str:
     return found.group(1)
 
 
+def judge_rule(request: ChatRequest) -> str:
+    """The scripted judge: full, partial, none in turn over the nugget ids it is asked about."""
+    assert request.output is not None and request.output.kind == "json"
+    ids = request.output.json_schema["required"]
+    return json.dumps(
+        {
+            i: {"evidence": "e", "label": ["full", "partial", "none"][n % 3]}
+            for n, i in enumerate(ids)
+        }
+    )
+
+
+def nugget_builder_rule(request: ChatRequest) -> str:
+    """The scripted nugget builder: three nuggets citing the evidence ids offered, one of them a
+    near-duplicate of the first."""
+    assert request.output is not None and request.output.kind == "json"
+    item = request.output.json_schema["properties"]["nuggets"]["items"]
+    ids = item["properties"]["source_ids"]["items"]["enum"]
+    nuggets = [
+        {"text": "The first fact.", "weight": 3, "source_ids": ids[:1]},
+        {"text": " the first   FACT. ", "weight": 1, "source_ids": ids[:1]},  # a duplicate
+        {"text": "A second fact.", "weight": 2, "source_ids": [ids[-1], ids[-1]]},
+    ]
+    return json.dumps({"nuggets": nuggets})
+
+
 def scripted_roles() -> dict[str, ScriptedEngine]:
     """Deterministic stand-ins for every role of the pipeline (answers depend only on the
     request), for logic tests of the pipeline and runner."""
@@ -106,27 +132,6 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
             return f"<think>\nsearch\n</think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
         return "<think>\ndone\n</think>\n<answer>\nan answer\n</answer>"
 
-    def judge(request: ChatRequest) -> str:
-        assert request.output is not None and request.output.kind == "json"
-        ids = request.output.json_schema["required"]
-        return json.dumps(
-            {
-                i: {"evidence": "e", "label": ["full", "partial", "none"][n % 3]}
-                for n, i in enumerate(ids)
-            }
-        )
-
-    def nugget_builder(request: ChatRequest) -> str:
-        assert request.output is not None and request.output.kind == "json"
-        item = request.output.json_schema["properties"]["nuggets"]["items"]
-        ids = item["properties"]["source_ids"]["items"]["enum"]
-        nuggets = [
-            {"text": "The first fact.", "weight": 3, "source_ids": ids[:1]},
-            {"text": " the first   FACT. ", "weight": 1, "source_ids": ids[:1]},  # a duplicate
-            {"text": "A second fact.", "weight": 2, "source_ids": [ids[-1], ids[-1]]},
-        ]
-        return json.dumps({"nuggets": nuggets})
-
     def summarizer(request: ChatRequest) -> str:
         return json.dumps({"evidence": "e", "summary": "s"})
 
@@ -135,10 +140,10 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
         "user_answerer": user_answerer,
         "rewriter": rewriter,
         "searcher": searcher,
-        "judge": judge,
+        "judge": judge_rule,
         "summarizer": summarizer,
         "question_classifier": question_classifier,
-        "nugget_builder": nugget_builder,
+        "nugget_builder": nugget_builder_rule,
     }
     return {role: ScriptedEngine(script, name=role) for role, script in scripts.items()}
 
