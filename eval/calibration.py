@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -301,6 +302,32 @@ def length_quartiles(answers: Sequence[LabelledAnswer], parts: int = 4) -> dict[
     return {a.group: name[length_units(a.answer)] for a in answers}
 
 
+#: Resamples of `kappa_ci`.
+KAPPA_RESAMPLES = 2000
+
+
+def kappa_ci(
+    by_answer: Sequence[Sequence[tuple[str, str]]], resamples: int = KAPPA_RESAMPLES, seed: int = 0
+) -> tuple[float, float] | None:
+    """95% percentile bootstrap CI of the 3-label κ over (people, judge) pairs, resampling whole
+    answers (an answer's nuggets are judged in one call, so its labels are not independent);
+    resamples where κ is undefined are left out. None with fewer than 2 answers."""
+    if len(by_answer) < 2:
+        return None
+    rng = random.Random(seed)
+    found = []
+    for _ in range(resamples):
+        drawn = rng.choices(range(len(by_answer)), k=len(by_answer))
+        value = cohen_kappa([p for i in drawn for p in by_answer[i]], LABELS).kappa
+        if value is not None:
+            found.append(value)
+    if not found:
+        return None
+    found.sort()
+    low = found[int(0.025 * (len(found) - 1))]
+    return low, found[round(0.975 * (len(found) - 1))]
+
+
 # -- judging ----------------------------------------------------------------------------------
 
 
@@ -320,6 +347,8 @@ class Calibration:
     by_length: list[RateRow]
     #: Per pass (`listed`, `shuffled`, `rerun`), the answers whose judge call failed, and why.
     failed: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: 95% bootstrap CI of the 3-label κ, resampling answers (`kappa_ci`); None when undefined.
+    kappa_ci: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -403,6 +432,7 @@ async def calibrate(
     length_of = length_quartiles(answers)
     people: list[str] = []
     judged: list[str] = []
+    by_answer: dict[str, list[tuple[str, str]]] = {}
     languages: dict[str, tuple[list[str], list[str]]] = {}
     positions: list[tuple[str, str, str]] = []
     lengths: list[tuple[str, str, str]] = []
@@ -414,6 +444,7 @@ async def calibrate(
                 continue
             people.append(nugget.label)
             judged.append(got)
+            by_answer.setdefault(answer.group, []).append((nugget.label, got))
             mine = languages.setdefault(answer.language, ([], []))
             mine[0].append(nugget.label)
             mine[1].append(got)
@@ -443,6 +474,7 @@ async def calibrate(
             )
             if found
         },
+        kappa_ci=kappa_ci(list(by_answer.values())),
     )
 
 
@@ -510,6 +542,10 @@ def _rate_lines(title: str, rows: list[RateRow]) -> list[str]:
     return [*lines, ""]
 
 
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f" (95% CI {ci[0]:.3f} to {ci[1]:.3f}, answers resampled)"
+
+
 def render(result: Calibration, judge_name: str = "") -> str:
     """The figures as Markdown, each with its n."""
     a = result.agreement
@@ -522,7 +558,7 @@ def render(result: Calibration, judge_name: str = "") -> str:
         "",
         "| figure | value | n |",
         "|---|---|---|",
-        f"| Cohen's κ, full / partial / none | {_num(a.kappa)} | {a.n} |",
+        f"| Cohen's κ, full / partial / none | {_num(a.kappa)}{_ci(result.kappa_ci)} | {a.n} |",
         f"| Cohen's κ, strict (full vs rest) | {_num(a.strict_kappa)} | {a.n} |",
         f"| agreement (same label) | {_pct(a.accuracy)} | {a.n} |",
         f"| order flip (labels changed when the nuggets are shuffled) | "

@@ -149,3 +149,19 @@ def test_the_shipped_judge_tells_a_stated_answer_from_an_unrelated_one():
     assert [labels[i] for i, _ in instance.nuggets[:3]] == ["full"] * 3, labels
     unrelated = _labels(judge.UNRELATED_ANSWERS["en"], instance)
     assert set(unrelated.values()) == {"none"}, unrelated
+
+
+def test_the_kappa_ci_resamples_answers_and_holds_the_estimate():
+    from eval.agreement import cohen_kappa
+    from eval.calibration import kappa_ci
+
+    perfect = [[("full", "full"), ("none", "none")], [("partial", "partial"), ("none", "none")]]
+    assert kappa_ci(perfect) == (1.0, 1.0)
+    rng = random.Random(0)
+    answers = [
+        [(rng.choice(judge.LABELS), rng.choice(judge.LABELS)) for _ in range(5)] for _ in range(20)
+    ]
+    low, high = kappa_ci(answers) or (0.0, 0.0)
+    estimate = cohen_kappa([p for a in answers for p in a], judge.LABELS).kappa
+    assert estimate is not None and low <= estimate <= high and low < high
+    assert kappa_ci(answers[:1]) is None

@@ -348,7 +348,7 @@ def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):
     assert len(requests) == 66
     assert "judge calibration (3 passes): 0/66 done (0 already), 0 failed" in done.output
     assert "judge calibration (3 passes): 66/66 done (0 already), 0 failed" in done.output
-    assert "| Cohen's κ, full / partial / none | 0.621 | 118 |" in done.output
+    assert "| Cohen's κ, full / partial / none | 0.621 (95% CI " in done.output
     assert "| Cohen's κ, strict (full vs rest) | 0.570 | 118 |" in done.output
     assert (
         "| order flip (labels changed when the nuggets are shuffled) | 0.0% (0) | 118 |"
@@ -358,6 +358,8 @@ def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):
     document = json.loads(out.read_text())
     assert document["judge"] == "smollm2-135m-instruct"
     assert document["agreement"]["kappa"] == pytest.approx(5032 / 8100)
+    low, high = document["kappa_ci"]
+    assert low < 5032 / 8100 < high
     assert document["agreement"]["confusion"] == [[55, 0, 0], [26, 0, 0], [0, 0, 37]]
     assert document["rerun"] == {"n": 118, "changed": 0, "share": 0.0}
     assert sum(row["n"] for row in document["by_length"]) == 118
