@@ -339,8 +339,9 @@ class Calibration:
     batch_size: int
     agreement: Agreement
     by_language: dict[str, Agreement]
-    order_flip: Changed
-    rerun: Changed
+    #: None when `--passes agreement` skipped the shuffled pass, or the rerun.
+    order_flip: Changed | None
+    rerun: Changed | None
     #: Label rates by 1-based position in the judge's batch.
     by_position: list[RateRow]
     #: Label rates by answer length (units: words and CJK characters).
@@ -352,8 +353,10 @@ class Calibration:
 
     def as_dict(self) -> dict[str, Any]:
         doc = asdict(self)
-        doc["order_flip"]["share"] = self.order_flip.share
-        doc["rerun"]["share"] = self.rerun.share
+        if self.order_flip is not None:
+            doc["order_flip"]["share"] = self.order_flip.share
+        if self.rerun is not None:
+            doc["rerun"]["share"] = self.rerun.share
         return doc
 
 
@@ -409,9 +412,35 @@ def reorderable(answers: Sequence[LabelledAnswer]) -> list[LabelledAnswer]:
     return [a for a in answers if len(a.nuggets) > 1]
 
 
-def judged_batches(labels: LabelSet) -> int:
-    """Answers judged by `calibrate` over its three passes (what its progress counts)."""
+#: `--passes`: all three, or the listed pass alone (κ and the confusion matrix, a third of the
+#: time; no order flip, no rerun identity).
+PASSES = ("all", "agreement")
+
+
+def judged_batches(labels: LabelSet, passes: str = "all") -> int:
+    """Answers judged by `calibrate` over its passes (what its progress counts)."""
+    if passes == "agreement":
+        return len(labels.answers)
     return 2 * len(labels.answers) + len(reorderable(labels.answers))
+
+
+Judged = tuple[dict[tuple[str, str], str], dict[str, str]]
+
+
+async def _passes(
+    call: JudgeCall, answers: Sequence[LabelledAnswer], passes: str, concurrency: int, done: Any
+) -> tuple[Judged, Judged | None, Judged | None]:
+    """The listed pass and, for `all`, the shuffled one beside it (their requests share the
+    engine's batches), then the rerun of the listed requests once those are answered."""
+    as_listed: Callable[[LabelledAnswer], Sequence[LabelledNugget]] = lambda a: a.nuggets  # noqa: E731
+    if passes == "agreement":
+        return await _pass(call, answers, as_listed, concurrency, done), None, None
+    listed, shuffled = await asyncio.gather(
+        _pass(call, answers, as_listed, concurrency, done),
+        _pass(call, reorderable(answers), flipped, concurrency, done),
+    )
+    again = await _pass(call, answers, as_listed, concurrency, done)
+    return listed, shuffled, again
 
 
 async def calibrate(
@@ -420,15 +449,16 @@ async def calibrate(
     batch_size: int = judge.BATCH,
     concurrency: int = 4,
     done: Callable[[bool], None] = lambda failed: None,
+    passes: str = "all",
 ) -> Calibration:
-    """The three passes (listed, shuffled, listed again), one after the other so that the
-    rerun repeats requests already answered, and every figure from them."""
+    """The passes (listed and shuffled together, then listed again, so that the rerun repeats
+    requests already answered; or, for `agreement`, listed alone), and every figure from
+    them."""
     answers = labels.answers
-    listed, failed_listed = await _pass(call, answers, lambda a: a.nuggets, concurrency, done)
+    (listed, failed_listed), shuffled, again = await _passes(
+        call, answers, passes, concurrency, done
+    )
     several = reorderable(answers)
-    shuffled, failed_shuffled = await _pass(call, several, flipped, concurrency, done)
-    again, failed_again = await _pass(call, answers, lambda a: a.nuggets, concurrency, done)
-
     length_of = length_quartiles(answers)
     people: list[str] = []
     judged: list[str] = []
@@ -459,8 +489,8 @@ async def calibrate(
         batch_size=batch_size,
         agreement=agreement(people, judged),
         by_language={lang: agreement(*pair) for lang, pair in sorted(languages.items())},
-        order_flip=_changed(listed, shuffled, flippable),
-        rerun=_changed(listed, again, every),
+        order_flip=None if shuffled is None else _changed(listed, shuffled[0], flippable),
+        rerun=None if again is None else _changed(listed, again[0], every),
         by_position=rate_table(positions, [str(p) for p in range(1, batch_size + 1)]),
         by_length=rate_table(
             lengths, sorted(set(length_of.values()), key=lambda b: int(b.split("-")[0]))
@@ -469,8 +499,8 @@ async def calibrate(
             name: found
             for name, found in (
                 ("listed", failed_listed),
-                ("shuffled", failed_shuffled),
-                ("rerun", failed_again),
+                ("shuffled", shuffled[1] if shuffled else {}),
+                ("rerun", again[1] if again else {}),
             )
             if found
         },
@@ -498,7 +528,10 @@ def judge_call(engine: ChatModel, sampling: Sampling, options: JudgeConfig) -> J
 
 
 def calibrate_experiment(
-    resolved: ResolvedExperiment, labels: LabelSet, show_progress: ShowProgress = False
+    resolved: ResolvedExperiment,
+    labels: LabelSet,
+    show_progress: ShowProgress = False,
+    passes: str = "all",
 ) -> Calibration:
     """The experiment's judge role on `labels`, with the response cache off: a rerun must
     reach the model, and a cached answer would hide what the judge does today."""
@@ -507,11 +540,16 @@ def calibrate_experiment(
         async with open_engines(resolved, roles=["judge"], use_cache=False) as engines:
             options = resolved.experiment.judge
             call = judge_call(engines.roles["judge"], resolved.sampling_for("judge"), options)
-            total = judged_batches(labels)
-            title = "judge calibration (3 passes)"
+            total = judged_batches(labels, passes)
+            title = "judge calibration (3 passes)" if passes == "all" else "judge calibration"
             async with progress(title, total, 0, show_progress, unit="answers") as done:
                 return await calibrate(
-                    call, labels, options.batch_size, resolved.experiment.concurrency, done
+                    call,
+                    labels,
+                    options.batch_size,
+                    resolved.experiment.concurrency,
+                    done,
+                    passes,
                 )
 
     return asyncio.run(go())
@@ -542,6 +580,12 @@ def _rate_lines(title: str, rows: list[RateRow]) -> list[str]:
     return [*lines, ""]
 
 
+def _changes(changed: Changed | None) -> str:
+    if changed is None:
+        return "not measured (--passes agreement) | 0"
+    return f"{_pct(changed.share)} ({changed.changed}) | {changed.n}"
+
+
 def _ci(ci: tuple[float, float] | None) -> str:
     return "" if ci is None else f" (95% CI {ci[0]:.3f} to {ci[1]:.3f}, answers resampled)"
 
@@ -562,9 +606,9 @@ def render(result: Calibration, judge_name: str = "") -> str:
         f"| Cohen's κ, strict (full vs rest) | {_num(a.strict_kappa)} | {a.n} |",
         f"| agreement (same label) | {_pct(a.accuracy)} | {a.n} |",
         f"| order flip (labels changed when the nuggets are shuffled) | "
-        f"{_pct(result.order_flip.share)} ({result.order_flip.changed}) | {result.order_flip.n} |",
+        f"{_changes(result.order_flip)} |",
         f"| rerun identity (labels changed on the same request, cache off) | "
-        f"{_pct(result.rerun.share)} ({result.rerun.changed}) | {result.rerun.n} |",
+        f"{_changes(result.rerun)} |",
     ]
     for language, found in result.by_language.items():
         lines.append(

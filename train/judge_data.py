@@ -324,7 +324,7 @@ def _answer_sentences(
             sentences.append((nugget_id, _with_end(sentence, language)))
     if rng.random() < 0.3:
         rng.shuffle(sentences)
-    for _ in range(rng.choice((0, 0, 1, 2))):
+    for _ in range(rng.choice((0, 0, 1))):
         if fillers:
             sentences.insert(rng.randint(0, len(sentences)), (None, rng.choice(list(fillers))))
     if rng.random() < 0.2 or not sentences:

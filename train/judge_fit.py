@@ -27,7 +27,7 @@ ADAPTER_DIR = CONFIG_DIR / "models" / "adapters" / "smollm2-135m-judge"
 class JudgeFitSettings:
     """What a judge fine-tune depends on; recorded beside the adapter."""
 
-    examples: int = 400
+    examples: int = 160
     seed: int = 0
     epochs: float = 1.0
     batch_size: int = 4
