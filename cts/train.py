@@ -453,6 +453,10 @@ def judge_command(
     seed: int = typer.Option(_JUDGE.seed, help="Seeds the data generator and the trainer."),
     epochs: float = typer.Option(_JUDGE.epochs, help="Passes over the examples."),
     learning_rate: float = typer.Option(_JUDGE.learning_rate, help="The LoRA learning rate."),
+    max_steps: int = typer.Option(0, help="Stop after this many optimizer steps (0: all)."),
+    max_seconds: float = typer.Option(
+        0.0, help="Stop at the first step end after this many seconds (0: no limit)."
+    ),
     output: Path = typer.Option(ADAPTER_DIR, "--output", help="Where the adapter is written."),
     write_data: Path | None = typer.Option(
         None, "--write-data", help="Only write the generated examples (JSONL) here; no training."
@@ -467,7 +471,12 @@ def judge_command(
         typer.echo(f"{len(generated)} examples, labels {label_counts(generated)}: {write_data}")
         return
     settings = JudgeFitSettings(
-        examples=examples, seed=seed, epochs=epochs, learning_rate=learning_rate
+        examples=examples,
+        seed=seed,
+        epochs=epochs,
+        learning_rate=learning_rate,
+        max_steps=max_steps,
+        max_seconds=max_seconds,
     )
     record = fit_judge(settings, output)
     typer.echo(

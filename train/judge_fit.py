@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,20 @@ class JudgeFitSettings:
     examples: int = 160
     seed: int = 0
     epochs: float = 1.0
-    batch_size: int = 4
-    grad_accum: int = 2
+    #: Optimizer steps to stop after (0: the epochs' worth).
+    max_steps: int = 0
+    #: Wall-clock seconds after which training stops at the end of its step (0: no limit); the
+    #: steps it made are recorded, and `--max-steps` with them rebuilds the same adapter.
+    max_seconds: float = 0.0
+    batch_size: int = 2
+    grad_accum: int = 4
     learning_rate: float = 1e-3
     lora_r: int = 8
     lora_alpha: int = 16
+    #: LoRA on the top layers only (of SmolLM2-135M's 30): the backward pass stops below them,
+    #: which on 2 CPU cores is most of a step's time.
+    first_layer: int = 16
+    layers: int = 30
     max_length: int = 1024
     threads: int = 2
     base: str = "smollm2-135m-instruct"
@@ -56,9 +65,10 @@ def _trainer(settings: JudgeFitSettings, model: Any, tokenizer: Any, rows: list,
         save_strategy="no",
         report_to="none",
         learning_rate=settings.learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=5,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=2,
         num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps or -1,
         per_device_train_batch_size=settings.batch_size,
         gradient_accumulation_steps=settings.grad_accum,
         max_length=settings.max_length,
@@ -74,7 +84,16 @@ def _trainer(settings: JudgeFitSettings, model: Any, tokenizer: Any, rows: list,
         r=settings.lora_r,
         lora_alpha=settings.lora_alpha,
         lora_dropout=0.0,
-        target_modules="all-linear",
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        layers_to_transform=list(range(settings.first_layer, settings.layers)),
         task_type="CAUSAL_LM",
     )
     return SFTTrainer(
@@ -83,6 +102,32 @@ def _trainer(settings: JudgeFitSettings, model: Any, tokenizer: Any, rows: list,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=lora,
+        callbacks=[_deadline(settings.max_seconds)] if settings.max_seconds else None,
+    )
+
+
+def _deadline(seconds: float) -> Any:
+    """A trainer callback that stops training at the first step end after `seconds`."""
+    from transformers import TrainerCallback
+
+    class Deadline(TrainerCallback):
+        def __init__(self) -> None:
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if time.perf_counter() - self.started > seconds:
+                control.should_training_stop = True
+            return control
+
+    return Deadline()
+
+
+def rebuild_command(settings: JudgeFitSettings) -> str:
+    """The `cts train judge` line that trains with `settings` (those it takes as options)."""
+    return (
+        f"cts train judge --examples {settings.examples} --seed {settings.seed} "
+        f"--epochs {settings.epochs:g} --learning-rate {settings.learning_rate:g}"
+        + (f" --max-steps {settings.max_steps}" if settings.max_steps else "")
     )
 
 
@@ -111,7 +156,11 @@ def fit_judge(settings: JudgeFitSettings, output: Path = ADAPTER_DIR) -> dict[st
         for entry in trainer.state.log_history
         if "loss" in entry
     ]
+    # The steps made (a deadline may have cut them short) are what rebuilds this adapter.
+    made = replace(settings, max_steps=result.global_step, max_seconds=0.0)
     record = {
+        "command": rebuild_command(made),
+        "stopped_by_deadline": result.global_step < trainer.state.max_steps,
         "settings": asdict(settings),
         "labels": label_counts(examples),
         "languages": {lang: sum(e.language == lang for e in examples) for lang in ("en", "zh")},
