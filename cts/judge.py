@@ -32,7 +32,7 @@ from eval.agreement import (
     names_for,
     read_judgement,
 )
-from eval.calibration import calibrate_experiment, read_labels, render
+from eval.calibration import PASSES, calibrate_experiment, read_labels, render
 from eval.config import load_experiment
 from eval.nuggetizer import DEFAULT_WEIGHT_MAP, Format, export_assignments, parse_weight_map
 from eval.run import require_roles
@@ -58,6 +58,12 @@ def calibrate(
     set_: list[str] = SET_OPTION,
     out: Path | None = typer.Option(None, "--out", help="Also write the figures as JSON here."),
     endpoints: Path | None = ENDPOINTS_OPTION,
+    passes: str = typer.Option(
+        "all",
+        "--passes",
+        help="all: listed, shuffled and rerun; agreement: the listed pass alone (κ and the "
+        "confusion matrix in a third of the time, no order flip or rerun identity).",
+    ),
 ) -> None:
     """The experiment's judge against people's labels: Cohen's κ (full/partial/none, and strict
     full-vs-rest) and the confusion matrix; the order flip (share of labels that change when
@@ -65,13 +71,15 @@ def calibrate(
     requests are sent again, response cache off); label rates by position in the batch and by
     answer length. The rows of one answer (same `group`, else the same answer text) are judged
     in one batch, as a run judges a record; every figure gives its n."""
+    if passes not in PASSES:
+        raise usage_error(f"--passes must be one of {', '.join(PASSES)}, got {passes!r}")
     labelled = read_labels(labels)  # a bad row is named before any model loads
     resolved = load_experiment(config, set_)
     require_roles(resolved, ["judge"])
     if endpoints is not None:
         resolved = resolved.with_endpoints(read_endpoints(endpoints))
     name = model_label(resolved.experiment.roles["judge"].model, resolved.model_for("judge").name)
-    result = calibrate_experiment(resolved, labelled, progress_for(output_console()))
+    result = calibrate_experiment(resolved, labelled, progress_for(output_console()), passes)
     typer.echo(render(result, name))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

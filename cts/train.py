@@ -1,5 +1,6 @@
 """`cts train sample | pairs | fit | all | loop | loop-step | grpo`: fine-tune a clarifier
-against restore scores, once, by expert iteration, or online (GRPO)."""
+against restore scores, once, by expert iteration, or online (GRPO). `cts train judge`: the
+tiny model's judge adapter."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from serving.serve import ServeOptions, served
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit
 from train.grpo import GrpoResult, downstream_models, experiment, finished, grpo, grpo_dir
+from train.judge_data import generate, label_counts, write_examples
+from train.judge_fit import ADAPTER_DIR, JudgeFitSettings, fit_judge
 from train.loop import (
     MAIN,
     Iteration,
@@ -439,3 +442,44 @@ def loop_step_command(
         _merged(current.train.samples_dir())
         _pairs(current.train)
         _fit(current.train)
+
+
+_JUDGE = JudgeFitSettings()
+
+
+@command(app, "judge")
+def judge_command(
+    examples: int = typer.Option(_JUDGE.examples, help="Labelled judge calls to generate."),
+    seed: int = typer.Option(_JUDGE.seed, help="Seeds the data generator and the trainer."),
+    epochs: float = typer.Option(_JUDGE.epochs, help="Passes over the examples."),
+    learning_rate: float = typer.Option(_JUDGE.learning_rate, help="The LoRA learning rate."),
+    max_steps: int = typer.Option(0, help="Stop after this many optimizer steps (0: all)."),
+    max_seconds: float = typer.Option(
+        0.0, help="Stop at the first step end after this many seconds (0: no limit)."
+    ),
+    output: Path = typer.Option(ADAPTER_DIR, "--output", help="Where the adapter is written."),
+    write_data: Path | None = typer.Option(
+        None, "--write-data", help="Only write the generated examples (JSONL) here; no training."
+    ),
+) -> None:
+    """Fine-tune the tiny model's coverage judge: a LoRA adapter trained (CPU) on labelled
+    answers generated from the sample benchmark's train split and corpus (never its human
+    judge labels). The defaults rebuild the shipped adapter of `smollm2-135m-judge`."""
+    if write_data is not None:
+        generated = generate(examples, seed)
+        write_examples(generated, write_data)
+        typer.echo(f"{len(generated)} examples, labels {label_counts(generated)}: {write_data}")
+        return
+    settings = JudgeFitSettings(
+        examples=examples,
+        seed=seed,
+        epochs=epochs,
+        learning_rate=learning_rate,
+        max_steps=max_steps,
+        max_seconds=max_seconds,
+    )
+    record = fit_judge(settings, output)
+    typer.echo(
+        f"adapter: {output} ({record['steps']} steps on {examples} examples, "
+        f"{record['seconds']:.0f} s, train loss {record['train_loss']:.3f})"
+    )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -301,6 +302,32 @@ def length_quartiles(answers: Sequence[LabelledAnswer], parts: int = 4) -> dict[
     return {a.group: name[length_units(a.answer)] for a in answers}
 
 
+#: Resamples of `kappa_ci`.
+KAPPA_RESAMPLES = 2000
+
+
+def kappa_ci(
+    by_answer: Sequence[Sequence[tuple[str, str]]], resamples: int = KAPPA_RESAMPLES, seed: int = 0
+) -> tuple[float, float] | None:
+    """95% percentile bootstrap CI of the 3-label κ over (people, judge) pairs, resampling whole
+    answers (an answer's nuggets are judged in one call, so its labels are not independent);
+    resamples where κ is undefined are left out. None with fewer than 2 answers."""
+    if len(by_answer) < 2:
+        return None
+    rng = random.Random(seed)
+    found = []
+    for _ in range(resamples):
+        drawn = rng.choices(range(len(by_answer)), k=len(by_answer))
+        value = cohen_kappa([p for i in drawn for p in by_answer[i]], LABELS).kappa
+        if value is not None:
+            found.append(value)
+    if not found:
+        return None
+    found.sort()
+    low = found[int(0.025 * (len(found) - 1))]
+    return low, found[round(0.975 * (len(found) - 1))]
+
+
 # -- judging ----------------------------------------------------------------------------------
 
 
@@ -312,19 +339,24 @@ class Calibration:
     batch_size: int
     agreement: Agreement
     by_language: dict[str, Agreement]
-    order_flip: Changed
-    rerun: Changed
+    #: None when `--passes agreement` skipped the shuffled pass, or the rerun.
+    order_flip: Changed | None
+    rerun: Changed | None
     #: Label rates by 1-based position in the judge's batch.
     by_position: list[RateRow]
     #: Label rates by answer length (units: words and CJK characters).
     by_length: list[RateRow]
     #: Per pass (`listed`, `shuffled`, `rerun`), the answers whose judge call failed, and why.
     failed: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: 95% bootstrap CI of the 3-label κ, resampling answers (`kappa_ci`); None when undefined.
+    kappa_ci: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         doc = asdict(self)
-        doc["order_flip"]["share"] = self.order_flip.share
-        doc["rerun"]["share"] = self.rerun.share
+        if self.order_flip is not None:
+            doc["order_flip"]["share"] = self.order_flip.share
+        if self.rerun is not None:
+            doc["rerun"]["share"] = self.rerun.share
         return doc
 
 
@@ -380,9 +412,35 @@ def reorderable(answers: Sequence[LabelledAnswer]) -> list[LabelledAnswer]:
     return [a for a in answers if len(a.nuggets) > 1]
 
 
-def judged_batches(labels: LabelSet) -> int:
-    """Answers judged by `calibrate` over its three passes (what its progress counts)."""
+#: `--passes`: all three, or the listed pass alone (κ and the confusion matrix, a third of the
+#: time; no order flip, no rerun identity).
+PASSES = ("all", "agreement")
+
+
+def judged_batches(labels: LabelSet, passes: str = "all") -> int:
+    """Answers judged by `calibrate` over its passes (what its progress counts)."""
+    if passes == "agreement":
+        return len(labels.answers)
     return 2 * len(labels.answers) + len(reorderable(labels.answers))
+
+
+Judged = tuple[dict[tuple[str, str], str], dict[str, str]]
+
+
+async def _passes(
+    call: JudgeCall, answers: Sequence[LabelledAnswer], passes: str, concurrency: int, done: Any
+) -> tuple[Judged, Judged | None, Judged | None]:
+    """The listed pass and, for `all`, the shuffled one beside it (their requests share the
+    engine's batches), then the rerun of the listed requests once those are answered."""
+    as_listed: Callable[[LabelledAnswer], Sequence[LabelledNugget]] = lambda a: a.nuggets  # noqa: E731
+    if passes == "agreement":
+        return await _pass(call, answers, as_listed, concurrency, done), None, None
+    listed, shuffled = await asyncio.gather(
+        _pass(call, answers, as_listed, concurrency, done),
+        _pass(call, reorderable(answers), flipped, concurrency, done),
+    )
+    again = await _pass(call, answers, as_listed, concurrency, done)
+    return listed, shuffled, again
 
 
 async def calibrate(
@@ -391,18 +449,20 @@ async def calibrate(
     batch_size: int = judge.BATCH,
     concurrency: int = 4,
     done: Callable[[bool], None] = lambda failed: None,
+    passes: str = "all",
 ) -> Calibration:
-    """The three passes (listed, shuffled, listed again), one after the other so that the
-    rerun repeats requests already answered, and every figure from them."""
+    """The passes (listed and shuffled together, then listed again, so that the rerun repeats
+    requests already answered; or, for `agreement`, listed alone), and every figure from
+    them."""
     answers = labels.answers
-    listed, failed_listed = await _pass(call, answers, lambda a: a.nuggets, concurrency, done)
+    (listed, failed_listed), shuffled, again = await _passes(
+        call, answers, passes, concurrency, done
+    )
     several = reorderable(answers)
-    shuffled, failed_shuffled = await _pass(call, several, flipped, concurrency, done)
-    again, failed_again = await _pass(call, answers, lambda a: a.nuggets, concurrency, done)
-
     length_of = length_quartiles(answers)
     people: list[str] = []
     judged: list[str] = []
+    by_answer: dict[str, list[tuple[str, str]]] = {}
     languages: dict[str, tuple[list[str], list[str]]] = {}
     positions: list[tuple[str, str, str]] = []
     lengths: list[tuple[str, str, str]] = []
@@ -414,6 +474,7 @@ async def calibrate(
                 continue
             people.append(nugget.label)
             judged.append(got)
+            by_answer.setdefault(answer.group, []).append((nugget.label, got))
             mine = languages.setdefault(answer.language, ([], []))
             mine[0].append(nugget.label)
             mine[1].append(got)
@@ -428,8 +489,8 @@ async def calibrate(
         batch_size=batch_size,
         agreement=agreement(people, judged),
         by_language={lang: agreement(*pair) for lang, pair in sorted(languages.items())},
-        order_flip=_changed(listed, shuffled, flippable),
-        rerun=_changed(listed, again, every),
+        order_flip=None if shuffled is None else _changed(listed, shuffled[0], flippable),
+        rerun=None if again is None else _changed(listed, again[0], every),
         by_position=rate_table(positions, [str(p) for p in range(1, batch_size + 1)]),
         by_length=rate_table(
             lengths, sorted(set(length_of.values()), key=lambda b: int(b.split("-")[0]))
@@ -438,11 +499,12 @@ async def calibrate(
             name: found
             for name, found in (
                 ("listed", failed_listed),
-                ("shuffled", failed_shuffled),
-                ("rerun", failed_again),
+                ("shuffled", shuffled[1] if shuffled else {}),
+                ("rerun", again[1] if again else {}),
             )
             if found
         },
+        kappa_ci=kappa_ci(list(by_answer.values())),
     )
 
 
@@ -466,7 +528,10 @@ def judge_call(engine: ChatModel, sampling: Sampling, options: JudgeConfig) -> J
 
 
 def calibrate_experiment(
-    resolved: ResolvedExperiment, labels: LabelSet, show_progress: ShowProgress = False
+    resolved: ResolvedExperiment,
+    labels: LabelSet,
+    show_progress: ShowProgress = False,
+    passes: str = "all",
 ) -> Calibration:
     """The experiment's judge role on `labels`, with the response cache off: a rerun must
     reach the model, and a cached answer would hide what the judge does today."""
@@ -475,11 +540,16 @@ def calibrate_experiment(
         async with open_engines(resolved, roles=["judge"], use_cache=False) as engines:
             options = resolved.experiment.judge
             call = judge_call(engines.roles["judge"], resolved.sampling_for("judge"), options)
-            total = judged_batches(labels)
-            title = "judge calibration (3 passes)"
+            total = judged_batches(labels, passes)
+            title = "judge calibration (3 passes)" if passes == "all" else "judge calibration"
             async with progress(title, total, 0, show_progress, unit="answers") as done:
                 return await calibrate(
-                    call, labels, options.batch_size, resolved.experiment.concurrency, done
+                    call,
+                    labels,
+                    options.batch_size,
+                    resolved.experiment.concurrency,
+                    done,
+                    passes,
                 )
 
     return asyncio.run(go())
@@ -510,6 +580,16 @@ def _rate_lines(title: str, rows: list[RateRow]) -> list[str]:
     return [*lines, ""]
 
 
+def _changes(changed: Changed | None) -> str:
+    if changed is None:
+        return "not measured (--passes agreement) | 0"
+    return f"{_pct(changed.share)} ({changed.changed}) | {changed.n}"
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f" (95% CI {ci[0]:.3f} to {ci[1]:.3f}, answers resampled)"
+
+
 def render(result: Calibration, judge_name: str = "") -> str:
     """The figures as Markdown, each with its n."""
     a = result.agreement
@@ -522,13 +602,13 @@ def render(result: Calibration, judge_name: str = "") -> str:
         "",
         "| figure | value | n |",
         "|---|---|---|",
-        f"| Cohen's κ, full / partial / none | {_num(a.kappa)} | {a.n} |",
+        f"| Cohen's κ, full / partial / none | {_num(a.kappa)}{_ci(result.kappa_ci)} | {a.n} |",
         f"| Cohen's κ, strict (full vs rest) | {_num(a.strict_kappa)} | {a.n} |",
         f"| agreement (same label) | {_pct(a.accuracy)} | {a.n} |",
         f"| order flip (labels changed when the nuggets are shuffled) | "
-        f"{_pct(result.order_flip.share)} ({result.order_flip.changed}) | {result.order_flip.n} |",
+        f"{_changes(result.order_flip)} |",
         f"| rerun identity (labels changed on the same request, cache off) | "
-        f"{_pct(result.rerun.share)} ({result.rerun.changed}) | {result.rerun.n} |",
+        f"{_changes(result.rerun)} |",
     ]
     for language, found in result.by_language.items():
         lines.append(

@@ -77,6 +77,11 @@ class ModelConfig(_Strict):
     max_retries: int = Field(4, ge=0)
     max_concurrency: int = Field(8, ge=1)
     # in-process engines
+    #: A LoRA adapter (a peft adapter directory) the transformers engine applies over `path`:
+    #: absolute, `~/…`, or relative to the shipped configs/ folder, where the shipped ones live
+    #: (`models/adapters/smollm2-135m-judge`). The other engines cannot apply one (vLLM serves
+    #: adapters through `vllm.extra_args`, as `cts train fit` writes them).
+    adapter: str | None = None
     max_batch_size: int = Field(8, ge=1)
     threads: int | None = None
     vllm: VllmServerArgs = VllmServerArgs()
@@ -112,6 +117,28 @@ class ModelConfig(_Strict):
         """Whether this model runs from weights this machine must have: not a scripted
         engine, not an endpoint someone else serves (`engine: openai`, `vllm.serve: false`)."""
         return self.engine != "scripted" and not (self.engine == "openai" and not self.vllm.serve)
+
+    @model_validator(mode="after")
+    def _adapter_needs_transformers(self) -> ModelConfig:
+        if self.adapter is not None and self.engine != "transformers":
+            raise ValueError(
+                f"adapter: only the transformers engine applies one (engine is {self.engine!r})"
+            )
+        return self
+
+    def resolved_adapter(self) -> str | None:
+        """The adapter's directory (see `adapter`), or None without one; a missing directory
+        is a ConfigError naming where it was looked for."""
+        if self.adapter is None:
+            return None
+        from configs import CONFIG_DIR
+
+        path = Path(self.adapter).expanduser()
+        if not path.is_absolute():
+            path = CONFIG_DIR / path
+        if not (path / "adapter_config.json").is_file():
+            raise ConfigError(f"model {self.name}: adapter {path} has no adapter_config.json")
+        return str(path)
 
     @property
     def is_tiny(self) -> bool:
@@ -157,6 +184,7 @@ def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> Cha
             chat_template_kwargs=config.chat_template_kwargs,
             max_batch_size=config.max_batch_size,
             threads=config.threads,
+            adapter=config.resolved_adapter(),
         )
     elif config.engine == "openai":
         from serving.openai_engine import OpenAIEngine

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from functools import lru_cache
 from typing import Any, Literal
 
-from serving.batching import BatchingEngine
+from serving.batching import BatchingEngine, weights_fingerprint
 from serving.errors import EngineError
 from serving.types import (
     ChatRequest,
@@ -131,6 +131,19 @@ def output_regex(spec: OutputSpec) -> str:
     raise TypeError(f"unknown output spec {spec!r}")
 
 
+def with_adapter(hf: Any, adapter: str) -> Any:
+    """`hf` with the LoRA adapter at `adapter` merged into its weights (peft, the `train`
+    extra, is needed only here)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise EngineError(
+            f"adapter {adapter}: applying a LoRA adapter needs peft: "
+            'pip install "clarify-then-search[train]"'
+        ) from None
+    return PeftModel.from_pretrained(hf, adapter).merge_and_unload()
+
+
 class TransformersEngine(BatchingEngine):
     kind = "transformers"
 
@@ -144,6 +157,7 @@ class TransformersEngine(BatchingEngine):
         chat_template_kwargs: dict[str, Any] | None = None,
         max_batch_size: int = 8,
         threads: int | None = None,
+        adapter: str | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -154,6 +168,11 @@ class TransformersEngine(BatchingEngine):
             max_batch_size=max_batch_size,
         )
         self.threads = threads
+        #: A peft LoRA adapter directory merged into the weights at load; it is part of the
+        #: engine's identity, so the response cache never answers it with the base's replies.
+        self.adapter = adapter
+        if adapter is not None:
+            self.identity += f"+lora:{weights_fingerprint(adapter)}"
         self._hf: Any = None
         self._tokenizer: Any = None
         self._backend: Any = None
@@ -180,6 +199,8 @@ class TransformersEngine(BatchingEngine):
             hf = AutoModelForCausalLM.from_pretrained(
                 self.path, revision=self.revision, dtype=dtype
             )
+            if self.adapter is not None:
+                hf = with_adapter(hf, self.adapter)
             hf.eval()
             self._backend = OutlinesCoreBackend(outlines.from_transformers(hf, tokenizer))
             self._backend.vocabulary = vocabulary(tokenizer)

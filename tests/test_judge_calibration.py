@@ -348,7 +348,7 @@ def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):
     assert len(requests) == 66
     assert "judge calibration (3 passes): 0/66 done (0 already), 0 failed" in done.output
     assert "judge calibration (3 passes): 66/66 done (0 already), 0 failed" in done.output
-    assert "| Cohen's κ, full / partial / none | 0.621 | 118 |" in done.output
+    assert "| Cohen's κ, full / partial / none | 0.621 (95% CI " in done.output
     assert "| Cohen's κ, strict (full vs rest) | 0.570 | 118 |" in done.output
     assert (
         "| order flip (labels changed when the nuggets are shuffled) | 0.0% (0) | 118 |"
@@ -358,6 +358,8 @@ def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):
     document = json.loads(out.read_text())
     assert document["judge"] == "smollm2-135m-instruct"
     assert document["agreement"]["kappa"] == pytest.approx(5032 / 8100)
+    low, high = document["kappa_ci"]
+    assert low < 5032 / 8100 < high
     assert document["agreement"]["confusion"] == [[55, 0, 0], [26, 0, 0], [0, 0, 37]]
     assert document["rerun"] == {"n": 118, "changed": 0, "share": 0.0}
     assert sum(row["n"] for row in document["by_length"]) == 118
@@ -377,3 +379,23 @@ def test_cts_judge_calibrate_names_a_bad_labels_file_before_loading_a_model(tmp_
     assert "dataset error" in done.output
     assert f"{bad}:2: label: must be one of full, partial, none, got 'yes'" in done.output
     assert opened == {}  # no engine was opened
+
+
+def test_cts_judge_calibrate_passes_agreement_judges_each_answer_once(
+    tmp_path, monkeypatch, shipped
+):
+    monkeypatch.setenv("COLUMNS", "200")
+    opened = _scripted_judge(monkeypatch, people_judge(shipped, lambda x: x))
+    out = tmp_path / "calibration.json"
+    args = ["judge", "calibrate", "--labels", str(SAMPLE_LABELS), "--out", str(out)]
+    done = CliRunner().invoke(
+        app, [*args, "--passes", "agreement", "--set", f"cache.path={tmp_path / 'r.sqlite'}"]
+    )
+    assert done.exit_code == 0, done.output
+    assert len(opened["engine"].requests) == 22  # type: ignore[attr-defined]
+    assert "| Cohen's κ, full / partial / none | 1.000" in done.output
+    assert "not measured (--passes agreement)" in done.output
+    document = json.loads(out.read_text())
+    assert document["order_flip"] is None and document["rerun"] is None
+    bad = CliRunner().invoke(app, [*args, "--passes", "some"])
+    assert bad.exit_code == 2 and "--passes must be one of all, agreement" in bad.output
