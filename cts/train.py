@@ -464,7 +464,8 @@ def judge_command(
 ) -> None:
     """Fine-tune the tiny model's coverage judge: a LoRA adapter trained (CPU) on labelled
     answers generated from the sample benchmark's train split and corpus (never its human
-    judge labels). The defaults rebuild the shipped adapter of `smollm2-135m-judge`."""
+    judge labels). The command that built the shipped adapter of `smollm2-135m-judge` is in
+    its judge_train.json."""
     if write_data is not None:
         generated = generate(examples, seed)
         write_examples(generated, write_data)
