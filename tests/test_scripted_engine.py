@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from eval.config import load_experiment
-from eval.run import run_experiment
+from eval.frame import records_frame, records_table
+from eval.run import RunResult, run_experiment
 from eval.runner import RecordStore
 from serving.download import hub_models
 from serving.errors import EngineError
@@ -89,7 +90,8 @@ def test_a_scripted_config_without_a_valid_script_is_refused(tmp_path, fields, m
         load_model_config(model_file(tmp_path, **fields))
 
 
-def test_a_whole_run_on_scripted_model_configs_needs_no_weights(tmp_path):
+def scripted_run(tmp_path: Path) -> tuple[Path, RunResult]:
+    """The quickstart's shape on scripted model configs: 1 instance × 5 conditions."""
     models = tmp_path / "models"
     models.mkdir()
     for role in ROLES:
@@ -119,7 +121,11 @@ def test_a_whole_run_on_scripted_model_configs_needs_no_weights(tmp_path):
         )
     )
     resolved = load_experiment(experiment, [f"search.tool_cache={tmp_path / 'tools.sqlite'}"])
-    result = run_experiment(resolved, tmp_path / "run", show_progress=False)
+    return tmp_path / "run", run_experiment(resolved, tmp_path / "run", show_progress=False)
+
+
+def test_a_whole_run_on_scripted_model_configs_needs_no_weights(tmp_path):
+    _, result = scripted_run(tmp_path)
     records = RecordStore(tmp_path / "run").completed()
     assert result.outcome.failures == {}
     assert len(records) == 5
@@ -138,3 +144,24 @@ def test_bench_imports_nothing_from_tests():
         )
     ]
     assert found == []
+
+
+def test_a_runs_records_as_a_frame_hold_what_the_records_say(tmp_path):
+    """eval.frame: one row per record, sorted by key, scores and usage as columns; the mean
+    per condition is the records' own mean (computed here from the records)."""
+    run, _ = scripted_run(tmp_path)
+    records = sorted(RecordStore(run).completed().values(), key=lambda r: r.key)
+    frame = records_frame(run)
+    assert list(frame.columns[:3]) == ["instance_id", "condition", "seed"]
+    assert [tuple(row) for row in frame[["instance_id", "condition", "seed"]].values] == [
+        r.key for r in records
+    ]
+    assert list(frame["restore_score_100"]) == [r.scores["restore_score_100"] for r in records]
+    assert list(frame["usage.judge_calls"]) == [r.usage["judge_calls"] for r in records]
+    assert list(frame["questions"]) == [len(r.questions) for r in records]
+    assert frame["error_kind"].isna().all()
+    by_condition = frame.groupby("condition")["restore_score_100"].mean().to_dict()
+    assert by_condition == {r.condition: r.scores["restore_score_100"] for r in records}
+    # The plain rows hold the same values; the frame fills a counter a record lacks with NaN.
+    for row, framed in zip(records_table(run), frame.to_dict("records"), strict=True):
+        assert row == {name: framed[name] for name in row}
