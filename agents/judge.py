@@ -29,7 +29,7 @@ BATCH = 10
 
 
 class Nugget(Protocol):
-    """What the judge reads of a golden nugget (eval.schema.Nugget fits)."""
+    """What the judge reads of a golden nugget (eval.data.schema.Nugget fits)."""
 
     @property
     def id(self) -> str: ...

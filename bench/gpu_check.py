@@ -64,7 +64,7 @@ from bench.pipeline import (  # noqa: E402
     save_calls,
     warm_up,
 )
-from eval.config import ResolvedExperiment, load_experiment  # noqa: E402
+from eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
 from serving.errors import EngineError  # noqa: E402
 from serving.model_config import build_engine  # noqa: E402
 from serving.serve import read_endpoints  # noqa: E402

@@ -28,9 +28,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from agents import judge
-from eval.config import load_experiment
-from eval.dataset import DatasetSource, load_instances
-from eval.schema import Instance
+from eval.data.dataset import DatasetSource, load_instances
+from eval.data.schema import Instance
+from eval.run.config import load_experiment
 from serving.batching import Unbatched
 from serving.engine import ChatModel
 from serving.tiny_model import prepare_tiny

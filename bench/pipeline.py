@@ -58,11 +58,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the repository's packages, when run as a script
 
-import eval.run  # noqa: E402 - after the path fix, like the modules below
-from eval.config import ResolvedExperiment, load_experiment  # noqa: E402
-from eval.engines import Engines  # noqa: E402
-from eval.run import RunResult, run_experiment  # noqa: E402
-from eval.slots import KeySlots  # noqa: E402
+import eval.experiment  # noqa: E402 - after the path fix, like the modules below
+from eval.experiment import RunResult, run_experiment  # noqa: E402
+from eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
+from eval.run.engines import Engines  # noqa: E402
+from eval.run.slots import KeySlots  # noqa: E402
 from serving.engine import ChatModel, EngineStats  # noqa: E402
 from serving.model_config import ModelConfig  # noqa: E402
 from serving.openai_engine import CLIENT_CONNECTIONS  # noqa: E402
@@ -151,7 +151,7 @@ class RecordingModel:
 def recording(calls: list[Call]) -> Iterator[None]:
     """`cts run`'s engines (whatever opens them now: the scripted ones inside `scripted()`),
     each role's wrapped to record into `calls`."""
-    inner = eval.run.open_engines
+    inner = eval.experiment.open_engines
 
     @asynccontextmanager
     async def opened(
@@ -163,7 +163,7 @@ def recording(calls: list[Call]) -> Iterator[None]:
             }
             yield engines
 
-    with mock.patch.object(eval.run, "open_engines", opened):
+    with mock.patch.object(eval.experiment, "open_engines", opened):
         yield
 
 
@@ -192,7 +192,7 @@ def scripted() -> Iterator[None]:
             if cache is not None:
                 cache.close()
 
-    with mock.patch.object(eval.run, "open_engines", opened):
+    with mock.patch.object(eval.experiment, "open_engines", opened):
         yield
 
 
@@ -956,7 +956,7 @@ def measure_overhead(work: Path, instances: int, seeds: int, top: int) -> dict[s
     figures: dict[str, Any] = {"instances": instances, "seeds": seeds}
     # Without the report (matplotlib): a cost of each start, not of each call, and one that
     # varies by ±0.3 s from run to run on this machine, more than the calls' whole cost.
-    with scripted(), mock.patch.object(eval.run, "write_report", lambda *a, **k: None):
+    with scripted(), mock.patch.object(eval.experiment, "write_report", lambda *a, **k: None):
         # The same run three times on fresh directories: the first in a process also pays for
         # lazy imports and first compiles (about twice the steady cost here); the steady cost
         # per call is the lower of the other two (noise only ever adds time).

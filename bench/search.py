@@ -76,10 +76,10 @@ def bench_bm25(n: int, queries: int) -> None:
 
 
 def bench_agent(runs: int) -> None:
-    from eval.config import load_experiment
-    from eval.dataset import DatasetSource, load_instances
-    from eval.engines import open_engines
-    from eval.search_agent import open_agent
+    from eval.data.dataset import DatasetSource, load_instances
+    from eval.run.config import load_experiment
+    from eval.run.engines import open_engines
+    from eval.run.search_agent import open_agent
 
     with tempfile.TemporaryDirectory() as tmp:
         resolved = load_experiment(

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eval.config import ALL_CONDITIONS, load_experiment
-from eval.run_dir import RunDir
-from eval.runner import RecordStore, Shard, write_jsonl
-from eval.schema import Record
+from eval.data.schema import Record
+from eval.run.config import ALL_CONDITIONS, load_experiment
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordStore, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 CONDITIONS: list[str] = list(ALL_CONDITIONS)

@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 
 from cts.common import CONFIG_OPTION, ENDPOINTS_OPTION, SET_OPTION, command
-from eval.answerer_calibration import calibrate_experiment, read_answer_labels, render
-from eval.config import load_experiment
-from eval.run import require_roles
+from eval.audit.answerer_calibration import calibrate_experiment, read_answer_labels, render
+from eval.experiment import require_roles
+from eval.run.config import load_experiment
 from serving.model_config import model_label
 from serving.serve import read_endpoints
 

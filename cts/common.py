@@ -17,15 +17,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from eval.comparability import IncomparableRuns
-from eval.config import ResolvedExperiment
-from eval.dataset import DatasetError
-from eval.dialogue import DialogueFileError
-from eval.progress import ProgressLog, ShowProgress
-from eval.report import MAIN_COLUMNS, report_cell, warnings
-from eval.run import RunResult, run_experiment
-from eval.run_dir import RunDir, RunDirError
-from eval.runner import RecordFileError, Shard, ShardBusy, ShardError
+from eval.data.dataset import DatasetError
+from eval.experiment import RunResult, run_experiment
+from eval.report.comparability import IncomparableRuns
+from eval.report.report import MAIN_COLUMNS, report_cell, warnings
+from eval.run.config import ResolvedExperiment
+from eval.run.dialogue import DialogueFileError
+from eval.run.progress import ProgressLog, ShowProgress
+from eval.run.run_dir import RunDir, RunDirError, Shard, ShardError
+from eval.run.runner import RecordFileError, ShardBusy
 from serving.disk import NotAFile, StorageFull
 from serving.download import DownloadError
 from serving.engine import EngineStats

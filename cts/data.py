@@ -10,9 +10,8 @@ import typer
 from rich.table import Table
 
 from cts.common import SET_OPTION, command, output_console, usage_error
-from eval.config import ResolvedExperiment, load_experiment
-from eval.data_stats import dataset_stats
-from eval.dataset import (
+from eval.data.data_stats import dataset_stats
+from eval.data.dataset import (
     SAMPLE_SPLITS,
     DatasetError,
     DatasetSource,
@@ -21,7 +20,8 @@ from eval.dataset import (
     corpus_path,
     read_rows,
 )
-from eval.run import no_nuggets
+from eval.experiment import no_nuggets
+from eval.run.config import ResolvedExperiment, load_experiment
 from webdancer.corpus import CorpusError, check_corpus
 
 app = typer.Typer(help="Validate and describe datasets and corpora.", no_args_is_help=True)

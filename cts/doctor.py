@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from cts.common import CONFIG_OPTION, SET_OPTION, command, output_console, output_dir_option
-from eval.config import load_experiment
+from eval.run.config import load_experiment
 from slurm.doctor import DoctorOptions, doctor
 from slurm.submit import SlurmOptions
 

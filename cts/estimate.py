@@ -27,12 +27,11 @@ from cts.common import (
     run_keyed,
     usage_error,
 )
-from eval.config import ResolvedExperiment, load_experiment
 from eval.estimate import Estimate, Figure, estimate_run
+from eval.experiment import require_roles
 from eval.pilot import PILOT_DATASET, write_pilot
-from eval.run import require_roles
-from eval.run_dir import RunDir
-from eval.runner import Shard
+from eval.run.config import ResolvedExperiment, load_experiment
+from eval.run.run_dir import RunDir, Shard
 from serving.disk import refuse_special, write_whole
 from serving.serve import ServeOptions
 from serving.yaml_config import Override

@@ -27,9 +27,7 @@ from cts.common import (
     shard_of,
     usage_error,
 )
-from eval.config import load_experiment
-from eval.golden import GoldenReport
-from eval.golden_audit import (
+from eval.audit.golden_audit import (
     DUPLICATE_THRESHOLD,
     GoldenAudit,
     NuggetCheck,
@@ -42,7 +40,7 @@ from eval.golden_audit import (
     sample_checks,
     sample_markdown,
 )
-from eval.nuggetizer import (
+from eval.audit.nuggetizer import (
     DEFAULT_WEIGHT_MAP,
     Format,
     ImportReport,
@@ -51,9 +49,11 @@ from eval.nuggetizer import (
     parse_weight_map,
     write_jsonl,
 )
-from eval.run import GOLDEN_ROLES, build_golden, finish_golden, require_roles
-from eval.run_dir import RunDir
-from eval.runner import MergeReport
+from eval.data.golden import GoldenReport
+from eval.experiment import GOLDEN_ROLES, build_golden, finish_golden, require_roles
+from eval.run.config import load_experiment
+from eval.run.run_dir import RunDir
+from eval.run.runner import MergeReport
 from serving.serve import ServeOptions
 from serving.yaml_config import Override
 
@@ -365,7 +365,7 @@ def _unsupported(report: GoldenAudit) -> None:
     )
 
 
-# -- nuggetizer interoperability (eval/nuggetizer.py) ---------------------------------------------
+# -- nuggetizer interoperability (eval/audit/nuggetizer.py) ----------------------------------------
 
 WEIGHT_MAP_HELP = (
     "Importance word=weight, comma-separated (vital and okay needed; other words nuggetizer "

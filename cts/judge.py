@@ -22,7 +22,7 @@ from cts.common import (
     progress_for,
     usage_error,
 )
-from eval.agreement import (
+from eval.audit.agreement import (
     AgreementReport,
     Kappa,
     Movement,
@@ -32,10 +32,10 @@ from eval.agreement import (
     names_for,
     read_judgement,
 )
-from eval.calibration import PASSES, calibrate_experiment, read_labels, render
-from eval.config import load_experiment
-from eval.nuggetizer import DEFAULT_WEIGHT_MAP, Format, export_assignments, parse_weight_map
-from eval.run import require_roles
+from eval.audit.calibration import PASSES, calibrate_experiment, read_labels, render
+from eval.audit.nuggetizer import DEFAULT_WEIGHT_MAP, Format, export_assignments, parse_weight_map
+from eval.experiment import require_roles
+from eval.run.config import load_experiment
 from serving.model_config import model_label
 from serving.serve import read_endpoints
 

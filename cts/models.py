@@ -10,9 +10,9 @@ from rich.table import Table
 
 from configs import CONFIG_DIR
 from cts.common import CONFIG_OPTION, SET_OPTION, command, output_console
-from eval.config import load_experiment
-from eval.local_models import download_experiment
-from eval.model_check import DEFAULT_PROMPT, ModelCheck, check_models
+from eval.audit.model_check import DEFAULT_PROMPT, ModelCheck, check_models
+from eval.run.config import load_experiment
+from eval.run.local_models import download_experiment
 from serving.files import cts_home
 from serving.model_config import load_model_config
 from serving.yaml_config import ConfigError

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from cts.common import command, output_console, print_summary, usage_error
-from eval.report import check_complete, write_report
+from eval.report.report import check_complete, write_report
 
 app = typer.Typer()
 

@@ -30,16 +30,15 @@ from cts.common import (
     shard_of,
 )
 from cts.judge import moved
-from eval.agreement import PairAgreement
-from eval.config import ResolvedExperiment, load_experiment
-from eval.engines import open_engines
+from eval.audit.agreement import PairAgreement
+from eval.experiment import RunResult, merge_run, require_roles
 from eval.plan import ModelPlan, RunPlan, plan_run
-from eval.progress import ShowProgress
 from eval.rejudge import judge_served, rejudge_experiment, rejudge_run, with_judge_from
-from eval.run import RunResult, merge_run, require_roles
-from eval.run_dir import RunDir
-from eval.runner import Shard
-from eval.search_agent import open_agent
+from eval.run.config import ResolvedExperiment, load_experiment
+from eval.run.engines import open_engines
+from eval.run.progress import ShowProgress
+from eval.run.run_dir import RunDir, Shard
+from eval.run.search_agent import open_agent
 from serving.serve import ServeOptions
 from serving.yaml_config import Override
 from webdancer.agent import AgentResult

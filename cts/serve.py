@@ -18,8 +18,8 @@ from cts.common import (
     output_console,
     output_dir_option,
 )
-from eval.config import load_experiment
-from eval.run_dir import RunDir
+from eval.run.config import load_experiment
+from eval.run.run_dir import RunDir
 from serving.serve import ServeOptions, ServerGroup, Stopped, dry_run_text, serving, stop_on_signals
 
 app = typer.Typer()

@@ -27,9 +27,9 @@ from cts.common import (
     shard_of,
     usage_error,
 )
-from eval.report import write_report
-from eval.run import merge_run
-from eval.run_dir import RunDir
+from eval.experiment import merge_run
+from eval.report.report import write_report
+from eval.run.run_dir import RunDir
 from serving.serve import ServeOptions, served
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit

@@ -7,16 +7,8 @@ from pathlib import Path
 import typer
 
 from cts.common import command, usage_error
-from eval.view import (
-    DEFAULT_PORT,
-    Viewer,
-    ViewError,
-    bind,
-    every_interface,
-    is_loopback,
-    serve,
-    url_of,
-)
+from eval.viewer.serve import DEFAULT_PORT, bind, every_interface, is_loopback, serve, url_of
+from eval.viewer.view import Viewer, ViewError
 
 app = typer.Typer()
 

@@ -1,7 +1,7 @@
 """`cts estimate`: what a whole sweep will cost, extrapolated from a pilot's records.
 
 A pilot is a run of the experiment on a few instances, every condition and seed of each. Each
-record carries its key's model calls and tokens per role (eval/usage.py); its trace carries the
+record carries its key's model calls and tokens per role (eval/run/usage.py); its trace carries the
 search agent's tool calls. A figure of the sweep is the pilot's mean per instance (its keys
 summed) times the sweep's instances — the same as each condition's per-key mean times that
 condition's keys in the sweep, since every pilot instance has every key. Summing per instance
@@ -25,16 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from eval.config import ResolvedExperiment
-from eval.dataset import load_instances
+from eval.data.dataset import load_instances
+from eval.data.schema import Record
+from eval.experiment import CLARIFY_ROLES, SEARCH_ROLES
 from eval.pilot import read_draw
-from eval.pipeline import clarify_turns
-from eval.run import CLARIFY_ROLES, SEARCH_ROLES
-from eval.run_dir import RunDir, RunDirError
-from eval.runner import RecordStore, counts_over
-from eval.schema import Record
-from eval.traces import inside, read_trace_file
-from eval.usage import RoleUsage, role_usage
+from eval.run.config import ResolvedExperiment
+from eval.run.pipeline import clarify_turns
+from eval.run.run_dir import RunDir, RunDirError
+from eval.run.runner import RecordStore, counts_over
+from eval.run.traces import inside, read_trace_file
+from eval.run.usage import RoleUsage, role_usage
 from serving.yaml_config import ConfigError
 
 #: Bootstrap resamples of the pilot's instances (a fixed seed: the same pilot, the same

@@ -20,9 +20,9 @@ from math import floor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from eval.config import ResolvedExperiment
-from eval.dataset import load_instances
-from eval.schema import Instance
+from eval.data.dataset import load_instances
+from eval.data.schema import Instance
+from eval.run.config import ResolvedExperiment
 from serving.disk import write_whole
 
 T = TypeVar("T")

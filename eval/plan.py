@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.config import ResolvedExperiment
-from eval.fingerprint import fingerprint
-from eval.run import instances_for, require_roles
-from eval.run_dir import RunDir
-from eval.runner import RecordStore, Shard
-from eval.search_agent import corpus_digest
+from eval.experiment import instances_for, require_roles
+from eval.run.config import ResolvedExperiment
+from eval.run.fingerprint import fingerprint
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordStore
+from eval.run.search_agent import corpus_digest
 from serving.serve import ServeOptions, read_endpoints, served_models
 from serving.yaml_config import ConfigError
 

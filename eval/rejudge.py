@@ -2,8 +2,8 @@
 the same judge with another prompt, sampling or `judge:` options), calling no other role.
 
 What is kept and what is new. Every record of the source run is copied; only the judge stage
-runs again, through `eval.pipeline.judge_record`, the stage `cts run` judges with, so labels become
-scores exactly as in a run. A record that failed before the judge (clarify, rewrite, search)
+runs again, through `eval.run.pipeline.judge_record`, the stage `cts run` judges with, so labels
+become scores exactly as in a run. A record that failed before the judge (clarify, rewrite, search)
 stays a failure, copied with its error and counted; one whose judge failed is judged again (its
 answer was kept). A re-judged record's `seconds` is the new judge's time; the other fields
 (questions, answers, rewrite, answer, usage) are the source's, and `trace_id` names a trace
@@ -44,19 +44,19 @@ from typing import Any, cast
 
 import yaml
 
-from eval.agreement import PairAgreement, compare, read_judgement
-from eval.config import ResolvedExperiment, load_experiment
-from eval.dataset import load_instances
-from eval.dialogue import Clarification
-from eval.engines import open_engines
-from eval.fingerprint import changes, fingerprint, results_view
-from eval.pipeline import PipelineContext, StageFailed, judge_record
-from eval.progress import ShowProgress, key_progress
-from eval.report import write_report
-from eval.run import RunResult, require_roles, until_signalled
-from eval.run_dir import RunDir, RunDirError, frozen_experiment
-from eval.runner import Key, RecordStore, RunOutcome, Shard, run_keys
-from eval.schema import Instance, Record
+from eval.audit.agreement import PairAgreement, compare, read_judgement
+from eval.data.dataset import load_instances
+from eval.data.schema import Instance, Record
+from eval.experiment import RunResult, require_roles, until_signalled
+from eval.report.report import write_report
+from eval.run.config import ResolvedExperiment, load_experiment
+from eval.run.dialogue import Clarification
+from eval.run.engines import open_engines
+from eval.run.fingerprint import changes, fingerprint, results_view
+from eval.run.pipeline import PipelineContext, StageFailed, judge_record
+from eval.run.progress import ShowProgress, key_progress
+from eval.run.run_dir import RunDir, RunDirError, Shard, frozen_experiment
+from eval.run.runner import Key, RecordStore, RunOutcome, run_keys
 from serving.disk import write_whole
 from serving.engine import ChatModel, EngineStats
 from serving.model_config import model_label
@@ -83,7 +83,7 @@ class Source:
 
     @property
     def digest(self) -> str:
-        """What the source's records depend on (eval/fingerprint.py), hashed."""
+        """What the source's records depend on (eval/run/fingerprint.py), hashed."""
         view = json.dumps(results_view(self.document), sort_keys=True, default=str)
         return hashlib.sha256(view.encode()).hexdigest()
 

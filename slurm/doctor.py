@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.config import ResolvedExperiment
+from eval.run.config import ResolvedExperiment
 from serving.checks import Check, filesystems, gpu_memory, run_command, versions, weights
 from serving.files import cts_home
 from serving.serve import served_models

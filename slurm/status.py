@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.config import load_experiment
-from eval.dataset import load_instances
-from eval.run_dir import RunDir
-from eval.runner import RecordFileError, RecordStore, Shard
+from eval.data.dataset import load_instances
+from eval.run.config import load_experiment
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordFileError, RecordStore
 from slurm.submit import latest_chain, submissions
 
 

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from eval.config import ResolvedExperiment, load_experiment
 from eval.rejudge import rejudge_experiment
-from eval.run_dir import RunDir, RunDirError, frozen_experiment
+from eval.run.config import ResolvedExperiment, load_experiment
+from eval.run.run_dir import RunDir, RunDirError, frozen_experiment
 from serving.disk import write_whole
 from train.config import TrainConfig, load_train_config
 from train.loop import MAIN, iterations

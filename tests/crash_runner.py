@@ -20,11 +20,12 @@ import signal
 import sys
 from pathlib import Path
 
-from eval.config import ALL_CONDITIONS
-from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.pipeline import run_instance
-from eval.run import until_signalled
-from eval.runner import RecordStore, Shard, run_keys
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.experiment import until_signalled
+from eval.run.config import ALL_CONDITIONS
+from eval.run.pipeline import run_instance
+from eval.run.run_dir import Shard
+from eval.run.runner import RecordStore, run_keys
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, ChatResponse
 from tests.scripted import scripted_context

@@ -8,8 +8,8 @@ def scripted_context(search, trace_dir=None, options=None, store=None):  # type:
     """A pipeline context of scripted roles over a real local search; (context, roles).
     `options`: a ClarificationConfig; `store`: a DialogueStore (dialogues kept in memory
     only without one)."""
-    from eval.dialogue import Clarification
-    from eval.pipeline import PipelineContext
+    from eval.run.dialogue import Clarification
+    from eval.run.pipeline import PipelineContext
     from serving.scripted import scripted_roles
     from serving.types import Sampling
     from webdancer.agent import AgentBudget, WebDancerAgent

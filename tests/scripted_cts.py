@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import eval.run
+import eval.experiment
 import slurm.submit
 from cts.cli import app
-from eval.config import ResolvedExperiment, Role
-from eval.engines import Engines
+from eval.run.config import ResolvedExperiment, Role
+from eval.run.engines import Engines
 from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel
 from serving.scripted import ScriptedEngine, scripted_roles
@@ -65,7 +65,7 @@ class JitteredEngine(ScriptedEngine):
 async def scripted_engines(
     resolved: ResolvedExperiment, roles: list[Role] | None = None, use_cache: bool = True
 ) -> AsyncIterator[Engines]:
-    """What eval.engines.open_engines gives, with scripted engines in place of the models."""
+    """What eval.run.engines.open_engines gives, with scripted engines in place of the models."""
     config = resolved.experiment.cache
     cache = ResponseCache(config.resolved_path()) if use_cache and config.enabled else None
     most_s = float(os.environ.get("CTS_SCRIPTED_DELAY_S", "0"))
@@ -83,7 +83,7 @@ async def scripted_engines(
 
 
 if __name__ == "__main__":
-    eval.run.open_engines = scripted_engines  # type: ignore[assignment]
+    eval.experiment.open_engines = scripted_engines  # type: ignore[assignment]
     # Slurm jobs submitted from here run this wrapper too, so their roles are scripted as well.
     slurm.submit.cts_command = lambda: [sys.executable, "-m", "tests.scripted_cts"]
     app(prog_name="cts")

@@ -10,9 +10,9 @@ import pytest
 from agents import clarifier, judge, rewriter, user_answerer
 from agents.question_type import QUESTION_TYPES, classify_with_model
 from agents.types import QA
-from eval.dataset import DatasetSource, load_instances
-from eval.metrics import LABEL_SCORE, restore_score
-from eval.schema import Nugget
+from eval.data.dataset import DatasetSource, load_instances
+from eval.data.schema import Nugget
+from eval.score.metrics import LABEL_SCORE, restore_score
 from serving.errors import ConstrainedOutputError
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling

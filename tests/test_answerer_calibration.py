@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import eval.answerer_calibration
+import eval.audit.answerer_calibration
 from agents.user_answerer import is_span
 from cts.cli import app
-from eval.answerer_calibration import (
+from eval.audit.answerer_calibration import (
     SAMPLE_ANSWERER_LABELS,
     AnswerCall,
     AnswererCalibration,
@@ -35,11 +35,11 @@ from eval.answerer_calibration import (
     read_answer_labels,
     score,
 )
-from eval.config import AnswerSpan, ClarificationConfig, ResolvedExperiment, Role
-from eval.dataset import DatasetError
-from eval.dialogue import Clarification
-from eval.engines import Engines
-from eval.schema import CONSTRAINT_TYPES, Instance
+from eval.data.dataset import DatasetError
+from eval.data.schema import CONSTRAINT_TYPES, Instance
+from eval.run.config import AnswerSpan, ClarificationConfig, ResolvedExperiment, Role
+from eval.run.dialogue import Clarification
+from eval.run.engines import Engines
 from serving.errors import EngineError
 from serving.scripted import ScriptedEngine, fused_query
 from serving.types import ChatRequest, Sampling
@@ -169,7 +169,7 @@ def test_the_figures_per_language_and_constraint_type():
     assert (kinds["time"].exact, kinds["time"].over_disclosure) == (Rate(2, 1), Rate(2, 1))
     # The cases: every answer not exact, or disclosing (r2 r3 r4 r6 r8).
     assert [v.id for v in result.cases] == ["r2", "r3", "r4", "r6", "r8"]
-    text = eval.answerer_calibration.render(result)
+    text = eval.audit.answerer_calibration.render(result)
     assert "| over-disclosure (a value answer giving a value not asked for) | 40.0% (2) | 5 |" in (
         text
     )
@@ -283,7 +283,7 @@ def test_a_failed_call_is_left_out_and_listed(small):
     result = run(script, read_answer_labels(small))
     assert result.figures.n == 5 and result.figures.false_answer == Rate(1, 0)
     assert "boom" in result.failed["c"]
-    assert "- c: EngineError: boom" in eval.answerer_calibration.render(result)
+    assert "- c: EngineError: boom" in eval.audit.answerer_calibration.render(result)
     # An answer outside the fused query (the span re-check) is a failure, not a figure.
     result = run(lambda request: "Paris", read_answer_labels(small))
     assert result.figures.n == 0 and len(result.failed) == 6
@@ -479,7 +479,7 @@ def _scripted_answerer(monkeypatch, script: Callable[[ChatRequest], str]) -> dic
         opened.update(roles=roles, use_cache=use_cache, engine=engine)
         yield Engines({"user_answerer": engine}, {"user_answerer": engine}, None)
 
-    monkeypatch.setattr(eval.answerer_calibration, "open_engines", engines)
+    monkeypatch.setattr(eval.audit.answerer_calibration, "open_engines", engines)
     return opened
 
 

@@ -155,7 +155,7 @@ def test_the_gpu_check_experiment_has_the_key_concurrency_and_the_server_s_dev_m
 ):
     import yaml
 
-    from eval.config import load_experiment
+    from eval.run.config import load_experiment
 
     settings = {"instances": 2, "concurrency": 16, "max_concurrency": 32, "memory": 0.5}
     generated = gpu_check.experiment("tiny:smollm2-135m-instruct", tmp_path, **settings, cpu=cpu)
@@ -177,7 +177,7 @@ def test_the_gpu_check_serves_compact_json_on_gpu_as_on_cpu(gpu_check, tmp_path,
     newlines to the token limit, and the check measured padding (it was CPU-only)."""
     import yaml
 
-    from eval.config import load_experiment
+    from eval.run.config import load_experiment
     from serving.serve import plan_servers
 
     settings = {"instances": 2, "concurrency": 16, "max_concurrency": 32, "memory": 0.5}

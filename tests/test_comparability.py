@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import eval.experiment
 import eval.rejudge
-import eval.run
 from cts.cli import app
-from eval.comparability import differences, parts, setup_of
-from eval.config import load_experiment
-from eval.dataset import DatasetSource, load_instances
-from eval.fingerprint import fingerprint
+from eval.data.dataset import DatasetSource, load_instances
+from eval.report.comparability import differences, parts, setup_of
+from eval.run.config import load_experiment
+from eval.run.fingerprint import fingerprint
 from tests.scripted_cts import scripted_engines
 
 runner = CliRunner()
@@ -36,7 +36,7 @@ def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The real command line, every role on a scripted engine behind the real caches."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     monkeypatch.setattr(eval.rejudge, "open_engines", scripted_engines)
     return tmp_path
 

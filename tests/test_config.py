@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from configs import CONFIG_DIR
-from eval.config import load_experiment
+from eval.run.config import load_experiment
 from serving.model_config import load_model_config
 from serving.yaml_config import ConfigError
 

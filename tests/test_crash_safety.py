@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.dataset import DatasetSource, load_instances
-from eval.runner import RecordStore, Shard, merge
+from eval.data.dataset import DatasetSource, load_instances
+from eval.run.run_dir import Shard
+from eval.run.runner import RecordStore, merge
 from tests.crash_runner import CONDITIONS, LIMIT
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from eval.dataset import (
+from eval.data.dataset import (
     DatasetError,
     DatasetSource,
     GoldTable,
     check_source,
     load_instances,
 )
-from eval.schema import Instance
+from eval.data.schema import Instance
 from webdancer.corpus import check_corpus
 
 GOOD = {

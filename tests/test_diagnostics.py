@@ -10,9 +10,9 @@ from statistics import mean
 
 import pytest
 
-from eval.config import load_experiment
-from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.diagnostics import (
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.data.schema import Record
+from eval.report.diagnostics import (
     clarification,
     compare_systems,
     judge_labels,
@@ -21,11 +21,12 @@ from eval.diagnostics import (
     score_records,
     summarize,
 )
-from eval.metrics import holm, paired_test
-from eval.pipeline import run_instance
-from eval.report import markdown, to_html, write_report
-from eval.runner import RecordStore, Shard, run_keys
-from eval.schema import Record
+from eval.report.report import markdown, to_html, write_report
+from eval.run.config import load_experiment
+from eval.run.pipeline import run_instance
+from eval.run.run_dir import Shard
+from eval.run.runner import RecordStore, run_keys
+from eval.score.metrics import holm, paired_test
 from serving.errors import EngineUnavailable
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
@@ -468,14 +469,14 @@ def test_records_of_different_dialogues_mixed_are_warned_about():
     scored = score_records(records, ["clarify@1", "clarify@2"], [0], "exclude")
     summary = summarize(records, ["clarify@1", "clarify@2"], [0], ["a"], scored)
     assert summary["clarification"]["dialogue_mismatches"] == 1
-    from eval.report import warnings
+    from eval.report.report import warnings
 
     assert any("records of different dialogues are mixed" in w for w in warnings("s", summary))
 
 
 def test_report_html_renders_the_markdown_it_writes_inline():
     """Lists and `code` spans as HTML, everything else escaped (a system name is text)."""
-    from eval.report import to_html
+    from eval.report.report import to_html
 
     page = to_html("- WARNING `x<y`: a\n- b & c\n\nplain `code` <b>\n| h |\n|---|\n| `v` |", [])
     assert "<ul><li>WARNING <code>x&lt;y</code>: a</li><li>b &amp; c</li></ul>" in page

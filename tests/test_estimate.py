@@ -14,17 +14,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import eval.run
+import eval.experiment
 import tests.scripted_cts
 from cts.cli import app
 from cts.estimate import default_pilot_dir, pilot_overrides
-from eval.config import load_experiment
+from eval.data.schema import Record
 from eval.estimate import estimate, search_queries, shards_for, tool_figures
-from eval.fingerprint import fingerprint
-from eval.run_dir import RunDir
-from eval.runner import RecordStore
-from eval.schema import Record
-from eval.usage import charged_to_key, metered, role_usage
+from eval.run.config import load_experiment
+from eval.run.fingerprint import fingerprint
+from eval.run.run_dir import RunDir
+from eval.run.runner import RecordStore
+from eval.run.usage import charged_to_key, metered, role_usage
 from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, ChatResponse, Usage
 from tests.scripted_cts import scripted_engines
@@ -67,7 +67,7 @@ def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
     monkeypatch.setenv("COLUMNS", "250")
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", fixed_cost_roles)
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     return tmp_path
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import eval.run
+import eval.experiment
 import tests.scripted_cts
 from cts.cli import app
-from eval.dataset import DatasetSource, load_instances
+from eval.data.dataset import DatasetSource, load_instances
 from eval.pilot import allocate, constraint_stratum, draw_pilot
 from serving.errors import EngineError
 from serving.types import ChatRequest
@@ -82,7 +82,7 @@ def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
     monkeypatch.setenv("COLUMNS", "250")
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", fixed_cost_roles)
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     return tmp_path
 
 

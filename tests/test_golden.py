@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 
 from agents.nugget_builder import Evidence, evidence_text, nuggets_schema
-from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.golden import GOLDEN, golden_dataset, trace_evidence
-from eval.pipeline import run_instance, trace_name
-from eval.schema import Nugget, Record
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.data.golden import GOLDEN, golden_dataset, trace_evidence
+from eval.data.schema import Nugget, Record
+from eval.run.pipeline import run_instance, trace_name
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 from webdancer.protocol import ToolCall

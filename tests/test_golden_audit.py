@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import eval.golden_audit
+import eval.audit.golden_audit
 from agents.grounding import grounding_schema
 from cts.cli import app
-from eval.config import ResolvedExperiment, Role
-from eval.engines import Engines
-from eval.golden import GOLDEN, golden_dataset
-from eval.golden_audit import (
+from eval.audit.golden_audit import (
     Citations,
     check_nuggets,
     citations_for,
@@ -32,8 +29,11 @@ from eval.golden_audit import (
     similarity,
     trace_texts,
 )
-from eval.pipeline import run_instance
-from eval.schema import Instance
+from eval.data.golden import GOLDEN, golden_dataset
+from eval.data.schema import Instance
+from eval.run.config import ResolvedExperiment, Role
+from eval.run.engines import Engines
+from eval.run.pipeline import run_instance
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
 from tests.scripted import scripted_context
@@ -432,7 +432,7 @@ def test_cli_judges_with_the_experiments_judge_model(tmp_path, corpus, monkeypat
         assert roles == ["judge"]
         yield Engines({"judge": engine}, {"judge": engine}, None)
 
-    monkeypatch.setattr(eval.golden_audit, "open_engines", engines)
+    monkeypatch.setattr(eval.audit.golden_audit, "open_engines", engines)
     data = write_jsonl(tmp_path / "clean.jsonl", clean_rows())
     out = tmp_path / "a"
     args = ["golden", "audit", str(data), "--corpus", str(corpus), "--out", str(out)]
@@ -489,7 +489,7 @@ def test_trace_texts_take_each_hit_and_each_page():
 
 
 def test_a_golden_folder_resolves_citations_through_its_traces(tmp_path):
-    from eval.dataset import DatasetSource, corpus_path, load_instances
+    from eval.data.dataset import DatasetSource, corpus_path, load_instances
 
     search = LocalSearch(corpus_path("sample"), tmp_path / "index")
     run = tmp_path / "golden"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-import eval.run
+import eval.experiment
 import train.grpo
 from agents import clarifier
-from eval.config import ResolvedExperiment, Role, load_experiment
-from eval.engines import Engines
+from eval.run.config import ResolvedExperiment, Role, load_experiment
+from eval.run.engines import Engines
 from serving.engine import ChatModel
 from serving.model_config import build_engine
 from serving.scripted import ScriptedEngine, fused_query, scripted_roles
@@ -136,7 +136,7 @@ def test_grpo_trains_on_pipeline_rewards_resumes_and_swaps_in(tmp_path, tiny_pat
         .model_for("clarifier")
         .name,
     )
-    monkeypatch.setattr(eval.run, "open_engines", real_clarifier)
+    monkeypatch.setattr(eval.experiment, "open_engines", real_clarifier)
     run_dir = tmp_path / "run"
     ran = cts(
         "run", "--output-dir", str(run_dir), "--limit", "1",

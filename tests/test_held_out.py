@@ -11,9 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import eval.run
+import eval.experiment
 from cts.cli import app
-from eval.dataset import DatasetSource, load_instances
+from eval.data.dataset import DatasetSource, load_instances
 from serving.yaml_config import ConfigError
 from tests.scripted_cts import scripted_engines
 from train.config import load_train_config
@@ -52,7 +52,7 @@ def test_a_copy_of_the_evaluated_split_under_another_path_is_refused_naming_the_
     # The quickstart evaluates the sample's dev split; sampling reads the same queries from a
     # file of their own. The path check alone let this run (on scripted engines here).
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     copy = copy_of_dev(tmp_path / "copy.jsonl")
     config = train_yaml(tmp_path, dataset=str(copy), limit=2)
     result = CliRunner().invoke(app, ["train", "sample", "-c", str(config)])

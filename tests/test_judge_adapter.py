@@ -12,7 +12,7 @@ import pytest
 
 from agents import judge
 from configs import CONFIG_DIR
-from eval.calibration import read_labels
+from eval.audit.calibration import read_labels
 from serving.model_config import ModelConfig, build_engine, load_model_config
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
@@ -154,8 +154,8 @@ def test_the_shipped_judge_tells_a_stated_answer_from_an_unrelated_one():
 
 
 def test_the_kappa_ci_resamples_answers_and_holds_the_estimate():
-    from eval.agreement import cohen_kappa
-    from eval.calibration import kappa_ci
+    from eval.audit.agreement import cohen_kappa
+    from eval.audit.calibration import kappa_ci
 
     perfect = [[("full", "full"), ("none", "none")], [("partial", "partial"), ("none", "none")]]
     assert kappa_ci(perfect) == (1.0, 1.0)

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.agreement import (
+from eval.audit.agreement import (
     STRICT_LABELS,
     Judgement,
     agreement,
@@ -27,8 +27,8 @@ from eval.agreement import (
     strict,
     systems_of,
 )
-from eval.runner import RecordStore
-from eval.schema import Record
+from eval.data.schema import Record
+from eval.run.runner import RecordStore
 from serving.scripted import scripted_roles
 from tests.test_rejudge import NEW_JUDGE, make_source, rejudge
 

@@ -13,9 +13,9 @@ from contextlib import asynccontextmanager
 import pytest
 from typer.testing import CliRunner
 
-import eval.calibration
+import eval.audit.calibration
 from cts.cli import app
-from eval.calibration import (
+from eval.audit.calibration import (
     LABELS,
     SAMPLE_LABELS,
     Calibration,
@@ -27,9 +27,9 @@ from eval.calibration import (
     length_quartiles,
     read_labels,
 )
-from eval.config import JudgeConfig, ResolvedExperiment, Role
-from eval.dataset import DatasetError
-from eval.engines import Engines
+from eval.data.dataset import DatasetError
+from eval.run.config import JudgeConfig, ResolvedExperiment, Role
+from eval.run.engines import Engines
 from serving.errors import EngineError
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
@@ -243,12 +243,12 @@ def test_a_failed_judge_call_is_left_out_and_listed(shipped):
     finished: list[bool] = []
     result = asyncio.run(calibrate(call, shipped, options.batch_size, done=finished.append))
     # Every answer of the three passes reported done, the broken one failed in each pass.
-    assert (len(finished), sum(finished)) == (eval.calibration.judged_batches(shipped), 3)
+    assert (len(finished), sum(finished)) == (eval.audit.calibration.judged_batches(shipped), 3)
     lost = len(broken.nuggets)
     assert result.agreement.n == result.rerun.n == result.order_flip.n == 118 - lost
     assert set(result.failed) == {"listed", "shuffled", "rerun"}
     assert "invalid JSON" in result.failed["listed"][broken.group]
-    text = eval.calibration.render(result)
+    text = eval.audit.calibration.render(result)
     assert f"- {broken.group}: " in text
 
 
@@ -315,7 +315,7 @@ def _scripted_judge(monkeypatch, script) -> dict[str, object]:
         opened.update(roles=roles, use_cache=use_cache, engine=engine)
         yield Engines({"judge": engine}, {"judge": engine}, None)
 
-    monkeypatch.setattr(eval.calibration, "open_engines", engines)
+    monkeypatch.setattr(eval.audit.calibration, "open_engines", engines)
     return opened
 
 

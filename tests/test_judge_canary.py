@@ -13,12 +13,12 @@ from collections import Counter
 
 import pytest
 
-from eval.config import JudgeCanary, JudgeConfig
-from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.diagnostics import judge_labels, paired_instances, score_records, summarize
-from eval.pipeline import canary_drawn, run_instance
-from eval.report import warnings
-from eval.schema import Canary, Record
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.data.schema import Canary, Record
+from eval.report.diagnostics import judge_labels, paired_instances, score_records, summarize
+from eval.report.report import warnings
+from eval.run.config import JudgeCanary, JudgeConfig
+from eval.run.pipeline import canary_drawn, run_instance
 from serving.types import ChatRequest
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
@@ -217,8 +217,8 @@ def test_a_run_reports_its_canary_and_a_rejudge_runs_its_own(tmp_path, monkeypat
     """`cts run` then `cts rejudge` (scripted roles behind the real cache): the run's judge
     labels by position whatever the answer, and its report warns; the rejudge draws the same
     records, replaces their canary with its own judge's, and its report is silent on it."""
-    from eval.run_dir import RunDir
-    from eval.runner import RecordStore
+    from eval.run.run_dir import RunDir
+    from eval.run.runner import RecordStore
     from tests.test_rejudge import make_source, rejudge
 
     source = make_source(tmp_path, monkeypatch, "judge.canary.share=0.5")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import eval.engines
-from eval.config import load_experiment
-from eval.engines import open_engines
-from eval.runner import RecordStore
+import eval.run.engines
+from eval.run.config import load_experiment
+from eval.run.engines import open_engines
+from eval.run.runner import RecordStore
 from serving.batching import BatchingEngine, Unbatched
 from serving.cache import CachedEngine, ResponseCache
 from serving.errors import EngineError
@@ -66,7 +66,7 @@ def test_only_the_judge_gets_the_unbatched_view_under_its_own_cache_identity(tmp
         built.append(Recording())
         return CachedEngine(built[-1], cache) if cache is not None else built[-1]
 
-    monkeypatch.setattr(eval.engines, "build_engine", build_engine)
+    monkeypatch.setattr(eval.run.engines, "build_engine", build_engine)
     resolved = load_experiment(
         None, ["judge.deterministic=true", f"cache.path={tmp_path}/responses.sqlite"]
     )

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.agreement import agreement, compare, movement, pair
-from eval.fingerprint import judge_setup
-from eval.metrics import ratio_ci
-from eval.runner import RecordStore
+from eval.audit.agreement import agreement, compare, movement, pair
+from eval.run.fingerprint import judge_setup
+from eval.run.runner import RecordStore
+from eval.score.metrics import ratio_ci
 from serving.scripted import scripted_roles
 from serving.types import ChatRequest
 from tests.test_judge_agreement import judgement, record

@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from agents import judge
-from eval.config import JudgeConfig, load_experiment
-from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.fingerprint import changes, results_view
-from eval.pipeline import PipelineContext, _judge, judge_order, run_instance
-from eval.run_dir import RunDir
-from eval.schema import Instance, Nugget
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.data.schema import Instance, Nugget
+from eval.run.config import JudgeConfig, load_experiment
+from eval.run.fingerprint import changes, results_view
+from eval.run.pipeline import PipelineContext, _judge, judge_order, run_instance
+from eval.run.run_dir import RunDir
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
 from serving.yaml_config import ConfigError

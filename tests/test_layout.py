@@ -12,11 +12,11 @@ import typer
 from typer.testing import CliRunner
 
 from cts.common import EXITS, command, exit_for
-from eval.config import ExperimentConfig, load_experiment
-from eval.dataset import DatasetError
-from eval.report import load_run
-from eval.run_dir import RunDir, RunDirError
-from eval.runner import RecordFileError, ShardBusy, ShardError
+from eval.data.dataset import DatasetError
+from eval.report.report import load_run
+from eval.run.config import ExperimentConfig, load_experiment
+from eval.run.run_dir import RunDir, RunDirError, ShardError
+from eval.run.runner import RecordFileError, ShardBusy
 from serving.model_config import ModelConfig
 from serving.serve import EndpointsError, Stopped
 from serving.vllm_server import ServerError

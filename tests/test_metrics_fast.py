@@ -1,4 +1,4 @@
-"""The vectorised statistics of eval/metrics.py against the pure-Python loops they replaced
+"""The vectorised statistics of eval/score/metrics.py against the pure-Python loops they replaced
 (copied below as they were): identical numbers, compared by repr (which tells -0.0 from 0.0,
 prints NaN as nan and fails on a numpy scalar where a float was), on many seeds and shapes."""
 
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import eval.metrics as metrics
-import eval.resampling as resampling
-from eval.metrics import (
+import eval.score.metrics as metrics
+import eval.score.resampling as resampling
+from eval.score.metrics import (
     Estimate,
     PairedTest,
     RatioEstimate,
@@ -36,7 +36,7 @@ from eval.metrics import (
 _EPS = 1e-9
 
 
-# --- The reference: eval/metrics.py's loops before vectorisation, unchanged but for names. ---
+# --- The reference: eval/score/metrics.py's loops before vectorisation, unchanged but for names. --
 
 
 def ref_gain_recovered_ci(

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import serving.download
 from cts.cli import app
-from eval.config import load_experiment
+from eval.run.config import load_experiment
 from serving.download import IGNORE_PATTERNS
 from serving.model_config import build_engine
 

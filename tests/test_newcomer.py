@@ -19,12 +19,12 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-import eval.engines
-import eval.run
+import eval.experiment
+import eval.run.engines
 import tests.scripted_cts
 from cts.cli import app
 from cts.common import print_summary, progress_for
-from eval.progress import ProgressLines, ProgressLog
+from eval.run.progress import ProgressLines, ProgressLog
 from serving.scripted import ScriptedEngine, scripted_roles
 from tests.scripted_cts import ROOT, scripted_engines, start
 
@@ -65,7 +65,7 @@ def piped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = root / "run"
     # 80 columns, as rich assumes without a terminal.
     env = {"CTS_PROGRESS_EVERY_S": "0", "CTS_SCRIPTED_DELAY_S": "0.02", "COLUMNS": "80"}
-    # Held at its first record until released (eval/runner.py ProgressHold), so the first run
+    # Held at its first record until released (eval/run/runner.py ProgressHold), so the first run
     # cannot end before its first progress line is read, however fast the machine.
     hold = {"CTS_HOLD_AT_RECORDS": f"1:{root}"}
     first = start(run_args(out, "--limit", "2"), root / "home", **env, **hold)
@@ -261,7 +261,7 @@ def failing_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int) -> 
         return scripted
 
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", roles)
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     out = tmp_path / "run"
     result = runner.invoke(app, ["run", "--output-dir", str(out), "--limit", str(limit)])
     assert result.exit_code == 0, result.output
@@ -274,8 +274,8 @@ def forbid_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a dry run built an engine")
 
-    monkeypatch.setattr(eval.engines, "build_engine", refuse)
-    monkeypatch.setattr(eval.run, "open_engines", refuse)
+    monkeypatch.setattr(eval.run.engines, "build_engine", refuse)
+    monkeypatch.setattr(eval.experiment, "open_engines", refuse)
 
 
 # -- cts run --dry-run -----------------------------------------------------------------------

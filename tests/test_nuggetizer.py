@@ -15,10 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.config import load_experiment
-from eval.dataset import DatasetSource, load_instances
-from eval.fingerprint import fingerprint
-from eval.nuggetizer import (
+from eval.audit.nuggetizer import (
     NuggetizerError,
     assignment_rows,
     export_assignments,
@@ -31,9 +28,12 @@ from eval.nuggetizer import (
     response_length,
     write_jsonl,
 )
-from eval.run_dir import RunDir
-from eval.runner import RecordStore, Shard
-from eval.schema import Instance, Record
+from eval.data.dataset import DatasetSource, load_instances
+from eval.data.schema import Instance, Record
+from eval.run.config import load_experiment
+from eval.run.fingerprint import fingerprint
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordStore
 
 runner = CliRunner()
 DEFAULT = parse_weight_map()

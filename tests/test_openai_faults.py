@@ -184,7 +184,7 @@ def test_concurrency_is_bounded(server):
 def test_a_server_echoing_the_api_key_never_puts_it_in_an_error(server, monkeypatch, status):
     """Error bodies are copied into records and dialogues: a configured key is redacted from
     them first (and from anything `failure` records)."""
-    from eval.dialogue import failure
+    from eval.run.dialogue import failure
 
     key = "sk-live-0123456789abcdef"
     monkeypatch.setenv("CTS_TEST_KEY", key)

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import eval.run
+import eval.experiment
 import tests.scripted_cts
 from cts.cli import app
-from eval.config import load_experiment
-from eval.oracle import oracle_independence
-from eval.schema import Golden, GoldenSearcher, Instance, Nugget
+from eval.data.schema import Golden, GoldenSearcher, Instance, Nugget
+from eval.run.config import load_experiment
+from eval.run.oracle import oracle_independence
 from serving.scripted import scripted_roles
 from serving.types import ChatRequest
 from tests.scripted_cts import scripted_engines
@@ -66,7 +66,7 @@ def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", _visiting_roles)
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     return tmp_path
 
 

@@ -12,14 +12,14 @@ import pytest
 
 from agents import user_answerer
 from agents.user_answerer import SpanLimits, is_span, span_regex
-from eval.config import AnswerSpan, ClarificationConfig
-from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.diagnostics import clarification, score_records, summarize
-from eval.dialogue import _fingerprint
-from eval.over_answer import reveal
-from eval.pipeline import run_instance
-from eval.report import markdown
-from eval.schema import Instance, Record
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.data.schema import Instance, Record
+from eval.report.diagnostics import clarification, score_records, summarize
+from eval.report.report import markdown
+from eval.run.config import AnswerSpan, ClarificationConfig
+from eval.run.dialogue import _fingerprint
+from eval.run.pipeline import run_instance
+from eval.score.over_answer import reveal
 from serving.errors import ConstrainedOutputError
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling

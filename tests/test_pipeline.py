@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from eval.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
-from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.diagnostics import clarification
-from eval.pipeline import run_instance
-from eval.runner import RecordFileError, RecordStore, Shard, merge, run_keys
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.report.diagnostics import clarification
+from eval.run.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
+from eval.run.pipeline import run_instance
+from eval.run.run_dir import Shard
+from eval.run.runner import RecordFileError, RecordStore, merge, run_keys
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
@@ -358,7 +359,7 @@ def test_a_dead_server_stops_the_run_and_resume_finishes_it_as_if_uninterrupted(
     """Nobody listening (ServerUnreachable) is not a key's failure: no failure record, no
     failed dialogue saved; the keys in flight stop unrecorded, the error reaches the caller,
     and a resume with the server back gives the records an uninterrupted run gives."""
-    from eval.dialogue import DialogueStore
+    from eval.run.dialogue import DialogueStore
     from serving.errors import ServerUnreachable
 
     def run(root: Path, dead_after: int | None = None):

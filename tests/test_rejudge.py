@@ -19,18 +19,18 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import eval.experiment
 import eval.rejudge
-import eval.run
 from cts.cli import app
-from eval.config import ResolvedExperiment, Role, load_experiment
-from eval.dataset import load_instances
-from eval.engines import Engines
-from eval.metrics import restore_score
+from eval.data.dataset import load_instances
+from eval.data.schema import Record
+from eval.experiment import merge_run, run_experiment
 from eval.rejudge import SourceRunError, rejudge_experiment, rejudge_run
-from eval.run import merge_run, run_experiment
-from eval.run_dir import RunDir
-from eval.runner import RecordStore, Shard
-from eval.schema import Record
+from eval.run.config import ResolvedExperiment, Role, load_experiment
+from eval.run.engines import Engines
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordStore
+from eval.score.metrics import restore_score
 from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel
 from serving.errors import EngineError
@@ -122,7 +122,7 @@ def make_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str
             *overrides,
         ],
     )
-    monkeypatch.setattr(eval.run, "open_engines", engines_of(source_roles()))
+    monkeypatch.setattr(eval.experiment, "open_engines", engines_of(source_roles()))
     result = run_experiment(resolved, tmp_path / "source", show_progress=False)
     assert not result.outcome.interrupted and result.report is not None
     return tmp_path / "source"

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from eval.config import ALL_CONDITIONS, load_experiment
-from eval.dialogue import Dialogue, DialogueStore
-from eval.pipeline import run_instance
-from eval.run_dir import RunDir
-from eval.runner import RecordStore, Shard, run_keys
-from eval.schema import Record
+from eval.data.schema import Record
+from eval.run.config import ALL_CONDITIONS, load_experiment
+from eval.run.dialogue import Dialogue, DialogueStore
+from eval.run.pipeline import run_instance
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordStore, run_keys
 from serving.cache import ResponseCache
 from serving.disk import StorageFull, append_line, write_whole
 from serving.types import ChatResponse

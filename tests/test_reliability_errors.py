@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.config import load_experiment
-from eval.run_dir import RunDir
+from eval.run.config import load_experiment
+from eval.run.run_dir import RunDir
 from serving.yaml_config import ConfigError, parse_override
 from webdancer.corpus import CorpusError, check_corpus, load_corpus
 
@@ -77,7 +77,7 @@ def test_run_without_the_roles_its_conditions_need_exits_2(tmp_path):
 
 
 def test_run_with_blurred_only_needs_no_clarification_roles(tmp_path):
-    from eval.run import missing_roles
+    from eval.experiment import missing_roles
 
     exp = _experiment(tmp_path, roles=["searcher", "summarizer", "judge"])
     resolved = load_experiment(exp, ["conditions=[blurred, oracle]"])

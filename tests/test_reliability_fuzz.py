@@ -35,9 +35,9 @@ from agents.clarifier import questions_schema
 from agents.judge import LABELS, judge, judge_schema
 from agents.nugget_builder import nuggets_schema
 from configs import DEFAULT_EXPERIMENT
-from eval.config import ExperimentConfig, load_experiment
-from eval.dataset import DatasetError, DatasetSource, GoldTable, load_instances
-from eval.schema import CONSTRAINT_TYPES, Instance
+from eval.data.dataset import DatasetError, DatasetSource, GoldTable, load_instances
+from eval.data.schema import CONSTRAINT_TYPES, Instance
+from eval.run.config import ExperimentConfig, load_experiment
 from serving.errors import ConstrainedOutputError
 from serving.outputs import validate_output
 from serving.scripted import ScriptedEngine

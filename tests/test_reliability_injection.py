@@ -113,8 +113,8 @@ def test_a_clarifier_or_rewriter_that_obeys_an_injection_fails_its_key(role, tmp
     """Text reaching the clarifier (the blurred query) or the rewriter (the dialogue) that
     talks it out of its schema: that key fails at its stage, with the raw answer quoted; no
     malformed question or query goes on to the search."""
-    from eval.dataset import corpus_path
-    from eval.pipeline import run_instance
+    from eval.data.dataset import corpus_path
+    from eval.run.pipeline import run_instance
     from tests.test_pipeline import context, instances
     from webdancer.backends.local import LocalSearch
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.dataset import DatasetError, DatasetSource, GoldTable, check_source, load_instances
+from eval.data.dataset import DatasetError, DatasetSource, GoldTable, check_source, load_instances
 from serving.yaml_config import ConfigError, read_yaml
 
 runner = CliRunner()
@@ -237,7 +237,7 @@ def test_empty_dataset_is_a_problem(tmp_path):
 @pytest.mark.parametrize("limit", ["0", "-2"])
 def test_a_limit_below_one_is_refused_not_read_as_everything(limit):
     """`--limit 0` used to run the whole dataset, a negative limit sliced from its end."""
-    from eval.config import load_experiment
+    from eval.run.config import load_experiment
 
     with pytest.raises(ConfigError, match=r"--set dataset.limit: .*greater than or equal to 1"):
         load_experiment("quickstart", [f"dataset.limit={limit}"])

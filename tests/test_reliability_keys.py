@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from eval.pipeline import run_instance
-from eval.runner import RecordStore, run_keys
+from eval.run.pipeline import run_instance
+from eval.run.runner import RecordStore, run_keys
 from tests.test_pipeline import context, instances
 from tests.test_pipeline import search as search  # the fixture
 
@@ -51,8 +51,8 @@ def test_trace_names_stay_inside_and_never_collide():
     """Trace names come from a hash of the id: ids differing only in case (one file on a
     case-insensitive file system), or only in characters a file name cannot hold, get
     different files, and no id — even one validation would refuse — names a path outside."""
-    from eval.pipeline import trace_name
-    from eval.schema import Record
+    from eval.data.schema import Record
+    from eval.run.pipeline import trace_name
 
     ids = ["Q1", "q1", "a b", "a_b", "问题1", "问题2", "../../x", "..", ".hidden", "x" * 300]
     names = [

@@ -12,8 +12,9 @@ from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.view import Viewer, allowed_hosts
-from eval.view_app import make_app
+from eval.viewer.app import make_app
+from eval.viewer.serve import allowed_hosts
+from eval.viewer.view import Viewer
 from serving.cache import CacheFileError, ResponseCache
 from tests.scripted_cts import cts
 from tests.test_nuggetizer import CREATED

@@ -8,10 +8,10 @@ import yaml
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.config import load_experiment
-from eval.dataset import load_instances
-from eval.fingerprint import fingerprint
-from eval.run_dir import RunDir
+from eval.data.dataset import load_instances
+from eval.run.config import load_experiment
+from eval.run.fingerprint import fingerprint
+from eval.run.run_dir import RunDir
 from serving.yaml_config import ConfigError
 
 

@@ -231,9 +231,9 @@ def test_a_lone_surrogate_in_tool_arguments_reaches_the_cache_and_backend_as_u_f
 
 def test_failed_searches_are_counted_in_the_record_summary_and_report(server, search):
     """The agent goes on after a failed search; the run's summary still says it happened."""
-    from eval.diagnostics import failures, judge_labels
-    from eval.pipeline import run_instance
-    from eval.report import warnings
+    from eval.report.diagnostics import failures, judge_labels
+    from eval.report.report import warnings
+    from eval.run.pipeline import run_instance
     from tests.test_pipeline import context, instances
 
     url, reply = server

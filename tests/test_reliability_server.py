@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.runner import RecordStore
+from eval.run.runner import RecordStore
 from serving.vllm_server import VllmServer, free_port
 from tests.conftest import VLLM_CPU_ARGS, vllm_python
 
@@ -119,7 +119,7 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path,
 
         cut = tmp_path / "cut"
         home = tmp_path / "home-cut"
-        # Held after its first record (eval/runner.py ProgressHold) while the server is
+        # Held after its first record (eval/run/runner.py ProgressHold) while the server is
         # killed, so the second key meets a dead server however fast the machine.
         running = subprocess.Popen(
             cts_run(config, cut, home),

@@ -23,9 +23,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.config import ALL_CONDITIONS
-from eval.dialogue import Dialogue
-from eval.runner import RecordStore, parse_records
+from eval.run.config import ALL_CONDITIONS
+from eval.run.dialogue import Dialogue
+from eval.run.runner import RecordStore, parse_records
 from serving.types import ChatResponse
 from tests.scripted_cts import start
 

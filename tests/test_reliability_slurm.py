@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cts.cli import app
 from cts.common import exit_for
-from eval.config import load_experiment
+from eval.run.config import load_experiment
 from slurm import submit as submit_module
 from slurm.status import JobState
 from slurm.submit import SlurmOptionError, SlurmOptions, eval_job, submit, train_job

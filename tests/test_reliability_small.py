@@ -8,12 +8,13 @@ import pytest
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-import eval.view_app
+import eval.viewer.app
 from cts.cli import app as cts_app
-from eval.config import load_experiment
-from eval.report import MAIN_COLUMNS, _main_table, to_html
-from eval.view import Viewer, allowed_hosts
-from eval.view_app import SECURITY_HEADERS, make_app
+from eval.report.report import MAIN_COLUMNS, _main_table, to_html
+from eval.run.config import load_experiment
+from eval.viewer.app import SECURITY_HEADERS, make_app
+from eval.viewer.serve import allowed_hosts
+from eval.viewer.view import Viewer
 from serving.yaml_config import ConfigError
 from tests.test_view import LOCAL
 from tests.test_view import client as client  # the fixtures
@@ -79,13 +80,13 @@ def test_every_response_carries_the_security_headers(run, monkeypatch):
 def test_host_spellings_of_every_interface_serve_as_every_interface(run, monkeypatch, host):
     """`--host 0` binds 0.0.0.0 as `--host 0.0.0.0` does: the same Host list and warning."""
     served: dict[str, list[str]] = {}
-    make = eval.view_app.make_app
+    make = eval.viewer.app.make_app
 
     def capture(viewer, hosts):  # type: ignore[no-untyped-def]
         served["hosts"] = hosts
         return make(viewer, hosts)
 
-    monkeypatch.setattr(eval.view_app, "make_app", capture)
+    monkeypatch.setattr(eval.viewer.app, "make_app", capture)
     monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets=None: None)
     result = CliRunner().invoke(cts_app, ["view", str(run[0]), "--port", "0", "--host", host])
     assert result.exit_code == 0, result.output

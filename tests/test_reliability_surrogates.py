@@ -14,12 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import eval.run
+import eval.experiment
 import tests.scripted_cts
-from eval.config import load_experiment
-from eval.run import run_experiment
-from eval.runner import RecordStore, run_keys
-from eval.schema import Record
+from eval.data.schema import Record
+from eval.experiment import run_experiment
+from eval.run.config import load_experiment
+from eval.run.runner import RecordStore, run_keys
 from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, JsonSchemaOutput
 from tests.scripted_cts import scripted_engines
@@ -56,7 +56,7 @@ def _surrogate_roles() -> dict[str, ScriptedEngine]:
 def test_a_lone_surrogate_in_model_text_is_recorded_as_u_fffd(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", _surrogate_roles)
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     resolved = load_experiment(
         "quickstart",
         [

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.dataset import corpus_path
+from eval.data.dataset import corpus_path
 from serving.files import sha256_file
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling

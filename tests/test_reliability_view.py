@@ -16,14 +16,15 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from eval.config import load_experiment
-from eval.dataset import DatasetSource, load_instances
-from eval.run_dir import RunDir
-from eval.runner import RecordStore, Shard
-from eval.schema import Record
-from eval.view import MAX_FIELD_CHARS, Viewer, allowed_hosts, highlight, search_blocks
-from eval.view import visited_pages as visited
-from eval.view_app import make_app
+from eval.data.dataset import DatasetSource, load_instances
+from eval.data.schema import Record
+from eval.run.config import load_experiment
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordStore
+from eval.viewer.app import make_app
+from eval.viewer.serve import allowed_hosts
+from eval.viewer.view import MAX_FIELD_CHARS, Viewer, highlight, search_blocks
+from eval.viewer.view import visited_pages as visited
 from tests.test_view import LOCAL, a_trace, llm_step, search_step
 from webdancer.search import QUERY_SEPARATOR, SearchHit, render_hits
 from webdancer.visit import render_visit

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-import eval.run
-from eval.config import ResolvedExperiment, Role, load_experiment
-from eval.engines import Engines
-from eval.run import build_golden, run_experiment
+import eval.experiment
+from eval.experiment import build_golden, run_experiment
+from eval.run.config import ResolvedExperiment, Role, load_experiment
+from eval.run.engines import Engines
 from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, Sampling
 
@@ -54,7 +54,7 @@ def _capture(monkeypatch: pytest.MonkeyPatch) -> dict[str, ScriptedEngine]:
             by_role[role] = scripted[role]
         yield Engines(dict(by_role), by_role, None)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(eval.run, "open_engines", engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", engines)
     return scripted
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.config import load_experiment
-from eval.frame import records_frame, records_table
-from eval.run import RunResult, run_experiment
-from eval.runner import RecordStore
+from eval.experiment import RunResult, run_experiment
+from eval.report.frame import records_frame, records_table
+from eval.run.config import load_experiment
+from eval.run.runner import RecordStore
 from serving.download import hub_models
 from serving.errors import EngineError
 from serving.model_config import build_engine, load_model_config
@@ -147,7 +147,7 @@ def test_bench_imports_nothing_from_tests():
 
 
 def test_a_runs_records_as_a_frame_hold_what_the_records_say(tmp_path):
-    """eval.frame: one row per record, sorted by key, scores and usage as columns; the mean
+    """eval.report.frame: one row per record, sorted by key, scores and usage as columns; the mean
     per condition is the records' own mean (computed here from the records)."""
     run, _ = scripted_run(tmp_path)
     records = sorted(RecordStore(run).completed().values(), key=lambda r: r.key)

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.config import load_experiment
+from eval.run.config import load_experiment
 from serving.model_config import ModelConfig, build_engine
 from serving.serve import (
     EndpointsError,
@@ -348,8 +348,8 @@ def test_cts_serve_on_cpu_then_a_dead_server_stops_them_all(tmp_path, tiny_path)
 
 def test_a_dead_server_stops_the_run_and_is_raised():
     """`cts run --serve` polls the servers while it runs; a death cancels the run."""
-    from eval.run import until_signalled
-    from eval.runner import RunOutcome
+    from eval.experiment import until_signalled
+    from eval.run.runner import RunOutcome
 
     async def work() -> RunOutcome:
         await asyncio.sleep(60)

@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import pytest
 
-from eval.dataset import DatasetSource, corpus_path, load_instances
-from eval.dialogue import Clarification, DialogueStore
-from eval.pipeline import run_instance
-from eval.runner import RecordStore, run_keys
-from eval.schema import Record
-from eval.slots import KeySlots, released
-from eval.usage import metered
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.data.schema import Record
+from eval.run.dialogue import Clarification, DialogueStore
+from eval.run.pipeline import run_instance
+from eval.run.runner import RecordStore, run_keys
+from eval.run.slots import KeySlots, released
+from eval.run.usage import metered
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, ChatResponse
 from tests.scripted import scripted_context

@@ -189,7 +189,7 @@ def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
     the merge still finds every key exactly once."""
     cluster_up()
     run_dir = tmp_path / "run"
-    # The task holds after its first record (eval/runner.py ProgressHold) until the requeue has
+    # The task holds after its first record (eval/run/runner.py ProgressHold) until the requeue has
     # been sent, so the requeue comes with keys still to do however fast the machine.
     extra = ["conditions=[blurred, oracle]", "dataset.limit=2"]
     hold = {"CTS_HOLD_AT_RECORDS": f"1:{tmp_path}"}

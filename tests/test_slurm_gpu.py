@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.config import load_experiment
+from eval.run.config import load_experiment
 from slurm.submit import (
     CPUS_PER_GPU,
     MEM_GB_PER_GPU,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.config import load_experiment
+from eval.run.config import load_experiment
 from slurm import submit as submit_module
 from slurm.submit import SlurmOptions, eval_job, golden_job, submit, train_job
 from train.config import load_train_config

@@ -1,4 +1,4 @@
-"""Which trace is fsync'd (eval/pipeline.py `_write_trace`): a golden key's, the evidence its
+"""Which trace is fsync'd (eval/run/pipeline.py `_write_trace`): a golden key's, the evidence its
 nuggets cite, and not an evaluation key's, whose readers take a trace lost to a power loss
 (missing, or empty) as no trace."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import serving.disk
+from eval.data.golden import GOLDEN
+from eval.data.schema import Record
 from eval.estimate import read_traces
-from eval.golden import GOLDEN
-from eval.pipeline import _write_trace
-from eval.run_dir import RunDir
-from eval.schema import Record
-from eval.view import ViewRun
+from eval.run.pipeline import _write_trace
+from eval.run.run_dir import RunDir
+from eval.viewer.view import ViewRun
 from serving.disk import write_whole
 
 

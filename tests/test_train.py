@@ -16,17 +16,17 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import cts.train as cts_train
-import eval.run
+import eval.experiment
 from agents import clarifier
 from agents.clarifier import ClarifyingQuestion
 from agents.types import QA
 from configs import CONFIG_DIR
 from cts.cli import app
-from eval.config import load_experiment
-from eval.dataset import SAMPLE_DIR
-from eval.run_dir import RunDir
-from eval.runner import RecordStore, Shard
-from eval.schema import Instance, Record
+from eval.data.dataset import SAMPLE_DIR
+from eval.data.schema import Instance, Record
+from eval.run.config import load_experiment
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordStore
 from serving.model_config import ModelConfig, load_model_config
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling
@@ -768,7 +768,7 @@ def test_train_loop_continues_from_each_fit_and_resumes(tmp_path, tiny_path, mon
     the base and the one before; a rerun does nothing again."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     config = tiny_train_config(
         tmp_path,
         llm_calls=2,  # the scripted searcher searches, then answers
@@ -905,7 +905,7 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
     from the fit. Runs on scripted engines; the fit is a stand-in writing what a fit leaves."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     fits: list[str] = []
 
     def fit(train):  # what `cts.train._fit` leaves: a model config and the metrics
@@ -950,7 +950,7 @@ def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
     refitted. What no fit depends on (logging, the loop's evaluation settings) may change."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.run, "open_engines", scripted_engines)
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     fits: list[str] = []
 
     def fit(train):  # what `cts.train._fit` leaves, the configuration included

@@ -13,7 +13,7 @@ import pytest
 
 from agents import user_answerer
 from agents.user_answerer import SpanLimits, is_span, span_regex, spans
-from eval.dataset import DatasetSource, load_instances
+from eval.data.dataset import DatasetSource, load_instances
 from serving.errors import ConstrainedOutputError
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling

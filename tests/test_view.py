@@ -24,13 +24,14 @@ from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from cts.cli import app as cts_app
-from eval.config import ALL_CONDITIONS, load_experiment
-from eval.dataset import DatasetSource, load_instances
-from eval.run_dir import RunDir
-from eval.runner import RecordStore, Shard
-from eval.schema import Record
-from eval.view import Viewer, allowed_hosts, highlight, parse_query
-from eval.view_app import make_app
+from eval.data.dataset import DatasetSource, load_instances
+from eval.data.schema import Record
+from eval.run.config import ALL_CONDITIONS, load_experiment
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import RecordStore
+from eval.viewer.app import make_app
+from eval.viewer.serve import allowed_hosts
+from eval.viewer.view import Viewer, highlight, parse_query
 from tests.scripted_cts import ROOT, cts
 from webdancer.search import QUERY_SEPARATOR, SearchHit, render_hits
 from webdancer.visit import render_visit

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from eval.dataset import DatasetSource, corpus_path, load_corpus, load_instances
+from eval.data.dataset import DatasetSource, corpus_path, load_corpus, load_instances
 from serving.errors import EngineError
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
@@ -192,9 +192,9 @@ def test_tool_cache_replays_identically_and_offline_miss_is_clear(local_search, 
 def test_the_agent_of_an_experiment_closes_the_tool_cache_it_opened(tmp_path):
     """`open_agent` opens the tool cache, so it closes it when the block ends, also when the
     block fails (an interrupted run); what was written stays for the next run."""
-    from eval.config import load_experiment
-    from eval.engines import Engines
-    from eval.search_agent import open_agent
+    from eval.run.config import load_experiment
+    from eval.run.engines import Engines
+    from eval.run.search_agent import open_agent
 
     path = tmp_path / "tools.sqlite"
     resolved = load_experiment(None, [f"search.tool_cache={path}"])

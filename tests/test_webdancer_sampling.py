@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from eval.config import load_experiment
+from eval.run.config import load_experiment
 from serving.openai_engine import OpenAIEngine
 from serving.types import ChatRequest, Sampling
 

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from eval.dataset import corpus_path
+from eval.data.dataset import corpus_path
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling
 from webdancer.backends.local import LocalSearch, tokenize

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from configs import CONFIG_DIR
-from eval.config import check_template
+from eval.run.config import check_template
 from serving.yaml_config import ConfigError, Origins, Override, load_config
 
 DEFAULT_TRAIN = "quickstart"

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from eval.fingerprint import bound_view, changes
+from eval.run.fingerprint import bound_view, changes
 from serving.model_config import ModelConfig, model_label
 from train.config import TrainConfig
 from train.pairs import no_data_message, read_rows

@@ -3,7 +3,7 @@
 Each step samples `num_generations` questions per training query from the current policy,
 under the clarifier's own JSON schema (outlines on the CPU or with transformers, vLLM's
 structured outputs with `use_vllm`). Each question is then put through the experiment's own
-pipeline, exactly as `cts run` would put a served clarifier's reply (eval/pipeline.py
+pipeline, exactly as `cts run` would put a served clarifier's reply (eval/run/pipeline.py
 `run_instance` on clarify@1): the User Answerer answers it, the Rewriter fuses, the search agent
 searches, the judge labels the golden nuggets, and the restore score becomes the reward of
 train/config.py's `RewardSettings` (gain over the query's blurred score, less the price of the
@@ -32,14 +32,14 @@ from statistics import mean
 from typing import Any
 
 from agents import clarifier
-from eval.config import ResolvedExperiment, Role
-from eval.dataset import load_instances
-from eval.dialogue import Clarification
-from eval.engines import open_engines
-from eval.pipeline import PipelineContext, run_instance
-from eval.run import no_nuggets
-from eval.schema import Instance, Record
-from eval.search_agent import open_agent
+from eval.data.dataset import load_instances
+from eval.data.schema import Instance, Record
+from eval.experiment import no_nuggets
+from eval.run.config import ResolvedExperiment, Role
+from eval.run.dialogue import Clarification
+from eval.run.engines import open_engines
+from eval.run.pipeline import PipelineContext, run_instance
+from eval.run.search_agent import open_agent
 from serving.checks import TRL_VLLM_RANGE, version_tuple
 from serving.engine import Engine
 from serving.model_config import ModelConfig

@@ -12,8 +12,8 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eval.dataset import DatasetSource, load_instances
-from eval.schema import Instance
+from eval.data.dataset import DatasetSource, load_instances
+from eval.data.schema import Instance
 
 #: Overlapping instances a message lists before it says how many more.
 SHOWN = 10

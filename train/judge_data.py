@@ -31,7 +31,7 @@ from typing import Any
 
 from agents.judge import LABELS, UNRELATED_ANSWERS, judge_schema
 from agents.prompts import prompt_language, render
-from eval.calibration import labels_path
+from eval.audit.calibration import labels_path
 
 #: The sample benchmark's train split and corpus: the only inputs.
 SAMPLE_DIR = labels_path("sample").parent

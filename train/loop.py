@@ -27,11 +27,11 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, get_args
 
-from eval.config import ResolvedExperiment, Role
-from eval.pipeline import clarify_turns
-from eval.report import load_run
-from eval.schema import Record
-from eval.usage import role_usage
+from eval.data.schema import Record
+from eval.report.report import load_run
+from eval.run.config import ResolvedExperiment, Role
+from eval.run.pipeline import clarify_turns
+from eval.run.usage import role_usage
 from serving.yaml_config import ConfigError
 from train.config import TrainConfig
 from train.fit import fit_changes

@@ -26,10 +26,10 @@ from typing import Any
 
 from agents import clarifier
 from agents.types import QA, UNKNOWN
-from eval.dataset import load_instances
-from eval.run_dir import RunDir
-from eval.runner import RecordFileError, counts_over, parse_records
-from eval.schema import Instance, Record
+from eval.data.dataset import load_instances
+from eval.data.schema import Instance, Record
+from eval.run.run_dir import RunDir
+from eval.run.runner import RecordFileError, counts_over, parse_records
 from serving.disk import write_whole
 from train.config import RewardSettings, TrainConfig
 from train.sample import dialogue_condition

@@ -4,7 +4,8 @@ Each candidate is the clarify@k condition (k = `turns`) under one seed: the clar
 the config's temperature, turn after turn, and the whole pipeline (answers, rewrite, search,
 judge) scores the dialogue with its restore score; the blurred condition under the same seeds
 scores not asking. Being an ordinary run, it resumes, survives SIGTERM, shards with `--shard`
-and merges with `cts merge`, all through eval/run.py; this module only derives the experiment.
+and merges with `cts merge`, all through eval/experiment.py; this module only derives the
+experiment.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval.config import ResolvedExperiment, load_experiment
-from eval.dataset import DatasetSource
+from eval.data.dataset import DatasetSource
+from eval.run.config import ResolvedExperiment, load_experiment
 from serving.yaml_config import ConfigError, Override
 from train.config import TrainConfig
 from train.held_out import describe, held_out_overlap
 
-#: Splits the shipped sample reads when `split` is null (eval/dataset.py `_source_rows`).
+#: Splits the shipped sample reads when `split` is null (eval/data/dataset.py `_source_rows`).
 _SAMPLE_DEFAULT_SPLITS = {"dev", "test"}
 _NATIVE_SUFFIXES = {".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet"}
 

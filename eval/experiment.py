@@ -1,0 +1,373 @@
+"""`cts run`: an experiment into its run directory — config, records, traces, summary, report.
+
+Resume is the default (keys already recorded are skipped). Ctrl-C or SIGTERM (a preempted Slurm
+job) cancels what is in flight; every finished record is already on disk, so the next start
+resumes. A sharded run writes its shard's records; `cts merge` then checks completeness and
+writes the summary and report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from eval.data.dataset import DatasetError, DatasetSource, load_instances
+from eval.data.golden import GOLDEN, GoldenReport, golden_dataset
+from eval.data.schema import Instance
+from eval.report.report import write_report
+from eval.run.config import ResolvedExperiment, Role
+from eval.run.dialogue import Clarification, DialogueStore
+from eval.run.engines import open_engines
+from eval.run.fingerprint import fingerprint
+from eval.run.oracle import golden_searcher
+from eval.run.pipeline import PipelineContext, clarify_turns, run_instance
+from eval.run.progress import ShowProgress, key_progress
+from eval.run.run_dir import RunDir, Shard
+from eval.run.runner import MergeReport, RecordStore, RunOutcome, merge, run_keys, write_jsonl
+from eval.run.search_agent import corpus_digest, open_agent
+from serving.cache import EVALUATION, GOLDEN_CONSTRUCTION
+from serving.engine import EngineStats
+from serving.types import Sampling
+from serving.yaml_config import ConfigError
+from webdancer.corpus import Problem
+
+#: A cache's hits, misses and invalid rows.
+Counts = dict[str, int]
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    outcome: RunOutcome
+    seconds: float
+    cache: dict[str, int] | None
+    #: Model name → calls, constrained calls, tokens and errors by kind.
+    engine_stats: dict[str, EngineStats]
+    report: dict[str, Path] | None
+    #: The tool cache's hits, misses and invalid rows (None: no tool cache).
+    tool_cache: dict[str, int] | None = None
+
+    @property
+    def model_calls(self) -> int:
+        return sum(s.calls for s in self.engine_stats.values())
+
+
+async def until_signalled(
+    work: Awaitable[RunOutcome], watch: Callable[[], None] | None = None, poll_s: float = 2.0
+) -> RunOutcome:
+    """Run `work`; SIGINT or SIGTERM cancels it and gives an interrupted outcome. Finished
+    records are already on disk (each is appended and fsync'd as it completes), so the run
+    resumes where it stopped. `watch` is called every `poll_s` seconds (e.g. checking that the
+    model servers live); what it raises cancels the work and is raised here."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    failure: list[BaseException] = []
+
+    async def watcher(check: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(poll_s)
+            try:
+                check()
+            except Exception as e:
+                failure.append(e)
+                task.cancel()
+                return
+
+    watching = asyncio.create_task(watcher(watch)) if watch else None
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if failure:
+            raise failure[0] from None
+        return RunOutcome(interrupted=True)
+    finally:
+        if watching:
+            watching.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _run(
+    resolved: ResolvedExperiment,
+    run: RunDir,
+    instances: list[Instance],
+    keys: tuple[list[str], list[int]],
+    shard: Shard,
+    show_progress: ShowProgress,
+    watch: Callable[[], None] | None,
+    retry_failed: bool,
+) -> tuple[RunOutcome, dict[str, EngineStats], tuple[Counts | None, Counts | None]]:
+    """The outcome, each model's engine stats, and the response and tool caches' counts."""
+    experiment = resolved.experiment
+    conditions, seeds = keys
+    store = RecordStore(run.root)
+    # Golden construction's answers are cached apart from every evaluation's (serving/cache.py).
+    purpose = GOLDEN_CONSTRUCTION if GOLDEN in conditions else EVALUATION
+    async with (
+        open_engines(resolved) as engines,
+        open_agent(resolved, engines.for_purpose(purpose)) as agent,
+    ):
+        sampling: dict[str, Sampling] = {
+            role: resolved.sampling_for(role) for role in experiment.roles
+        }
+        roles = {str(role): engine for role, engine in engines.roles.items()}
+        ctx = PipelineContext(
+            roles=roles,
+            agent=agent,
+            sampling=sampling,
+            clarification=Clarification(
+                roles,
+                sampling,
+                experiment.clarification,
+                k_max=max((clarify_turns(c) or 0 for c in conditions), default=0),
+                store=DialogueStore(run.dialogues, shard.name),
+            ),
+            golden=experiment.golden,
+            judge=experiment.judge,
+            trace_dir=run.traces,
+        )
+        total = len(shard.select(instances)) * len(conditions) * len(seeds)
+        # Done in any shard file of the run, as `run_keys` counts them (the shard count may
+        # have changed since).
+        mine = {i.id for i in shard.select(instances)}
+        already = sum(
+            not (retry_failed and r.error)
+            for key, r in store.completed_for(shard).items()
+            if key[0] in mine and key[1] in conditions and key[2] in seeds
+        )
+        async with key_progress(experiment.name, total, already, show_progress) as done:
+            try:
+                outcome = await until_signalled(
+                    run_keys(
+                        instances,
+                        conditions,
+                        seeds,
+                        lambda i, c, s: run_instance(i, c, s, ctx),
+                        store,
+                        shard,
+                        concurrency=experiment.concurrency,
+                        on_done=done,
+                        retry_failed=retry_failed,
+                    ),
+                    watch,
+                )
+            finally:
+                await ctx.clarification.aclose()
+        stats = {name: e.stats for name, e in engines.by_model.items()}
+        caches = (
+            engines.cache.stats() if engines.cache is not None else None,
+            agent.tools.cache.stats() if agent.tools.cache is not None else None,
+        )
+        return outcome, stats, caches
+
+
+def instances_for(
+    resolved: ResolvedExperiment, conditions: Sequence[str]
+) -> tuple[list[Instance], list[Instance]]:
+    """The whole dataset (it is fingerprinted, so that a resume may raise or lower the limit)
+    and the instances the run covers, once the checks that refuse a run before any model is
+    called have passed (DatasetError, ConfigError)."""
+    dataset = resolved.experiment.dataset
+    everything = load_instances(dataset.model_copy(update={"limit": None}))
+    instances = everything[: dataset.limit] if dataset.limit else everything
+    if "oracle" in conditions:
+        _check_golden_seeds(resolved, instances)
+    if GOLDEN not in conditions:
+        unscorable = no_nuggets(dataset, instances)
+        if unscorable is not None:
+            raise DatasetError([unscorable])
+    return everything, instances
+
+
+def no_nuggets(dataset: DatasetSource, instances: list[Instance]) -> Problem | None:
+    """Evaluation scores against golden nuggets: without any, every model call is wasted."""
+    if any(i.golden and i.golden.nuggets for i in instances):
+        return None
+    return Problem(
+        dataset.path,
+        None,
+        "golden",
+        f"none of the {len(instances)} instance(s) has golden nuggets, so nothing could be "
+        "scored; give a dataset with golden nuggets (or dataset.gold, a gold table joined by "
+        "id), or build them with `cts golden build`",
+    )
+
+
+def _run_into(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    keys: tuple[list[str], list[int]],
+    shard: Shard,
+    show_progress: ShowProgress,
+    watch: Callable[[], None] | None,
+    retry_failed: bool,
+    report: bool,
+) -> RunResult:
+    """Record `keys` (conditions, seeds) for the shard's instances into `run_dir`; with
+    `report`, a whole finished run also gets its summary and report."""
+    everything, instances = instances_for(resolved, keys[0])
+    run = RunDir(run_dir)
+    run.write_config(resolved, fingerprint(everything, corpus_digest(resolved)))
+    started = time.perf_counter()
+    outcome, stats, (cache, tool_cache) = asyncio.run(
+        _run(resolved, run, instances, keys, shard, show_progress, watch, retry_failed)
+    )
+    written = None
+    if report and shard.count == 1 and not outcome.interrupted:
+        written = write_report([run_dir], run_dir)
+    seconds = time.perf_counter() - started
+    return RunResult(run_dir, outcome, seconds, cache, stats, written, tool_cache)
+
+
+#: The roles every evaluated condition uses (search, the visit summary, the judge), and those
+#: clarify@k adds.
+SEARCH_ROLES: tuple[Role, ...] = ("searcher", "summarizer", "judge")
+CLARIFY_ROLES: tuple[Role, ...] = ("clarifier", "user_answerer", "rewriter")
+GOLDEN_ROLES: tuple[Role, ...] = ("searcher", "summarizer", "nugget_builder")
+
+
+def missing_roles(resolved: ResolvedExperiment, needed: Sequence[Role] = ()) -> list[Role]:
+    """Of `needed` (default: what the experiment's conditions use), the roles not set."""
+    if not needed:
+        clarify = any(c.startswith("clarify@") for c in resolved.experiment.conditions)
+        needed = [*SEARCH_ROLES, *(CLARIFY_ROLES if clarify else ())]
+    return [role for role in needed if role not in resolved.experiment.roles]
+
+
+def require_roles(resolved: ResolvedExperiment, needed: Sequence[Role] = ()) -> None:
+    """Before anything is written or loaded: a ConfigError naming `roles` (file:line) and what
+    is missing."""
+    missing = missing_roles(resolved, needed)
+    if missing:
+        raise ConfigError(
+            f"{resolved.origins.where('roles')}: missing {', '.join(missing)}, which "
+            f"{resolved.experiment.name}'s work needs (conditions: "
+            f"{', '.join(resolved.experiment.conditions)})"
+        )
+
+
+def run_experiment(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    shard: Shard | None = None,
+    show_progress: ShowProgress = True,
+    watch: Callable[[], None] | None = None,
+    retry_failed: bool = False,
+) -> RunResult:
+    """Run (a shard of) an experiment into `run_dir`. `watch` is polled during the run; what it
+    raises (a dead model server) stops the run, keeping every finished record. With
+    `retry_failed`, keys whose record is a failure run again (the new record counts)."""
+    require_roles(resolved)
+    keys = ([str(c) for c in resolved.experiment.conditions], list(resolved.experiment.seeds))
+    return _run_into(
+        resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, True
+    )
+
+
+def _check_golden_seeds(resolved: ResolvedExperiment, instances: list[Instance]) -> None:
+    """Refuse to evaluate with a seed the dataset's golden runs used: the oracle condition
+    would replay the very search its nuggets were extracted from."""
+    seeds = set(resolved.experiment.seeds)
+    clashes = [
+        (i.id, i.golden.seed) for i in instances if i.golden is not None and i.golden.seed in seeds
+    ]
+    if clashes:
+        instance, seed = clashes[0]
+        raise ConfigError(
+            f"{resolved.origins.where('seeds')}: {seed} is the seed of the golden run of "
+            f"{len(clashes)} instance(s) (e.g. {instance}) in {resolved.experiment.dataset.path}: "
+            "the oracle condition would replay the run its nuggets came from; evaluate with other "
+            "seeds"
+        )
+
+
+def build_golden(
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    shard: Shard | None = None,
+    show_progress: ShowProgress = True,
+    watch: Callable[[], None] | None = None,
+    retry_failed: bool = False,
+) -> RunResult:
+    """Golden construction for (a shard of) the experiment's dataset into `run_dir`: one
+    `golden` record per instance (search on the fused query with `golden.seed`, disjoint from
+    the evaluation seeds, nuggets from its trace). Resumes and stops like `run_experiment`;
+    `finish_golden` writes the dataset."""
+    require_roles(resolved, GOLDEN_ROLES)
+    seed = resolved.experiment.golden.seed
+    _refuse_other_golden_seeds(RecordStore(run_dir), seed)
+    keys = ([GOLDEN], [seed])
+    return _run_into(
+        resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, False
+    )
+
+
+def _refuse_other_golden_seeds(store: RecordStore, seed: int) -> None:
+    """Golden records of another seed (before `golden.seed` existed the first evaluation seed
+    was used) would be silently ignored and every instance searched again."""
+    other = sorted({r.seed for r in store.completed().values() if r.condition == GOLDEN} - {seed})
+    if other:
+        raise ConfigError(
+            f"{store.root}: golden records built with seed(s) {other}, but golden.seed is {seed}; "
+            "build into a new directory (a seed that is also an evaluation seed would make the "
+            "oracle condition replay the golden run)"
+        )
+
+
+def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
+    """Check every instance has exactly one golden record across shards; when so, write
+    RUN_DIR/dataset.jsonl (instances with golden nuggets; failed ones are listed, not written)
+    and RUN_DIR/golden_summary.json."""
+    run = RunDir(run_dir)
+    resolved = run.read_config()
+    experiment = resolved.experiment
+    instances = load_instances(experiment.dataset)
+    store = RecordStore(run_dir)
+    _refuse_other_golden_seeds(store, experiment.golden.seed)
+    merged = merge(store, instances, [GOLDEN], [experiment.golden.seed])
+    if not merged.ok:
+        return merged, None
+    searcher = golden_searcher(resolved)
+    report = golden_dataset(
+        instances, {key[0]: r for key, r in merged.records.items()}, run.golden_dataset, searcher
+    )
+    summary = {
+        "dataset": str(report.dataset),
+        # Provenance: the golden search runs' seed, disjoint from the evaluation seeds, and
+        # the searcher (a greedy evaluation searcher on it makes the oracle repeat this run).
+        "seed": experiment.golden.seed,
+        "searcher": searcher.model_dump(),
+        "instances": len(instances),
+        "built": report.built,
+        "nuggets": report.nuggets,
+        "nuggets_per_instance": round(report.nuggets / report.built, 2) if report.built else 0,
+        "weights": {str(w): n for w, n in sorted(report.weights.items())},
+        "failed": report.failed,
+    }
+    run.golden_summary.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    return merged, report
+
+
+def merge_run(run_dir: Path) -> MergeReport:
+    """Check that every key of the run's config is recorded exactly once across shards; when
+    it is, write the merged records/<condition>/merged.jsonl, summary and report."""
+    experiment = RunDir(run_dir).read_config().experiment
+    instances = load_instances(experiment.dataset)
+    store = RecordStore(run_dir)
+    report = merge(store, instances, experiment.conditions, experiment.seeds)
+    if report.ok:
+        for condition in experiment.conditions:
+            # Dataset order, then seed: one file per condition, whatever the sharding was.
+            write_jsonl(
+                store.root / condition / "merged.jsonl",
+                (r for key, r in report.records.items() if key[1] == condition),
+            )
+        write_report([run_dir], run_dir)
+    return report

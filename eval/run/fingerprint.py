@@ -1,0 +1,183 @@
+"""What a run directory's records depend on, so that a resumed run cannot mix two experiments.
+
+A record is the product of the models and their sampling, the prompts, the search tools and
+budgets, the corpus's and the dataset's content, the clarification options and the judge.
+Resuming a run with any of these changed would add records of another experiment under the old
+ones, and overwrite the config that labels them. What cannot change a record may differ between
+starts: where files go, how fast it runs, how a model is reached, and how many instances,
+conditions and seeds the run covers (extending a run is resuming it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from eval.data.schema import Instance
+
+#: Experiment keys a resumed run may change.
+FREE_EXPERIMENT_KEYS: tuple[tuple[str, ...], ...] = (
+    ("name",),
+    ("description",),
+    # Inline model overrides: compared as the resolved model configs below.
+    ("models",),
+    ("concurrency",),
+    ("output_dir",),
+    ("cache",),
+    ("report",),
+    # A diagnostic beside the labels: it changes no label nor score.
+    ("judge", "canary"),
+    ("search", "tool_cache"),
+    ("search", "offline"),
+    ("search", "price_per_call"),
+    ("search", "price_per_visit"),
+    ("dataset", "limit"),
+    ("conditions",),
+    ("seeds",),
+)
+#: Model-config keys a resumed run may change: how the model is reached and served.
+FREE_MODEL_KEYS: tuple[tuple[str, ...], ...] = (
+    ("endpoint",),
+    ("api_key_env",),
+    ("timeout_s",),
+    ("max_retries",),
+    ("max_concurrency",),
+    ("max_batch_size",),
+    ("threads",),
+    ("vllm", "serve"),
+    ("vllm", "tensor_parallel_size"),
+    ("vllm", "gpu_memory_utilization"),
+    ("vllm", "port"),
+    ("vllm", "gpus"),
+    ("vllm", "env"),
+    ("throughput_tokens_per_s",),
+)
+
+
+def _leaves(value: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    if isinstance(value, dict) and value:
+        found: dict[tuple[str, ...], Any] = {}
+        for key, child in value.items():
+            found.update(_leaves(child, (*prefix, str(key))))
+        return found
+    return {prefix: value}
+
+
+def _bound(leaves: dict[tuple[str, ...], Any], free: Sequence[tuple[str, ...]]) -> dict[str, Any]:
+    return {
+        ".".join(key): value
+        for key, value in leaves.items()
+        if not any(key[: len(f)] == f for f in free)
+    }
+
+
+def bound_view(document: dict[str, Any], free: Sequence[tuple[str, ...]]) -> dict[str, Any]:
+    """The dotted keys of `document` outside `free`, with their values (for `changes`)."""
+    return _bound(_leaves(document), free)
+
+
+def results_view(document: dict[str, Any]) -> dict[str, Any]:
+    """The dotted keys of a run's config.yaml document that its records depend on."""
+    view = _bound(_leaves(document.get("experiment", {})), FREE_EXPERIMENT_KEYS)
+    for ref, model in (document.get("models") or {}).items():
+        for key, value in _bound(_leaves(model), FREE_MODEL_KEYS).items():
+            view[f"models.{ref}.{key}"] = value
+    for key, value in (document.get("fingerprint") or {}).items():
+        view[f"fingerprint.{key}"] = value
+    return view
+
+
+#: `judge:` options that do not make another judge: a diagnostic beside the labels, and
+#: whether requests run one by one (the same model reading the same prompts).
+NOT_THE_JUDGE = ("canary", "deterministic")
+
+
+def judge_setup(document: dict[str, Any]) -> str | None:
+    """A digest of the judge a run's labels come from: its model config (less how the model is
+    reached and served), its role's sampling, the `judge:` options but NOT_THE_JUDGE, and the
+    prompts. Two runs with one digest had the same judge, whatever the model's name in each;
+    None when the config names no judge."""
+    experiment = document.get("experiment") or {}
+    role = (experiment.get("roles") or {}).get("judge")
+    if not role:
+        return None
+    model = (document.get("models") or {}).get(str(role.get("model"))) or {}
+    options = {k: v for k, v in (experiment.get("judge") or {}).items() if k not in NOT_THE_JUDGE}
+    view = {
+        "model": _bound(_leaves(model), FREE_MODEL_KEYS),
+        "sampling": role.get("sampling"),
+        "options": options,
+        "prompts": (document.get("fingerprint") or {}).get("prompts"),
+    }
+    return hashlib.sha256(json.dumps(view, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key: old → new` for each key the records depend on that differs. A fingerprint only
+    one side has (a config.yaml written before fingerprints) cannot be compared: it is skipped."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if key.startswith("fingerprint.") and (key not in old or key not in new):
+            continue
+        before, after = old.get(key, "(unset)"), new.get(key, "(unset)")
+        if before != after:
+            lines.append(f"{key}: {json.dumps(before)} → {json.dumps(after)}")
+    return lines
+
+
+def dataset_digest(instances: Sequence[Instance]) -> str:
+    """Every instance as loaded (queries, gold nuggets, ids): an edited dataset file, or a gold
+    table that joins differently, changes it."""
+    h = hashlib.sha256()
+    for instance in instances:
+        h.update(json.dumps(instance.model_dump(mode="json"), sort_keys=True).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+#: Prompts no record is made with (audits of the gold): adding or editing one must not make
+#: every earlier run directory refuse to resume.
+NOT_IN_RECORDS = frozenset({"grounding.yaml"})
+
+
+def _prompt_files() -> list[tuple[str, bytes]]:
+    """(package/file, text) of every prompt a record is made with, as this version ships them."""
+    found = []
+    for package in ("agents", "webdancer"):
+        folder = resources.files(package).joinpath("prompts")
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.is_file() and entry.name not in NOT_IN_RECORDS:
+                found.append((f"{package}/{entry.name}", entry.read_bytes()))
+    return found
+
+
+def prompts_digest() -> str:
+    """The text of every role's prompt and of the search agent's, as this version ships them."""
+    h = hashlib.sha256()
+    for name, text in _prompt_files():
+        h.update(name.split("/", 1)[1].encode() + b"\0" + text + b"\0")
+    return h.hexdigest()
+
+
+#: Fingerprint keys of one prompt file each (`prompt:agents/judge.yaml`): which role's prompt
+#: two runs differ by (eval/report/comparability.py), where `prompts` only says that one does.
+PROMPT_KEY = "prompt:"
+
+
+def fingerprint(instances: Sequence[Instance], corpus: str | None = None) -> dict[str, str]:
+    """What config.yaml keeps beside the config itself (compared key by key); `corpus`: the
+    digest of the corpus the tools read (an edited corpus changes every search), if any."""
+    files = {
+        f"{PROMPT_KEY}{name}": hashlib.sha256(text).hexdigest() for name, text in _prompt_files()
+    }
+    prints = {"dataset": dataset_digest(instances), "prompts": prompts_digest(), **files}
+    if corpus is not None:
+        prints["corpus"] = corpus
+    return prints
+
+
+def model_view(model: dict[str, Any]) -> dict[str, Any]:
+    """The dotted keys of one model config (as config.yaml holds it) that records depend on."""
+    return _bound(_leaves(model), FREE_MODEL_KEYS)

@@ -1,0 +1,367 @@
+"""Runs (instance, condition, seed) keys concurrently into a run directory that survives crashes.
+
+Each finished record is one JSONL line appended with flush + fsync to
+records/<condition>/shard-<i>-of-<n>.jsonl, so a kill loses at most the line being written; a
+torn last line is skipped by readers and cut off only by that shard's next writer, and resume
+(the default) skips every key already recorded in any shard file. `--shard i/n` takes the
+instances whose position in the dataset is i modulo n; `merge` checks that every key is present
+exactly once across shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import threading
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
+
+from eval.data.schema import Instance, Record
+from eval.run.bulk import collector_paused
+from eval.run.run_dir import RunDir, Shard
+from eval.run.slots import KeySlots
+from serving.disk import append_line, storage_errors, write_whole
+from serving.outputs import valid_unicode
+from serving.secrets import redact
+
+Key = tuple[str, str, int]
+
+
+class RecordFileError(ValueError):
+    """A complete line of a records file is not a record (file:line: why)."""
+
+
+class ShardBusy(RuntimeError):
+    """Another live process is running this shard of this run directory."""
+
+
+@contextmanager
+def shard_lock(root: Path, shard: Shard) -> Iterator[None]:
+    """Hold the shard's lock while running it. Two writers of one shard (a requeued Slurm task
+    that starts while the old one still runs, a command typed twice) would each repair the
+    other's torn lines and write each key twice. The lock is the kernel's (flock): a killed
+    holder releases it, so a crash never leaves a stale lock behind."""
+    path = root / f".{shard.name}.lock"
+    with storage_errors(path):
+        root.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ShardBusy(
+                f"{path}: shard {shard.index}/{shard.count} of this run is being run by another "
+                f"process (pid {holder}); two writers would mix their records: wait for it to "
+                "end, or stop it, then run the same command again"
+            ) from None
+        with suppress(OSError):  # the pid only names the holder; a full disk must not stop here
+            handle.truncate(0)
+            handle.write(str(os.getpid()))
+            handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
+    """The records of a file's bytes, and how many bytes the complete lines take (a torn last
+    line, a crash mid-write, is left out). Any other line that is not a record is an error."""
+    records: list[Record] = []
+    complete = len(data)
+    with collector_paused():  # thousands of acyclic records: see eval/run/bulk.py
+        for n, line in enumerate(data.splitlines(keepends=True), 1):
+            if not line.endswith(b"\n"):
+                complete -= len(line)
+                break
+            try:
+                records.append(Record.model_validate_json(line))
+            except ValidationError as e:
+                # Not a torn write (that is only ever the last line): someone edited or
+                # corrupted the file. Stop rather than silently re-running or dropping keys.
+                problem = e.errors()[0]
+                where = ".".join(str(x) for x in problem["loc"])
+                raise RecordFileError(
+                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — "
+                    "not a record; fix or remove the line, then run again"
+                ) from None
+    return records, complete
+
+
+class RecordStore:
+    def __init__(self, run_dir: Path) -> None:
+        self.root = RunDir(run_dir).records
+        self._lock = threading.Lock()
+
+    def path(self, condition: str, shard: Shard) -> Path:
+        return self.root / condition / f"{shard.name}.jsonl"
+
+    def append(self, record: Record, shard: Shard) -> None:
+        """One line, fsync'd. A full disk raises StorageFull and leaves no torn line: the run
+        stops, and the key runs again on resume."""
+        path = self.path(record.condition, shard)
+        with self._lock:
+            append_line(path, (record.model_dump_json() + "\n").encode())
+
+    def read(self, path: Path) -> list[Record]:
+        """Every complete record of one file; a torn last line (a crash mid-write) is skipped.
+        Reading never writes: the file may be a live writer's shard, or read-only."""
+        if not path.is_file():
+            return []
+        return parse_records(path, path.read_bytes())[0]
+
+    def repair(self, path: Path) -> None:
+        """Cut a torn last line off a file this process is about to append to, so the next
+        record starts on a fresh line. Only a shard's own writer may call it (see run_keys)."""
+        if not path.is_file():
+            return
+        data = path.read_bytes()
+        complete = parse_records(path, data)[1]
+        if complete < len(data):
+            with self._lock, path.open("r+b") as f:
+                f.truncate(complete)
+
+    def all_files(self) -> list[Path]:
+        return sorted(self.root.glob("*/shard-*.jsonl"))
+
+    def completed_for(self, shard: Shard) -> dict[Key, Record]:
+        """The records that can be this shard's keys: its own files, and those of the run's
+        other shard counts (a run resumed resharded). Sibling shards of the same count hold
+        other instances only, so they are not read: a broken sibling cannot stop this shard."""
+        own_count = f"-of-{shard.count}"
+        done: dict[Key, Record] = {}
+        for path in self.all_files():
+            if path.stem == shard.name or not path.stem.endswith(own_count):
+                for record in self.read(path):
+                    done[record.key] = counts_over(done.get(record.key), record)
+        return done
+
+    def completed(self, shard: Shard | None = None) -> dict[Key, Record]:
+        """The record that counts for each key (see `counts_over`)."""
+        done: dict[Key, Record] = {}
+        for path in self.all_files():
+            if shard is None or path.stem == shard.name:
+                for record in self.read(path):
+                    done[record.key] = counts_over(done.get(record.key), record)
+        return done
+
+
+def counts_over(earlier: Record | None, record: Record) -> Record:
+    """Of two records of one key, the one that counts: a success over a failure (the failure
+    was retried with --retry-failed, or the success is the retry), else the later one."""
+    if earlier is None or earlier.error is not None:
+        return record
+    return earlier if record.error is not None else record
+
+
+@dataclass
+class RunOutcome:
+    ran: int = 0
+    skipped: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    interrupted: bool = False
+
+
+RunOne = Callable[[Instance, str, int], Awaitable[Record]]
+
+
+def writable(record: Record) -> Record:
+    """`record`, or, when it cannot be serialized (text no encoding holds, such as a lone
+    surrogate that reached it unsanitised), its key's `internal` failure: one bad key must not
+    stop the run here, outside the stages' failure boundary, nor every resume after it."""
+    try:
+        record.model_dump_json()
+    except (PydanticSerializationError, ValueError) as e:
+        message = valid_unicode(redact(f"{type(e).__name__}: {e}"))[:500]
+        return Record(
+            instance_id=record.instance_id,
+            condition=record.condition,
+            seed=record.seed,
+            language=record.language,
+            removed_constraints=record.removed_constraints,
+            usage=record.usage,
+            seconds=record.seconds,
+            error={"kind": "internal", "stage": "record", "message": message},
+        )
+    return record
+
+
+class ProgressHold:
+    """A test hook: `$CTS_HOLD_AT_RECORDS=N:DIR` lets a run start N keys only; once their N
+    records are written (nothing else under way) it touches DIR/held and starts no other key
+    until DIR/release exists. Tests stop, kill or inspect a run at a point of its progress
+    rather than after a delay, which a faster machine would outrun."""
+
+    def __init__(self, at_records: int | None = None, directory: Path | None = None) -> None:
+        self.at_records, self.directory = at_records, directory
+        self.started = 0
+        self._released = asyncio.Event()
+
+    @classmethod
+    def from_env(cls) -> ProgressHold:
+        value = os.environ.get("CTS_HOLD_AT_RECORDS")
+        if not value:
+            return cls()
+        count, directory = value.split(":", 1)
+        return cls(int(count), Path(directory))
+
+    async def passed(self) -> None:
+        """Called as a key starts: past the first N, wait for the release."""
+        self.started += 1
+        if self.at_records is not None and self.started > self.at_records:
+            await self._released.wait()
+
+    async def after_record(self, written: int) -> None:
+        if written != self.at_records or self.directory is None:
+            return
+        (self.directory / "held").touch()
+        while not (self.directory / "release").exists():
+            await asyncio.sleep(0.05)
+        self._released.set()
+
+
+async def run_keys(
+    instances: list[Instance],
+    conditions: Iterable[str],
+    seeds: Iterable[int],
+    run_one: RunOne,
+    store: RecordStore,
+    shard: Shard = Shard(),
+    concurrency: int = 4,
+    on_done: Callable[[Record], None] | None = None,
+    retry_failed: bool = False,
+) -> RunOutcome:
+    """Run every key of this shard not recorded yet (and, with `retry_failed`, every key whose
+    record is a failure); return counts. Cancelling (Ctrl-C, SIGTERM) stops in-flight keys;
+    finished ones are already on disk. A key recorded in any shard file that can hold it counts
+    as done, so a run resumed with another shard count re-runs nothing. Another live process
+    running the same shard is refused (ShardBusy)."""
+    # Records are written by a thread of their own, and leaving this block waits for it
+    # (shutdown(wait=True), which no second signal can cancel) before the shard's lock is let
+    # go: a resumed run may cut a torn last line, which must never be a line still being written.
+    with shard_lock(store.root, shard), ThreadPoolExecutor(1, "cts-records") as writer:
+        return await _run_keys(
+            instances,
+            conditions,
+            seeds,
+            run_one,
+            store,
+            shard,
+            concurrency,
+            on_done,
+            retry_failed,
+            writer,
+        )
+
+
+async def _run_keys(
+    instances: list[Instance],
+    conditions: Iterable[str],
+    seeds: Iterable[int],
+    run_one: RunOne,
+    store: RecordStore,
+    shard: Shard,
+    concurrency: int,
+    on_done: Callable[[Record], None] | None,
+    retry_failed: bool,
+    writer: Executor,
+) -> RunOutcome:
+    conditions, seeds = list(conditions), list(seeds)
+    # This process is the only writer of its shard's files: it alone repairs a torn tail
+    # left by its crashed predecessor, before appending after it.
+    for condition in conditions:
+        store.repair(store.path(condition, shard))
+    done = {
+        key: r
+        for key, r in store.completed_for(shard).items()
+        if not (retry_failed and r.error is not None)
+    }
+    keys = [(inst, c, s) for inst in shard.select(instances) for c in conditions for s in seeds]
+    todo = [(inst, c, s) for inst, c, s in keys if (inst.id, c, s) not in done]
+    outcome = RunOutcome(skipped=len(keys) - len(todo))
+    slots = KeySlots(concurrency)
+    loop = asyncio.get_running_loop()
+    writing: set[asyncio.Future[None]] = set()
+    hold = ProgressHold.from_env()
+
+    async def one(instance: Instance, condition: str, seed: int) -> None:
+        async with slots.held():
+            await hold.passed()
+            record = writable(await run_one(instance, condition, seed))
+        # Written and fsync'd in a worker thread, so that the other keys' requests go on
+        # meanwhile (an fsync waits on the disk). The key counts as done once the thread is
+        # back: a record is on disk before it counts. Shielded: a cancelled key leaves its
+        # write to finish, and the run waits for it below.
+        written = loop.run_in_executor(writer, store.append, record, shard)
+        writing.add(written)
+        written.add_done_callback(writing.discard)
+        await asyncio.shield(written)
+        outcome.ran += 1
+        if record.error:
+            outcome.failures[record.error["kind"]] += 1
+        if on_done:
+            on_done(record)
+        await hold.after_record(outcome.ran)
+
+    tasks = [asyncio.create_task(one(*key)) for key in todo]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException as e:
+        # Cancelled (a signal), or an error that stops the whole run (a dead server, a full
+        # disk): the keys in flight stop unrecorded and run again on resume (those whose record
+        # was being written are recorded, and count on resume).
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # Every write under way ends before this returns (and run_keys lets go of the lock).
+        await asyncio.gather(*writing, return_exceptions=True)
+        if not isinstance(e, asyncio.CancelledError):
+            raise
+        outcome.interrupted = True
+    return outcome
+
+
+@dataclass
+class MergeReport:
+    records: dict[Key, Record]
+    missing: list[Key]
+    duplicates: list[Key]
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.duplicates
+
+
+def merge(
+    store: RecordStore, instances: list[Instance], conditions: Iterable[str], seeds: Iterable[int]
+) -> MergeReport:
+    """Every expected key exactly once across all shard files. A failure that was retried is
+    not a duplicate: only a key with two successful records is."""
+    seen: Counter[Key] = Counter()
+    records: dict[Key, Record] = {}
+    for path in store.all_files():
+        for record in store.read(path):
+            seen[record.key] += record.error is None
+            records[record.key] = counts_over(records.get(record.key), record)
+    expected = [(i.id, c, s) for i in instances for c in conditions for s in seeds]
+    return MergeReport(
+        records={k: records[k] for k in expected if k in records},
+        missing=[k for k in expected if k not in records],
+        duplicates=sorted(k for k, n in seen.items() if n > 1),
+    )
+
+
+def write_jsonl(path: Path, records: Iterable[Record]) -> None:
+    """Whole or not at all (a full disk raises StorageFull)."""
+    lines = (json.dumps(r.model_dump(mode="json"), ensure_ascii=False) + "\n" for r in records)
+    write_whole(path, "".join(lines))
