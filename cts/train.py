@@ -1,11 +1,14 @@
 """`cts train sample | pairs | fit | all | loop | loop-step | grpo`: fine-tune a clarifier
-against restore scores, once, by expert iteration, or online (GRPO). `cts train judge`: the
-tiny model's judge adapter."""
+against restore scores, once, by expert iteration, or online (GRPO). `cts train judge` and
+`cts train answerer`: the tiny model's judge and User Answerer adapters."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import typer
@@ -31,11 +34,12 @@ from eval.experiment import merge_run
 from eval.report.report import write_report
 from eval.run.run_dir import RunDir
 from serving.serve import ServeOptions, served
+from train import answerer_data, answerer_fit, judge_data, judge_fit
+from train.answerer_fit import AnswererFitSettings
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit
 from train.grpo import GrpoResult, downstream_models, experiment, finished, grpo, grpo_dir
-from train.judge_data import generate, label_counts, write_examples
-from train.judge_fit import ADAPTER_DIR, JudgeFitSettings, fit_judge
+from train.judge_fit import JudgeFitSettings
 from train.loop import (
     MAIN,
     Iteration,
@@ -46,6 +50,7 @@ from train.loop import (
     variants,
     write_table,
 )
+from train.lora_sft import LoraSftSettings
 from train.pairs import PairsResult, build_pairs, no_data_message
 from train.sample import sampling_experiment
 
@@ -444,43 +449,83 @@ def loop_step_command(
         _fit(current.train)
 
 
-_JUDGE = JudgeFitSettings()
-
-
-@command(app, "judge")
-def judge_command(
-    examples: int = typer.Option(_JUDGE.examples, help="Labelled judge calls to generate."),
-    seed: int = typer.Option(_JUDGE.seed, help="Seeds the data generator and the trainer."),
-    epochs: float = typer.Option(_JUDGE.epochs, help="Passes over the examples."),
-    learning_rate: float = typer.Option(_JUDGE.learning_rate, help="The LoRA learning rate."),
-    max_steps: int = typer.Option(0, help="Stop after this many optimizer steps (0: all)."),
-    max_seconds: float = typer.Option(
-        0.0, help="Stop at the first step end after this many seconds (0: no limit)."
-    ),
-    output: Path = typer.Option(ADAPTER_DIR, "--output", help="Where the adapter is written."),
-    write_data: Path | None = typer.Option(
-        None, "--write-data", help="Only write the generated examples (JSONL) here; no training."
-    ),
+def _role_fit_command(
+    role: str,
+    defaults: LoraSftSettings,
+    adapter_dir: Path,
+    what: str,
+    data: ModuleType,
+    fit: Callable[[Any, Path], dict[str, Any]],
+    doc: str,
 ) -> None:
+    """Register `cts train ROLE`: a LoRA fit of the tiny model for one role, its options'
+    defaults those of `defaults` (the role's settings type, which `fit` takes); with
+    --write-data, the role's data module (`generate`, `write_examples`, `label_counts`)
+    writes the generated examples instead."""
+
+    def run(
+        examples: int = typer.Option(defaults.examples, help=f"Labelled {what} to generate."),
+        seed: int = typer.Option(defaults.seed, help="Seeds the data generator and the trainer."),
+        epochs: float = typer.Option(defaults.epochs, help="Passes over the examples."),
+        learning_rate: float = typer.Option(defaults.learning_rate, help="The LoRA learning rate."),
+        max_steps: int = typer.Option(0, help="Stop after this many optimizer steps (0: all)."),
+        max_seconds: float = typer.Option(
+            0.0, help="Stop at the first step end after this many seconds (0: no limit)."
+        ),
+        output: Path = typer.Option(adapter_dir, "--output", help="Where the adapter is written."),
+        write_data: Path | None = typer.Option(
+            None,
+            "--write-data",
+            help="Only write the generated examples (JSONL) here; no training.",
+        ),
+    ) -> None:
+        if write_data is not None:
+            generated = data.generate(examples, seed)
+            data.write_examples(generated, write_data)
+            labels = data.label_counts(generated)
+            typer.echo(f"{len(generated)} examples, labels {labels}: {write_data}")
+            return
+        settings = replace(
+            defaults,
+            examples=examples,
+            seed=seed,
+            epochs=epochs,
+            learning_rate=learning_rate,
+            max_steps=max_steps,
+            max_seconds=max_seconds,
+        )
+        record = fit(settings, output)
+        typer.echo(
+            f"adapter: {output} ({record['steps']} steps on {examples} examples, "
+            f"{record['seconds']:.0f} s, train loss {record['train_loss']:.3f})"
+        )
+
+    run.__doc__ = doc
+    command(app, role)(run)
+
+
+_role_fit_command(
+    "judge",
+    JudgeFitSettings(),
+    judge_fit.ADAPTER_DIR,
+    "judge calls",
+    judge_data,
+    lambda settings, output: judge_fit.fit_judge(settings, output),
     """Fine-tune the tiny model's coverage judge: a LoRA adapter trained (CPU) on labelled
     answers generated from the sample benchmark's train split and corpus (never its human
     judge labels). The command that built the shipped adapter of `smollm2-135m-judge` is in
-    its judge_train.json."""
-    if write_data is not None:
-        generated = generate(examples, seed)
-        write_examples(generated, write_data)
-        typer.echo(f"{len(generated)} examples, labels {label_counts(generated)}: {write_data}")
-        return
-    settings = JudgeFitSettings(
-        examples=examples,
-        seed=seed,
-        epochs=epochs,
-        learning_rate=learning_rate,
-        max_steps=max_steps,
-        max_seconds=max_seconds,
-    )
-    record = fit_judge(settings, output)
-    typer.echo(
-        f"adapter: {output} ({record['steps']} steps on {examples} examples, "
-        f"{record['seconds']:.0f} s, train loss {record['train_loss']:.3f})"
-    )
+    its judge_train.json.""",
+)
+_role_fit_command(
+    "answerer",
+    AnswererFitSettings(),
+    answerer_fit.ADAPTER_DIR,
+    "User Answerer calls",
+    answerer_data,
+    lambda settings, output: answerer_fit.fit_answerer(settings, output),
+    """Fine-tune the tiny model's User Answerer: a LoRA adapter trained (CPU) on clarifying
+    questions generated from the sample benchmark's train split, each answered with the
+    removed constraint's span of the fused query or `unknown` (never its held-out answerer
+    labels). The adapter of `smollm2-135m-answerer` and its answerer_train.json are written
+    to --output.""",
+)

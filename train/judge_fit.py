@@ -1,174 +1,46 @@
 """Fine-tune the tiny model for the coverage judge role: a LoRA adapter trained with TRL's SFT
 trainer on `train.judge_data` examples (train split only), shipped with a model config.
 
-`cts train judge` runs `fit_judge`; its defaults rebuilt the shipped adapter
-(configs/models/adapters/smollm2-135m-judge/, recorded in its judge_train.json). TRL, peft and
-torch are imported inside: they are the `train` extra.
+`cts train judge` runs `fit_judge` (the fit itself: `train.lora_sft`, shared with the User
+Answerer's); its defaults rebuilt the shipped adapter (configs/models/adapters/
+smollm2-135m-judge/, recorded in its judge_train.json). TRL, peft and torch are imported
+inside: they are the `train` extra.
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
-import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from configs import CONFIG_DIR
-from train.fit import checkpointing, load_model, load_tokenizer, require_train_extra
+from train import lora_sft
 from train.judge_data import generate, label_counts
+from train.lora_sft import LoraSftSettings, fit_lora_sft, language_counts
 
 #: Where the shipped judge adapter lives (a model config names it relative to configs/).
 ADAPTER_DIR = CONFIG_DIR / "models" / "adapters" / "smollm2-135m-judge"
+#: The record written beside the adapter.
+RECORD = "judge_train.json"
 
 
 @dataclass(frozen=True)
-class JudgeFitSettings:
-    """What a judge fine-tune depends on; recorded beside the adapter."""
-
-    examples: int = 160
-    seed: int = 0
-    epochs: float = 1.0
-    #: Optimizer steps to stop after (0: the epochs' worth).
-    max_steps: int = 0
-    #: Wall-clock seconds after which training stops at the end of its step (0: no limit); the
-    #: steps it made are recorded, and `--max-steps` with them rebuilds the same adapter.
-    max_seconds: float = 0.0
-    batch_size: int = 2
-    grad_accum: int = 4
-    learning_rate: float = 1e-3
-    lora_r: int = 8
-    lora_alpha: int = 16
-    #: LoRA on the top layers only (of SmolLM2-135M's 30): the backward pass stops below them,
-    #: which on 2 CPU cores is most of a step's time.
-    first_layer: int = 16
-    layers: int = 30
-    max_length: int = 1024
-    threads: int = 2
-    base: str = "smollm2-135m-instruct"
-
-
-def _base_path(base: str) -> str:
-    from serving.model_config import load_model_config
-
-    return load_model_config(CONFIG_DIR / "models" / f"{base}.yaml").resolved_path()
-
-
-def _trainer(settings: JudgeFitSettings, model: Any, tokenizer: Any, rows: list, work: Path) -> Any:
-    from datasets import Dataset
-    from peft import LoraConfig
-    from trl import SFTConfig, SFTTrainer
-
-    args = SFTConfig(
-        output_dir=str(work),
-        save_strategy="no",
-        report_to="none",
-        learning_rate=settings.learning_rate,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=2,
-        num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps or -1,
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.grad_accum,
-        max_length=settings.max_length,
-        seed=settings.seed,
-        logging_steps=5,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        completion_only_loss=True,
-        **checkpointing(False),
-    )
-    lora = LoraConfig(
-        r=settings.lora_r,
-        lora_alpha=settings.lora_alpha,
-        lora_dropout=0.0,
-        target_modules=[
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ],
-        layers_to_transform=list(range(settings.first_layer, settings.layers)),
-        task_type="CAUSAL_LM",
-    )
-    return SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        peft_config=lora,
-        callbacks=[_deadline(settings.max_seconds)] if settings.max_seconds else None,
-    )
-
-
-def _deadline(seconds: float) -> Any:
-    """A trainer callback that stops training at the first step end after `seconds`."""
-    from transformers import TrainerCallback
-
-    class Deadline(TrainerCallback):
-        def __init__(self) -> None:
-            self.started = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            if time.perf_counter() - self.started > seconds:
-                control.should_training_stop = True
-            return control
-
-    return Deadline()
+class JudgeFitSettings(LoraSftSettings):
+    """What a judge fine-tune depends on (`LoraSftSettings`' defaults); recorded beside the
+    adapter."""
 
 
 def rebuild_command(settings: JudgeFitSettings) -> str:
     """The `cts train judge` line that trains with `settings` (those it takes as options)."""
-    return (
-        f"cts train judge --examples {settings.examples} --seed {settings.seed} "
-        f"--epochs {settings.epochs:g} --learning-rate {settings.learning_rate:g}"
-        + (f" --max-steps {settings.max_steps}" if settings.max_steps else "")
-    )
+    return lora_sft.rebuild_command("judge", settings)
 
 
 def fit_judge(settings: JudgeFitSettings, output: Path = ADAPTER_DIR) -> dict[str, Any]:
     """Generate the examples, train the adapter on CPU, save it (weights and config only) to
     `output` with judge_train.json (settings, label counts, steps, losses, wall time)."""
-    require_train_extra()
-    import torch
-
-    torch.set_num_threads(settings.threads)
-    torch.manual_seed(settings.seed)
     examples = generate(settings.examples, settings.seed)
-    path = _base_path(settings.base)
-    tokenizer = load_tokenizer(path, None)
-    model = load_model(path, None, torch.float32)
-    with tempfile.TemporaryDirectory(prefix="cts-judge-") as work:
-        rows = [e.as_row() for e in examples]
-        trainer = _trainer(settings, model, tokenizer, rows, Path(work))
-        started = time.perf_counter()
-        result = trainer.train()
-        seconds = time.perf_counter() - started
-    trainer.accelerator.unwrap_model(trainer.model).save_pretrained(output)
-    (output / "README.md").unlink(missing_ok=True)  # peft's model-card template
-    log = [
-        {k: v for k, v in entry.items() if isinstance(v, (int, float))}
-        for entry in trainer.state.log_history
-        if "loss" in entry
-    ]
-    # The steps made (a deadline may have cut them short) are what rebuilds this adapter.
-    made = replace(settings, max_steps=result.global_step, max_seconds=0.0)
-    record = {
-        "command": rebuild_command(made),
-        "stopped_by_deadline": result.global_step < trainer.state.max_steps,
-        "settings": asdict(settings),
+    data = {
         "labels": label_counts(examples),
-        "languages": {lang: sum(e.language == lang for e in examples) for lang in ("en", "zh")},
-        "steps": result.global_step,
-        "train_loss": result.training_loss,
-        "seconds": round(seconds, 1),
-        "torch": torch.__version__,
-        "log": log,
+        "languages": language_counts(examples),
     }
-    (output / "judge_train.json").write_text(json.dumps(record, indent=1) + "\n")
-    return record
+    return fit_lora_sft("judge", settings, [e.as_row() for e in examples], data, output, RECORD)

@@ -1,0 +1,67 @@
+"""Fine-tune the tiny model for the User Answerer role: a LoRA adapter trained with TRL's SFT
+trainer on `train.answerer_data` examples (train split only), with a model config.
+
+`cts train answerer` runs `fit_answerer` (the fit itself: `train.lora_sft`, shared with the
+judge's) and writes the adapter to configs/models/adapters/smollm2-135m-answerer/ with
+answerer_train.json (the command that rebuilds it, settings, label counts, steps, losses, wall
+time). TRL, peft and torch are imported inside: they are the `train` extra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from configs import CONFIG_DIR
+from train import lora_sft
+from train.answerer_data import generate, label_counts, topic_counts
+from train.lora_sft import LoraSftSettings, fit_lora_sft, language_counts
+
+#: Where the User Answerer adapter lives (a model config names it relative to configs/).
+ADAPTER_DIR = CONFIG_DIR / "models" / "adapters" / "smollm2-135m-answerer"
+#: The record written beside the adapter.
+RECORD = "answerer_train.json"
+
+
+@dataclass(frozen=True)
+class AnswererFitSettings(LoraSftSettings):
+    """What a User Answerer fine-tune depends on; recorded beside the adapter.
+
+    An answerer call is short: ~106 tokens an example with the chat template (the longest, a
+    Chinese one, 209), the completion ~3.4 of them. Measured on this machine's 2 cores
+    (2026-12-03, `train.lora_sft` with these settings, 2-6 steps a layout, while another
+    training held both cores at a higher priority): one example a micro-batch, 8 a step, took
+    7-9 CPU-s and 9-12 s a step on one thread; 8 a micro-batch 5.5 or 12-14 CPU-s (a batch
+    holding the 209-token example pads every row to it); two threads 27-76 s a step (their
+    workers spin-wait for a core another job holds). Hence one thread, one example a
+    micro-batch. Full fit: 560 examples × 2 epochs / 8 a step = 140 steps; at ≤ 12 s a step
+    ≤ 28 min (~18 min at the 7.5 CPU-s a step one free core gives).
+    """
+
+    examples: int = 560
+    epochs: float = 2.0
+    batch_size: int = 1
+    grad_accum: int = 8
+    learning_rate: float = 5e-4
+    max_length: int = 512
+    threads: int = 1
+
+
+def rebuild_command(settings: AnswererFitSettings) -> str:
+    """The `cts train answerer` line that trains with `settings` (those it takes as options)."""
+    return lora_sft.rebuild_command("answerer", settings)
+
+
+def fit_answerer(settings: AnswererFitSettings, output: Path = ADAPTER_DIR) -> dict[str, Any]:
+    """Generate the examples, train the adapter on CPU, save it (weights and config only) to
+    `output` with answerer_train.json (settings, label and topic counts, steps, losses, wall
+    time)."""
+    examples = generate(settings.examples, settings.seed)
+    data = {
+        "labels": label_counts(examples),
+        "topics": topic_counts(examples),
+        "languages": language_counts(examples),
+    }
+    rows = [e.as_row() for e in examples]
+    return fit_lora_sft("answerer", settings, rows, data, output, RECORD)
