@@ -21,8 +21,8 @@ from agents.prompts import render
 from agents.types import UNKNOWN
 from configs import CONFIG_DIR
 from cts.cli import app
-from eval.answerer_calibration import SAMPLE_ANSWERER_LABELS, read_answer_labels
-from eval.calibration import labels_path
+from eval.audit.answerer_calibration import SAMPLE_ANSWERER_LABELS, read_answer_labels
+from eval.audit.calibration import labels_path
 from serving.model_config import load_model_config
 from train import answerer_data, answerer_fit, judge_fit
 from train.answerer_data import (

@@ -39,7 +39,7 @@ from typing import Any
 from agents.prompts import prompt_language, render
 from agents.types import UNKNOWN
 from agents.user_answerer import is_span, unit_spans
-from eval.dataset import SAMPLE_DIR
+from eval.data.dataset import SAMPLE_DIR
 
 #: The sample benchmark's train split: the only input.
 TRAIN_FILE = SAMPLE_DIR / "train.jsonl"
@@ -430,7 +430,7 @@ def constraints(
 
 
 def read_instances(path: Path = TRAIN_FILE) -> list[Instance]:
-    from eval.schema import Instance as DataInstance
+    from eval.data.schema import Instance as DataInstance
 
     instances = []
     for line in path.read_text("utf-8").splitlines():
