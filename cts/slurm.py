@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cts.common import SET_OPTION, command, output_console
+from slurm.history import submissions
 from slurm.status import chain_status, status
 from slurm.submit import (
     CPUS_PER_GPU,
@@ -21,7 +22,6 @@ from slurm.submit import (
     SlurmOptions,
     Submission,
     plan_job,
-    submissions,
     submit_chain,
 )
 

@@ -12,7 +12,7 @@ from eval.data.dataset import load_instances
 from eval.run.config import load_experiment
 from eval.run.run_dir import RunDir, Shard
 from eval.run.runner import RecordFileError, RecordStore
-from slurm.submit import latest_chain, submissions
+from slurm.history import latest_chain, submissions
 
 
 @dataclass

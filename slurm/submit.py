@@ -16,7 +16,6 @@ every completed record on disk, and a restarted task resumes its shard.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
@@ -32,8 +31,9 @@ import yaml
 
 from eval.rejudge import rejudge_experiment
 from eval.run.config import ResolvedExperiment, load_experiment
-from eval.run.run_dir import RunDir, RunDirError, frozen_experiment
+from eval.run.run_dir import RunDir, frozen_experiment
 from serving.disk import write_whole
+from slurm.history import latest_chain, record_submission, submissions
 from train.config import TrainConfig, load_train_config
 from train.loop import MAIN, iterations
 from train.sample import sampling_experiment
@@ -645,7 +645,7 @@ def submit_chain(
         submission = _submit_one(job, name, options, workdir, dry_run, chain, bool(done), after)
         done.append(submission)
         if not dry_run:
-            record_submission(run.jobs, submission)
+            record_submission(run.jobs, asdict(submission))
     return done
 
 
@@ -706,23 +706,3 @@ def _submit_one(
     submission.commands["final"] = ["sbatch", *final_args, str(final_script)]
     submission.final_job = sbatch(final_args, final_script)
     return submission
-
-
-def record_submission(path: Path, submission: Submission) -> None:
-    """Append to the run's submission history (a resubmission after a failure adds a line)."""
-    history = json.loads(path.read_text()) if path.is_file() else []
-    history.append(asdict(submission))
-    write_whole(path, json.dumps(history, indent=1))
-
-
-def latest_chain(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The latest submission, with the chain it belongs to (a train loop's steps)."""
-    chain = history[-1].get("chain")
-    return [s for s in history if s.get("chain") == chain] if chain else history[-1:]
-
-
-def submissions(run_dir: Path) -> list[dict[str, Any]]:
-    path = RunDir(run_dir).jobs
-    if not path.is_file():
-        raise RunDirError(f"{path}: no Slurm submission recorded for this run directory")
-    return list(json.loads(path.read_text()))

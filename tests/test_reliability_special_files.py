@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from typer.testing import CliRunner
 from cts.cli import app
 from serving.disk import NotAFile, write_whole
 from serving.serve import write_endpoints
-from slurm.submit import Submission, _write, record_submission
+from slurm.history import record_submission
+from slurm.submit import Submission, _write
 from train.pairs import _write as write_pairs
 
 
@@ -35,7 +37,7 @@ WRITERS: dict[str, Callable[[Path], None]] = {
     "train pairs": lambda p: write_pairs(p, "data"),
     "endpoints file": lambda p: write_endpoints(p, _Servers()),  # type: ignore[arg-type]
     "slurm file": lambda p: _write(p, "data"),
-    "slurm submissions": lambda p: record_submission(p, _submission()),
+    "slurm submissions": lambda p: record_submission(p, asdict(_submission())),
 }
 
 
