@@ -4,11 +4,13 @@ to messages and exit codes, and `run_keyed` (resolve → serve → run the keys 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -120,14 +122,27 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def command(group: typer.Typer, name: str) -> Callable[[F], F]:
     """Register `name` on `group`; a domain error it raises ends it with its message and exit
-    code (EXITS), so command bodies hold no try/except of their own."""
+    code (EXITS), so command bodies hold no try/except of their own. A parameter whose default
+    is `SERVING` (or another `serving(...)`) stands for the serving options: the command line
+    has them in its place, and the command gets the ServeOptions they make."""
 
     def register(fn: F) -> F:
+        signature = inspect.signature(fn)
+        grouped = [
+            (p.name, p.default)
+            for p in signature.parameters.values()
+            if isinstance(p.default, ServingOptions)
+        ]
+
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             with exits():
+                for param, options in grouped:
+                    kwargs[param] = options.take(kwargs)
                 return fn(*args, **kwargs)
 
+        if grouped:
+            _expand_serving(wrapped, signature)
         group.command(name)(wrapped)
         return fn
 
@@ -156,9 +171,7 @@ ENDPOINTS_OPTION = typer.Option(
     "--endpoints",
     help="Endpoints file from `cts serve`: served models' URLs replace their configs'.",
 )
-SERVE_OPTION = typer.Option(
-    False, "--serve", help="Start the served models' vLLM servers first, stop them after."
-)
+SERVE_HELP = "Start the served models' vLLM servers first, stop them after."
 GPUS_OPTION = typer.Option(None, "--gpus", help=f"With --serve: {GPUS_HELP}")
 CPU_OPTION = typer.Option(False, "--cpu", help=f"With --serve: {CPU_HELP}")
 VLLM_PYTHON_OPTION = typer.Option(None, "--vllm-python", help=f"With --serve: {PYTHON_HELP}")
@@ -170,6 +183,64 @@ READY_TIMEOUT_HELP = (
 READY_TIMEOUT_OPTION = typer.Option(
     DEFAULT_READY_TIMEOUT_S, "--ready-timeout", min=1.0, help=f"With --serve: {READY_TIMEOUT_HELP}"
 )
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """The serving options as one parameter of a command (see `command`): --endpoints, --serve
+    (its help `serve_help`), --gpus, --cpu, --vllm-python and --ready-timeout, in that order."""
+
+    serve_help: str = SERVE_HELP
+
+    def parameters(self) -> list[inspect.Parameter]:
+        """The options as the command line's parameters, with their types."""
+        options: list[tuple[str, Any, Any]] = [
+            ("endpoints", Path | None, ENDPOINTS_OPTION),
+            ("serve", bool, typer.Option(False, "--serve", help=self.serve_help)),
+            ("gpus", str | None, GPUS_OPTION),
+            ("cpu", bool, CPU_OPTION),
+            ("vllm_python", str | None, VLLM_PYTHON_OPTION),
+            ("ready_timeout", float, READY_TIMEOUT_OPTION),
+        ]
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return [inspect.Parameter(n, kind, default=d, annotation=t) for n, t, d in options]
+
+    @staticmethod
+    def take(kwargs: dict[str, Any]) -> ServeOptions:
+        """The ServeOptions of the options' values, taken out of a command's `kwargs`."""
+        return ServeOptions(
+            endpoints=kwargs.pop("endpoints"),
+            serve=kwargs.pop("serve"),
+            gpus=kwargs.pop("gpus"),
+            cpu=kwargs.pop("cpu"),
+            vllm_python=kwargs.pop("vllm_python"),
+            ready_timeout_s=kwargs.pop("ready_timeout"),
+        )
+
+
+def serving(serve_help: str = SERVE_HELP) -> Any:
+    """A command parameter's default that stands for the serving options (typed Any, as
+    typer.Option is, so that the parameter is annotated `ServeOptions`)."""
+    return ServingOptions(serve_help)
+
+
+#: The serving options, as `cts run` has them.
+SERVING = serving()
+
+
+def _expand_serving(wrapped: Any, signature: inspect.Signature) -> None:
+    """`wrapped`'s signature (what typer reads) with the serving options in place of the
+    parameter that stands for them."""
+    params: list[inspect.Parameter] = []
+    annotations = {}
+    for p in signature.parameters.values():
+        expanded = p.default.parameters() if isinstance(p.default, ServingOptions) else [p]
+        params.extend(expanded)
+        annotations.update({q.name: q.annotation for q in expanded})
+    if signature.return_annotation is not inspect.Signature.empty:
+        annotations["return"] = signature.return_annotation
+    wrapped.__signature__ = signature.replace(parameters=params)
+    wrapped.__annotations__ = annotations
 
 
 def output_dir_option(path: Path | None) -> Path | None:

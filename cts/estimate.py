@@ -13,13 +13,8 @@ from rich.text import Text
 
 from cts.common import (
     CONFIG_OPTION,
-    CPU_OPTION,
-    ENDPOINTS_OPTION,
-    GPUS_OPTION,
-    READY_TIMEOUT_OPTION,
-    SERVE_OPTION,
+    SERVING,
     SET_OPTION,
-    VLLM_PYTHON_OPTION,
     command,
     output_console,
     output_dir_option,
@@ -71,12 +66,7 @@ def estimate(
         24.0, "--target-hours", help="Wall time per shard the suggested --shards aims at."
     ),
     out: Path | None = typer.Option(None, "--out", help="Also write the estimate as JSON here."),
-    endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = SERVE_OPTION,
-    gpus: str | None = GPUS_OPTION,
-    cpu: bool = CPU_OPTION,
-    vllm_python: str | None = VLLM_PYTHON_OPTION,
-    ready_timeout: float = READY_TIMEOUT_OPTION,
+    options: ServeOptions = SERVING,
 ) -> None:
     """Estimate a whole sweep — what `cts run -c X` would run: every instance of the dataset
     × conditions × seeds — before submitting it.
@@ -106,7 +96,7 @@ def estimate(
             set_,
             (pilot or DEFAULT_PILOT, pilot_seed),
             output_dir_option(pilot_dir) or default_pilot_dir(sweep),
-            ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
+            options,
             console,
         )
     found = estimate_run(from_run, sweep, target_hours)

@@ -12,14 +12,9 @@ from rich.table import Table
 
 from cts.common import (
     CONFIG_OPTION,
-    CPU_OPTION,
-    ENDPOINTS_OPTION,
-    GPUS_OPTION,
-    READY_TIMEOUT_OPTION,
-    SERVE_OPTION,
+    SERVING,
     SET_OPTION,
     SHARD_OPTION,
-    VLLM_PYTHON_OPTION,
     command,
     output_console,
     output_dir_option,
@@ -76,12 +71,7 @@ def build(
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Search again for instances that got no nuggets."
     ),
-    endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = SERVE_OPTION,
-    gpus: str | None = GPUS_OPTION,
-    cpu: bool = CPU_OPTION,
-    vllm_python: str | None = VLLM_PYTHON_OPTION,
-    ready_timeout: float = READY_TIMEOUT_OPTION,
+    options: ServeOptions = SERVING,
 ) -> None:
     """Build golden nuggets for the experiment's dataset (its config needs roles.nugget_builder).
 
@@ -109,7 +99,7 @@ def build(
         resolved,
         run,
         part,
-        ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
+        options,
         lambda ready, part, watch, progress: build_golden(
             ready, run.root, part, progress, watch=watch, retry_failed=retry_failed
         ),

@@ -13,20 +13,16 @@ from rich.console import Console
 
 from cts.common import (
     CONFIG_OPTION,
-    CPU_OPTION,
-    ENDPOINTS_OPTION,
-    GPUS_OPTION,
-    READY_TIMEOUT_OPTION,
-    SERVE_OPTION,
+    SERVING,
     SET_OPTION,
     SHARD_OPTION,
-    VLLM_PYTHON_OPTION,
     command,
     output_console,
     output_dir_option,
     print_summary,
     run_into,
     run_keyed,
+    serving,
     shard_of,
 )
 from cts.judge import moved
@@ -60,12 +56,7 @@ def run(
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
     limit: int | None = typer.Option(None, help="Only the first N instances of the dataset."),
     shard: str | None = SHARD_OPTION,
-    endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = SERVE_OPTION,
-    gpus: str | None = GPUS_OPTION,
-    cpu: bool = CPU_OPTION,
-    vllm_python: str | None = VLLM_PYTHON_OPTION,
-    ready_timeout: float = READY_TIMEOUT_OPTION,
+    options: ServeOptions = SERVING,
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run again the keys whose record is a failure."
     ),
@@ -93,7 +84,6 @@ def run(
     part = shard_of(shard)
     run_dir = RunDir(output_dir_option(output_dir) or resolved.output_dir())
     console = output_console()
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     if dry_run:
         plan = plan_run(resolved, run_dir.root, part, options, retry_failed)
         for line in plan_lines(plan):
@@ -211,11 +201,7 @@ _REJUDGE_SET = typer.Option(
     help="Override a judge key, e.g. --set roles.judge.model=qwen3-32b, "
     "--set judge.show_query=true (repeatable).",
 )
-_REJUDGE_SERVE = typer.Option(
-    False,
-    "--serve",
-    help="Start the judge's vLLM server first (no other model), stop it after.",
-)
+_REJUDGE_SERVING = serving("Start the judge's vLLM server first (no other model), stop it after.")
 _REJUDGE_RETRY = typer.Option(
     False, "--retry-failed", help="Judge again the keys whose new record is a failure."
 )
@@ -228,12 +214,7 @@ def rejudge(
     config: str | None = _REJUDGE_CONFIG,
     set_: list[str] = _REJUDGE_SET,
     shard: str | None = SHARD_OPTION,
-    endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = _REJUDGE_SERVE,
-    gpus: str | None = GPUS_OPTION,
-    cpu: bool = CPU_OPTION,
-    vllm_python: str | None = VLLM_PYTHON_OPTION,
-    ready_timeout: float = READY_TIMEOUT_OPTION,
+    options: ServeOptions = _REJUDGE_SERVING,
     retry_failed: bool = _REJUDGE_RETRY,
 ) -> None:
     """Score a finished run's stored answers again with another judge, calling no other role.
@@ -280,7 +261,7 @@ def rejudge(
         judge_served(resolved),
         run_dir,
         part,
-        ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
+        options,
         work,
         console,
         merge_with=f"cts merge {run_dir.root}",

@@ -15,13 +15,8 @@ import typer
 from rich.table import Table
 
 from cts.common import (
-    CPU_OPTION,
-    ENDPOINTS_OPTION,
-    GPUS_OPTION,
-    READY_TIMEOUT_OPTION,
-    SERVE_OPTION,
+    SERVING,
     SHARD_OPTION,
-    VLLM_PYTHON_OPTION,
     command,
     output_console,
     print_summary,
@@ -167,12 +162,7 @@ def sample_command(
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
     shard: str | None = SHARD_OPTION,
-    endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = SERVE_OPTION,
-    gpus: str | None = GPUS_OPTION,
-    cpu: bool = CPU_OPTION,
-    vllm_python: str | None = VLLM_PYTHON_OPTION,
-    ready_timeout: float = READY_TIMEOUT_OPTION,
+    options: ServeOptions = SERVING,
 ) -> None:
     """Sample and score candidate dialogues: an evaluation run into OUTPUT_DIR/samples.
 
@@ -181,7 +171,6 @@ def sample_command(
     dialogue with the restore score its search reached; with `reward.baseline: blurred` the
     blurred condition runs under the same seeds. Like `cts run` it resumes, survives SIGTERM,
     shards with --shard (then `cts merge OUTPUT_DIR/samples`) and serves models with --serve."""
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     _sample(load_train_config(config, set_), shard, options)
 
 
@@ -269,12 +258,7 @@ def _grpo(train: TrainConfig, options: ServeOptions) -> GrpoResult | None:
 def grpo_command(
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
-    endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = SERVE_OPTION,
-    gpus: str | None = GPUS_OPTION,
-    cpu: bool = CPU_OPTION,
-    vllm_python: str | None = VLLM_PYTHON_OPTION,
-    ready_timeout: float = READY_TIMEOUT_OPTION,
+    options: ServeOptions = SERVING,
 ) -> None:
     """Online RL (GRPO) of the clarifier's first question, rewarded end to end.
 
@@ -288,10 +272,7 @@ def grpo_command(
     parts), trainer/ checkpoints every `grpo.save_steps` (a rerun resumes there), then the
     adapter, the merged checkpoint, clarifier.yaml and grpo_metrics.json. --serve starts vLLM
     for the other roles; the policy trains in this process."""
-    _grpo(
-        load_train_config(config, set_),
-        ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout),
-    )
+    _grpo(load_train_config(config, set_), options)
 
 
 def _evaluate(
@@ -352,12 +333,7 @@ def loop_command(
         min=1,
         help="Iterations to run (default: the config's loop.iterations).",
     ),
-    endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = SERVE_OPTION,
-    gpus: str | None = GPUS_OPTION,
-    cpu: bool = CPU_OPTION,
-    vllm_python: str | None = VLLM_PYTHON_OPTION,
-    ready_timeout: float = READY_TIMEOUT_OPTION,
+    options: ServeOptions = SERVING,
 ) -> None:
     """Expert iteration: sample → pairs → fit → evaluate, R times, each from the last fit.
 
@@ -373,7 +349,6 @@ def loop_command(
     the model calls and tokens spent. Rerunning resumes at the first unfinished step (a
     finished fit is not redone; finished runs make no model call)."""
     train = load_train_config(config, set_)
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     loop = iterations(train, count or train.loop.iterations)
     _evaluate(train, loop[0], options)
     _loop_tables(train, loop[:1])
@@ -410,12 +385,7 @@ def loop_step_command(
         None, "--iterations", min=1, help="The loop's iterations (default: loop.iterations)."
     ),
     shard: str | None = SHARD_OPTION,
-    endpoints: Path | None = ENDPOINTS_OPTION,
-    serve: bool = SERVE_OPTION,
-    gpus: str | None = GPUS_OPTION,
-    cpu: bool = CPU_OPTION,
-    vllm_python: str | None = VLLM_PYTHON_OPTION,
-    ready_timeout: float = READY_TIMEOUT_OPTION,
+    options: ServeOptions = SERVING,
 ) -> None:
     """One step of `cts train loop`, as the jobs of `cts slurm submit --job train-loop` run it.
 
@@ -429,7 +399,6 @@ def loop_step_command(
     if iteration >= len(loop):
         raise usage_error(f"--iteration {iteration}: the loop has iterations 0..{len(loop) - 1}")
     current = loop[iteration]
-    options = ServeOptions(endpoints, serve, gpus, cpu, vllm_python, ready_timeout)
     if step == "eval":
         _evaluate(train, current, options, shard)
     elif step == "table":
