@@ -22,7 +22,7 @@ from cts.common import (
     run_keyed,
     usage_error,
 )
-from eval.estimate import Estimate, Figure, estimate_run
+from eval.estimate import Estimate, Figure, ModelRow, RoleRow, estimate_run
 from eval.experiment import require_roles
 from eval.pilot import PILOT_DATASET, write_pilot
 from eval.run.config import ResolvedExperiment, load_experiment
@@ -195,103 +195,103 @@ def hours(figure: Figure | None) -> str:
     return f"{figure.total:.3g} [{figure.low:.3g}–{figure.high:.3g}]"
 
 
-def add_row(table: Table, *cells: str) -> None:
-    """Cells as plain text: an interval's brackets are no markup."""
-    table.add_row(*(Text(c) for c in cells))
+def print_table(
+    console: Console, title: str, columns: list[str], *sections: list[list[str]]
+) -> None:
+    """A table of plain-text cells (an interval's brackets are no markup), a line between its
+    sections."""
+    table = Table(*columns, title=title)
+    for i, rows in enumerate(sections):
+        if i:
+            table.add_section()
+        for cells in rows:
+            table.add_row(*(Text(c) for c in cells))
+    console.print(table)
+
+
+def _calls_and_tokens(counted: RoleRow | Estimate) -> list[str]:
+    """A role's (or all roles') calls and tokens: per key (pilot), then for the sweep."""
+    figures = (counted.calls, counted.prompt_tokens, counted.completion_tokens)
+    return [*(per_key(mean_of(f)) for f in figures), *(total(f) for f in figures)]
 
 
 def _print_roles(console: Console, found: Estimate) -> None:
     """The model calls and tokens per role, per key (pilot) and for the sweep."""
-    roles = Table(
-        "role",
-        "model",
-        "calls/key",
-        "prompt tok/key",
-        "generated tok/key",
-        f"calls ({found.sweep_keys} keys)",
-        "prompt tokens",
-        "generated tokens",
-        title="model calls and tokens, per key (pilot) and for the sweep",
+    print_table(
+        console,
+        "model calls and tokens, per key (pilot) and for the sweep",
+        [
+            "role",
+            "model",
+            "calls/key",
+            "prompt tok/key",
+            "generated tok/key",
+            f"calls ({found.sweep_keys} keys)",
+            "prompt tokens",
+            "generated tokens",
+        ],
+        [[row.role, row.model_name, *_calls_and_tokens(row)] for row in found.roles],
+        [["all", "", *_calls_and_tokens(found)]],
     )
-    for row in found.roles:
-        add_row(
-            roles,
-            row.role,
-            row.model_name,
-            per_key(mean_of(row.calls)),
-            per_key(mean_of(row.prompt_tokens)),
-            per_key(mean_of(row.completion_tokens)),
-            total(row.calls),
-            total(row.prompt_tokens),
-            total(row.completion_tokens),
-        )
-    roles.add_section()
-    add_row(
-        roles,
-        "all",
-        "",
-        per_key(mean_of(found.calls)),
-        per_key(mean_of(found.prompt_tokens)),
-        per_key(mean_of(found.completion_tokens)),
-        total(found.calls),
-        total(found.prompt_tokens),
-        total(found.completion_tokens),
-    )
-    console.print(roles)
 
 
 def _print_conditions(console: Console, found: Estimate) -> None:
     """The pilot's per-key means per condition."""
-    conditions = Table(
-        "condition",
-        "keys (pilot → sweep)",
-        "calls/key",
-        "prompt tok/key",
-        "generated tok/key",
-        "search calls/key",
-        "visits/key",
-        title="per condition (pilot means)",
+    print_table(
+        console,
+        "per condition (pilot means)",
+        [
+            "condition",
+            "keys (pilot → sweep)",
+            "calls/key",
+            "prompt tok/key",
+            "generated tok/key",
+            "search calls/key",
+            "visits/key",
+        ],
+        [
+            [
+                c.condition,
+                f"{c.pilot_keys} → {c.sweep_keys}",
+                *map(per_key, (c.calls, c.prompt_tokens, c.completion_tokens)),
+                *map(per_key, (c.search_calls, c.visit_calls)),
+            ]
+            for c in found.by_condition
+        ],
     )
-    for c in found.by_condition:
-        add_row(
-            conditions,
-            c.condition,
-            f"{c.pilot_keys} → {c.sweep_keys}",
-            per_key(c.calls),
-            per_key(c.prompt_tokens),
-            per_key(c.completion_tokens),
-            per_key(c.search_calls),
-            per_key(c.visit_calls),
-        )
-    console.print(conditions)
 
 
 def _print_servers(console: Console, found: Estimate) -> None:
     """Per model: tokens, throughput, server- and GPU-hours, and shards."""
-    servers = Table(
-        "model",
-        "roles",
-        "generated tokens",
-        "tok/s per server",
-        "server-hours",
-        "GPUs/server",
-        "GPU-hours",
-        f"shards for {found.target_hours:g} h",
-        title="servers",
+    print_table(
+        console,
+        "servers",
+        [
+            "model",
+            "roles",
+            "generated tokens",
+            "tok/s per server",
+            "server-hours",
+            "GPUs/server",
+            "GPU-hours",
+            f"shards for {found.target_hours:g} h",
+        ],
+        [_server_cells(m) for m in found.models],
     )
-    for m in found.models:
-        add_row(
-            servers,
-            m.model_name,
-            ", ".join(m.roles),
-            total(m.completion_tokens),
-            "unknown" if m.throughput_tokens_per_s is None else f"{m.throughput_tokens_per_s:g}",
-            hours(m.server_hours),
-            str(m.gpus_per_server),
-            hours(m.gpu_hours),
-            "unknown" if m.shards is None else f"{m.shards} (≤ {m.shards_high})",
-        )
-    console.print(servers)
+
+
+def _server_cells(m: ModelRow) -> list[str]:
+    throughput = m.throughput_tokens_per_s
+    return [
+        m.model_name,
+        ", ".join(m.roles),
+        total(m.completion_tokens),
+        "unknown" if throughput is None else f"{throughput:g}",
+        hours(m.server_hours),
+        str(m.gpus_per_server),
+        hours(m.gpu_hours),
+        "unknown" if m.shards is None else f"{m.shards} (≤ {m.shards_high})",
+    ]
 
 
 def _print_tools(console: Console, found: Estimate) -> None:
