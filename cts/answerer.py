@@ -3,17 +3,20 @@ person's answers."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
-from cts.common import CONFIG_OPTION, ENDPOINTS_OPTION, SET_OPTION, command
+from cts.common import (
+    CONFIG_OPTION,
+    ENDPOINTS_OPTION,
+    SET_OPTION,
+    command,
+    labels_option,
+    role_experiment,
+    write_figures,
+)
 from eval.audit.answerer_calibration import calibrate_experiment, read_answer_labels, render
-from eval.experiment import require_roles
-from eval.run.config import load_experiment
-from serving.model_config import model_label
-from serving.serve import read_endpoints
 
 app = typer.Typer(
     help="Trust the simulated user: the User Answerer against a careful person's answers.",
@@ -23,13 +26,11 @@ app = typer.Typer(
 
 @command(app, "calibrate")
 def calibrate(
-    labels: str = typer.Option(
-        "sample",
-        "--labels",
-        help="Labelled JSONL, one {fused_query, question, expected} per line (`expected`: the "
+    labels: str = labels_option(
+        "Labelled JSONL, one {fused_query, question, expected} per line (`expected`: the "
         "value copied from the fused query, or `unknown`; optional id, language, "
         "constraint_type, blurred_query, instance_id, note); `sample`: the set shipped with "
-        "the toolkit.",
+        "the toolkit."
     ),
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
@@ -51,17 +52,7 @@ def calibrate(
     expected answer, the question and the blurred query do not hold); all of them per
     language and per constraint type; then the cases to look at."""
     labelled = read_answer_labels(labels)  # a bad row is named before any model loads
-    resolved = load_experiment(config, set_)
-    require_roles(resolved, ["user_answerer"])
-    if endpoints is not None:
-        resolved = resolved.with_endpoints(read_endpoints(endpoints))
-    name = model_label(
-        resolved.experiment.roles["user_answerer"].model, resolved.model_for("user_answerer").name
-    )
+    resolved, name = role_experiment(config, set_, endpoints, "user_answerer")
     result = calibrate_experiment(resolved, labelled)
     typer.echo(render(result, name, cases))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        document = {"user_answerer": name, **result.as_dict()}
-        out.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
-        typer.echo(f"figures: {out}")
+    write_figures(out, "user_answerer", name, result.as_dict())

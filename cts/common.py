@@ -20,10 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from eval.data.dataset import DatasetError
-from eval.experiment import RunResult, run_experiment
+from eval.experiment import RunResult, require_roles, run_experiment
 from eval.report.comparability import IncomparableRuns
 from eval.report.report import MAIN_COLUMNS, report_cell, warnings
-from eval.run.config import ResolvedExperiment
+from eval.run.config import ResolvedExperiment, Role, load_experiment
 from eval.run.dialogue import DialogueFileError
 from eval.run.progress import ProgressLog, ShowProgress
 from eval.run.run_dir import RunDir, RunDirError, Shard, ShardError
@@ -32,12 +32,14 @@ from serving.disk import NotAFile, StorageFull
 from serving.download import DownloadError
 from serving.engine import EngineStats
 from serving.errors import ServerUnreachable
+from serving.model_config import model_label
 from serving.serve import (
     DEFAULT_READY_TIMEOUT_S,
     EndpointsError,
     PlanError,
     ServeOptions,
     Stopped,
+    read_endpoints,
     served,
 )
 from serving.vllm_server import ServerError
@@ -252,6 +254,38 @@ def output_dir_option(path: Path | None) -> Path | None:
 
 def shard_of(text: str | None) -> Shard:
     return Shard.parse(text) if text else Shard()
+
+
+# -- calibration against labels -----------------------------------------------------------------
+
+
+def labels_option(help: str) -> Any:
+    """--labels: a labelled JSONL file, or `sample` (the set shipped with the toolkit)."""
+    return typer.Option("sample", "--labels", help=help)
+
+
+def role_experiment(
+    config: str | None, set_: list[str], endpoints: Path | None, role: Role
+) -> tuple[ResolvedExperiment, str]:
+    """The experiment, which must have `role`, pointed at --endpoints; and the label of the
+    role's model."""
+    resolved = load_experiment(config, set_)
+    require_roles(resolved, [role])
+    if endpoints is not None:
+        resolved = resolved.with_endpoints(read_endpoints(endpoints))
+    return resolved, model_label(
+        resolved.experiment.roles[role].model, resolved.model_for(role).name
+    )
+
+
+def write_figures(out: Path | None, role: str, name: str, figures: dict[str, Any]) -> None:
+    """With --out: the figures as JSON, under the role's model label."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    document = {role: name, **figures}
+    out.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+    typer.echo(f"figures: {out}")
 
 
 # -- running keys -----------------------------------------------------------------------------

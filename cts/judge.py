@@ -18,9 +18,12 @@ from cts.common import (
     ENDPOINTS_OPTION,
     SET_OPTION,
     command,
+    labels_option,
     output_console,
     progress_for,
+    role_experiment,
     usage_error,
+    write_figures,
 )
 from eval.audit.agreement import (
     AgreementReport,
@@ -34,10 +37,6 @@ from eval.audit.agreement import (
 )
 from eval.audit.calibration import PASSES, calibrate_experiment, read_labels, render
 from eval.audit.nuggetizer import DEFAULT_WEIGHT_MAP, Format, export_assignments, parse_weight_map
-from eval.experiment import require_roles
-from eval.run.config import load_experiment
-from serving.model_config import model_label
-from serving.serve import read_endpoints
 
 app = typer.Typer(
     help="Trust the judge: agreement between two judgements of the same answers, calibration "
@@ -48,11 +47,9 @@ app = typer.Typer(
 
 @command(app, "calibrate")
 def calibrate(
-    labels: str = typer.Option(
-        "sample",
-        "--labels",
-        help="Human-labelled JSONL, one {answer, nugget, label} per line (optional query, "
-        "language, group, nugget_id, id, note); `sample`: the set shipped with the toolkit.",
+    labels: str = labels_option(
+        "Human-labelled JSONL, one {answer, nugget, label} per line (optional query, "
+        "language, group, nugget_id, id, note); `sample`: the set shipped with the toolkit."
     ),
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
@@ -74,18 +71,10 @@ def calibrate(
     if passes not in PASSES:
         raise usage_error(f"--passes must be one of {', '.join(PASSES)}, got {passes!r}")
     labelled = read_labels(labels)  # a bad row is named before any model loads
-    resolved = load_experiment(config, set_)
-    require_roles(resolved, ["judge"])
-    if endpoints is not None:
-        resolved = resolved.with_endpoints(read_endpoints(endpoints))
-    name = model_label(resolved.experiment.roles["judge"].model, resolved.model_for("judge").name)
+    resolved, name = role_experiment(config, set_, endpoints, "judge")
     result = calibrate_experiment(resolved, labelled, progress_for(output_console()), passes)
     typer.echo(render(result, name))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        document = {"judge": name, **result.as_dict()}
-        out.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
-        typer.echo(f"figures: {out}")
+    write_figures(out, "judge", name, result.as_dict())
 
 
 def _pct(share: float | None) -> str:
