@@ -63,7 +63,7 @@ from eval.experiment import RunResult, run_experiment  # noqa: E402
 from eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
 from eval.run.engines import Engines  # noqa: E402
 from eval.run.slots import KeySlots  # noqa: E402
-from serving.engine import ChatModel, EngineStats  # noqa: E402
+from serving.engine import ChatModel, Wrapped  # noqa: E402
 from serving.model_config import ModelConfig  # noqa: E402
 from serving.openai_engine import CLIENT_CONNECTIONS  # noqa: E402
 from serving.types import (  # noqa: E402
@@ -71,7 +71,6 @@ from serving.types import (  # noqa: E402
     ChatResponse,
     ChoiceOutput,
     JsonSchemaOutput,
-    PromptCount,
     RegexOutput,
 )
 from serving.yaml_config import Override  # noqa: E402
@@ -109,22 +108,13 @@ class Call:
         return cls(**{**data, "request": ChatRequest.model_validate(data["request"])})
 
 
-class RecordingModel:
+class RecordingModel(Wrapped):
     """A role's model (the `ChatModel` interface) that keeps every request and its answer."""
 
     def __init__(self, inner: ChatModel, role: str, calls: list[Call]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.role = role
         self.calls = calls
-        self.identity = inner.identity
-        self.model = inner.model
-
-    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
-        return await self.inner.count_prompt_tokens(request)
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.inner.stats
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         started = time.monotonic()
@@ -142,9 +132,6 @@ class RecordingModel:
             )
         )
         return response
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 @contextmanager

@@ -22,9 +22,9 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from serving.engine import Engine, EngineStats
+from serving.engine import Engine, Wrapped
 from serving.errors import EngineError
-from serving.types import ChatRequest, ChatResponse, PromptCount
+from serving.types import ChatRequest, ChatResponse
 
 
 def weights_fingerprint(path: str) -> str:
@@ -149,20 +149,15 @@ class BatchingEngine(Engine):
         self._worker = self._queue = self._loop = None
 
 
-class Unbatched:
+class Unbatched(Wrapped):
     """`engine` with every request run alone: its answer then depends on the request only, not
     on what else was queued with it (see the module's docstring). Its identity is the engine's
     marked `+unbatched`, so that the response cache never mixes its answers with batched ones;
     calls count in the engine's stats."""
 
     def __init__(self, engine: BatchingEngine) -> None:
-        self.inner = engine
+        super().__init__(engine)
         self.identity = f"{engine.identity}+unbatched"
-        self.model = engine.model
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.inner.stats
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         token = _ALONE.set(True)
@@ -170,9 +165,6 @@ class Unbatched:
             return await self.inner.chat(request)
         finally:
             _ALONE.reset(token)
-
-    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
-        return await self.inner.count_prompt_tokens(request)
 
     async def aclose(self) -> None:
         """Nothing of its own: the engine is closed by whoever built it."""

@@ -33,11 +33,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from serving.disk import storage_errors, storage_full
-from serving.engine import ChatModel, EngineStats
+from serving.engine import ChatModel, Wrapped
 from serving.errors import ConstrainedOutputError
 from serving.filesystems import network_filesystem
 from serving.outputs import validate_output
-from serving.types import ChatRequest, ChatResponse, OutputSpec, PromptCount
+from serving.types import ChatRequest, ChatResponse, OutputSpec
 from serving.yaml_config import ConfigError
 
 _SCHEMA = """
@@ -202,15 +202,13 @@ EVALUATION, GOLDEN_CONSTRUCTION = "evaluation", "golden"
 PURPOSES = (EVALUATION, GOLDEN_CONSTRUCTION)
 
 
-class CachedEngine:
+class CachedEngine(Wrapped):
     """Wraps an engine (same `ChatModel` interface); identical concurrent requests share one
     model call. `purpose` (EVALUATION or GOLDEN_CONSTRUCTION) is part of every key."""
 
     def __init__(self, inner: ChatModel, cache: ResponseCache, purpose: str = EVALUATION) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.cache = cache
-        self.identity = inner.identity
-        self.model = inner.model
         self.purpose = purpose
         self._in_flight: dict[str, asyncio.Future[ChatResponse]] = {}
 
@@ -237,13 +235,3 @@ class CachedEngine:
             raise
         finally:
             del self._in_flight[key]
-
-    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
-        return await self.inner.count_prompt_tokens(request)
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.inner.stats
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()

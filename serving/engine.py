@@ -55,6 +55,29 @@ class ChatModel(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Wrapped:
+    """A `ChatModel` around another (`inner`): its identity, model and stats, with prompt
+    counts, calls and closing passed through; a subclass changes what it does around them."""
+
+    def __init__(self, inner: ChatModel) -> None:
+        self.inner = inner
+        self.identity = inner.identity
+        self.model = inner.model
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.inner.stats
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        return await self.inner.chat(request)
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
+        return await self.inner.count_prompt_tokens(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class Engine(abc.ABC):
     """Base of every engine. Subclasses implement `_complete`; callers use `chat`."""
 
@@ -96,4 +119,11 @@ class Engine(abc.ABC):
         """Release servers, threads and clients."""
 
 
-__all__ = ["ChatModel", "ConstrainedOutputError", "Engine", "EngineError", "EngineStats"]
+__all__ = [
+    "ChatModel",
+    "ConstrainedOutputError",
+    "Engine",
+    "EngineError",
+    "EngineStats",
+    "Wrapped",
+]

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
 
-from serving.engine import ChatModel, EngineStats
-from serving.types import ChatRequest, ChatResponse, PromptCount
+from serving.engine import ChatModel, Wrapped
+from serving.types import ChatRequest, ChatResponse
 
 
 @dataclass
@@ -91,22 +91,13 @@ def charge(usage: KeyUsage) -> None:
         key.add(usage)
 
 
-class MeteredModel:
+class MeteredModel(Wrapped):
     """A role's engine (the `ChatModel` interface) that charges each answer to the key in
     flight; outside a key (a model check, a rejudge) it only passes calls through."""
 
     def __init__(self, inner: ChatModel, role: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.role = role
-        self.identity = inner.identity
-        self.model = inner.model
-
-    async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
-        return await self.inner.count_prompt_tokens(request)
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.inner.stats
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         response = await self.inner.chat(request)
@@ -114,9 +105,6 @@ class MeteredModel:
         if usage is not None:
             usage.charge(self.role, response)
         return response
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def metered(engine: ChatModel, role: str) -> MeteredModel:
