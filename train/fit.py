@@ -432,8 +432,6 @@ def _metrics(
     dtype: Any,
 ) -> dict[str, Any]:
     """train_metrics.json: what was trained on, how, the losses logged and the config."""
-    import torch
-
     log = [
         {k: v for k, v in entry.items() if isinstance(v, (int, float))}
         for entry in trainer.state.log_history
@@ -448,6 +446,18 @@ def _metrics(
         "epochs": config.epochs,
         "train_loss": result.training_loss,
         "final_loss": log[-1]["loss"] if log else None,
+        **run_metrics(config, seconds, use_cpu, dtype, log),
+    }
+
+
+def run_metrics(
+    config: TrainConfig, seconds: float, use_cpu: bool, dtype: Any, log: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The end of a trainer's metrics (`fit`'s and GRPO's): its time, device and dtype, the
+    torch version, the logged steps and the train config."""
+    import torch
+
+    return {
         "seconds": round(seconds, 2),
         "device": "cpu" if use_cpu else "cuda",
         "dtype": str(dtype).removeprefix("torch."),

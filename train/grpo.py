@@ -56,6 +56,7 @@ from train.fit import (
     lora_config,
     precision,
     require_train_extra,
+    run_metrics,
     save_weights,
     weights_fingerprint,
     write_model_config,
@@ -586,8 +587,6 @@ def _metrics(
 ) -> dict[str, Any]:
     """grpo_metrics.json: the logged steps (loss, reward, its spread, KL, restore score and
     gain), what failed, the config."""
-    import torch
-
     log = [
         {k: v for k, v in entry.items() if isinstance(v, (int, float)) and math.isfinite(v)}
         for entry in trainer.state.log_history
@@ -601,10 +600,5 @@ def _metrics(
         "final_loss": log[-1]["loss"] if log else None,
         "resumed_from": resumed_from,
         "rollout_failures": _failures(reward.rollouts_path),
-        "seconds": round(seconds, 2),
-        "device": "cpu" if use_cpu else "cuda",
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "log": log,
-        "train_config": config.model_dump(mode="json"),
+        **run_metrics(config, seconds, use_cpu, dtype, log),
     }
