@@ -154,16 +154,20 @@ def _same(text: str) -> str:
     return " ".join(text.split())
 
 
-def _rows(path: Path) -> Iterator[Row]:
+def _rows(path: Path, problems: list[Problem]) -> Iterator[tuple[Row, dict[str, Any]]]:
+    """Each row of `path` that could be read, with its data; a row that could not (or that
+    holds a lone surrogate) is a `<row>` problem."""
     if path.suffix not in (".jsonl", ".ndjson", ".json"):
         raise _refuse(str(path), None, "<file>", "expected a .jsonl file (nuggetizer writes JSONL)")
     for row in read_rows(path):
         where = _lone_surrogate(row.data) if row.data is not None else None
         if where is not None:  # a `\ud800` escape: no dataset file could hold the text
             message = f"{where or 'a key'} holds a lone surrogate (a \\ud800 escape): not text"
-            yield Row(row.file, row.line, None, message)
+            problems.append(Problem(row.file, row.line, "<row>", message))
+        elif row.data is None:
+            problems.append(Problem(row.file, row.line, "<row>", row.error or "unreadable"))
         else:
-            yield row
+            yield row, row.data
 
 
 def _lone_surrogate(value: Any, where: str = "") -> str | None:
@@ -276,18 +280,15 @@ def read_nuggets(path: Path) -> list[NuggetizedQuery]:
     found: list[NuggetizedQuery] = []
     problems: list[Problem] = []
     first_line: dict[str, int] = {}
-    for row in _rows(path):
-        if row.data is None:
-            problems.append(Problem(row.file, row.line, "<row>", row.error or "unreadable"))
-            continue
+    for row, data in _rows(path, problems):
         before = len(problems)
-        qid = _qid(row.data, row, problems)
-        query = row.data.get("query")
+        qid = _qid(data, row, problems)
+        query = data.get("query")
         if query is not None and not isinstance(query, str):
             problems.append(
                 Problem(row.file, row.line, "query", f"must be a string, got {query!r}")
             )
-        items = _nugget_items(row.data, row, problems, {})
+        items = _nugget_items(data, row, problems, {})
         if qid is not None:
             seen = first_line.setdefault(qid, row.line)
             if seen != row.line:
@@ -325,14 +326,11 @@ def read_assignments(path: Path) -> list[AssignedAnswer]:
     not_support)."""
     found: list[AssignedAnswer] = []
     problems: list[Problem] = []
-    for row in _rows(path):
-        if row.data is None:
-            problems.append(Problem(row.file, row.line, "<row>", row.error or "unreadable"))
-            continue
+    for row, data in _rows(path, problems):
         before = len(problems)
-        qid = _qid(row.data, row, problems)
-        items = _nugget_items(row.data, row, problems, {"assignment": LABEL})
-        run_id, answer = row.data.get("run_id", ""), row.data.get("answer_text", "")
+        qid = _qid(data, row, problems)
+        items = _nugget_items(data, row, problems, {"assignment": LABEL})
+        run_id, answer = data.get("run_id", ""), data.get("answer_text", "")
         for key, value in (("run_id", run_id), ("answer_text", answer)):
             if not isinstance(value, str):
                 message = f"must be a string, got {value!r}"
