@@ -97,6 +97,16 @@ def _whole(request: Request, name: str) -> int:
         raise ViewError(f"{name}: expected a whole number, got {value!r}") from None
 
 
+def _record_key(request: Request) -> tuple[int, str, str, int]:
+    """The record a request names: run, instance, condition and seed."""
+    return (
+        _whole(request, "run"),
+        _required(request, "instance"),
+        _required(request, "condition"),
+        _whole(request, "seed"),
+    )
+
+
 def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
     files = {path: ((STATIC / name).read_bytes(), kind) for path, (name, kind) in _FILES.items()}
 
@@ -119,23 +129,12 @@ def make_app(viewer: Viewer, hosts: list[str]) -> Starlette:
 
     async def sample(request: Request) -> Response:
         # Reads a trace and maybe the dataset: off the event loop.
-        found = await run_in_threadpool(
-            viewer.sample,
-            _whole(request, "run"),
-            _required(request, "instance"),
-            _required(request, "condition"),
-            _whole(request, "seed"),
-        )
+        found = await run_in_threadpool(viewer.sample, *_record_key(request))
         return _json(found)
 
     async def raw(request: Request) -> Response:
         found = await run_in_threadpool(
-            viewer.raw,
-            _whole(request, "run"),
-            _required(request, "instance"),
-            _required(request, "condition"),
-            _whole(request, "seed"),
-            _required(request, "part"),
+            viewer.raw, *_record_key(request), _required(request, "part")
         )
         # Plain text (and nosniff): a browser shows it, and never runs it as a page.
         if isinstance(found, bytes):
