@@ -108,21 +108,32 @@ class SerperSearch:
         ]
 
 
-class SearxngSearch:
+class _SelfHosted:
+    """A backend at an endpoint one runs oneself: its identity is its name and the endpoint."""
+
+    name: str
+
+    def __init__(self, endpoint: str, timeout_s: float) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.timeout_s = timeout_s
+        self.identity = f"{self.name}:{self.endpoint}"
+
+    async def _fetch(self, method: str, path: str, **request: Any) -> tuple[str, Any]:
+        """The URL of `path` under the endpoint, and its JSON body."""
+        url = f"{self.endpoint}/{path}"
+        return url, await _fetch_json(method, url, self.timeout_s, **request)
+
+
+class SearxngSearch(_SelfHosted):
     """A self-hosted SearXNG instance's JSON API (`format=json` must be enabled there)."""
 
     name = "searxng"
 
     def __init__(self, endpoint: str, timeout_s: float = 30.0) -> None:
-        self.endpoint = endpoint.rstrip("/")
-        self.timeout_s = timeout_s
-        self.identity = f"searxng:{self.endpoint}"
+        super().__init__(endpoint, timeout_s)
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
-        url = f"{self.endpoint}/search"
-        payload = await _fetch_json(
-            "GET", url, self.timeout_s, params={"q": query, "format": "json"}
-        )
+        url, payload = await self._fetch("GET", "search", params={"q": query, "format": "json"})
         results = _records(
             _field(payload, "results", url), url, "'results' is not a list of objects"
         )
@@ -137,7 +148,7 @@ class SearxngSearch:
         ]
 
 
-class RetrievalServerSearch:
+class RetrievalServerSearch(_SelfHosted):
     """`POST /retrieve {"queries": [...], "topk": k, "return_scores": true}` → one list of
     `{"document": {"id", "contents"}, "score"}` per query (Search-R1 style local indexes,
     where `contents` is `"title"\\ntext`)."""
@@ -145,17 +156,11 @@ class RetrievalServerSearch:
     name = "retrieval-server"
 
     def __init__(self, endpoint: str, timeout_s: float = 60.0) -> None:
-        self.endpoint = endpoint.rstrip("/")
-        self.timeout_s = timeout_s
-        self.identity = f"retrieval-server:{self.endpoint}"
+        super().__init__(endpoint, timeout_s)
 
     async def search(self, query: str, top_k: int) -> list[SearchHit]:
-        url = f"{self.endpoint}/retrieve"
-        payload = await _fetch_json(
-            "POST",
-            url,
-            self.timeout_s,
-            json={"queries": [query], "topk": top_k, "return_scores": True},
+        url, payload = await self._fetch(
+            "POST", "retrieve", json={"queries": [query], "topk": top_k, "return_scores": True}
         )
         per_query = _field(payload, "result", url)
         if not isinstance(per_query, list) or len(per_query) != 1:
