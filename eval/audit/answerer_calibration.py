@@ -53,14 +53,13 @@ from typing import Any
 from agents import user_answerer
 from agents.types import UNKNOWN
 from agents.user_answerer import SpanLimits
-from eval.data.dataset import SAMPLE_DIR, DatasetError, read_rows
+from eval.data.dataset import SAMPLE_DIR, labelled_rows, refuse_labels
 from eval.data.schema import CONSTRAINT_TYPES, known_language
 from eval.run.config import ClarificationConfig, ResolvedExperiment
 from eval.run.engines import open_engines
 from serving.engine import ChatModel
 from serving.errors import EngineError
 from serving.types import Sampling
-from webdancer.corpus import Problem
 
 #: The labelled set shipped with the toolkit (`--labels sample`).
 SAMPLE_ANSWERER_LABELS = SAMPLE_DIR / "answerer_labels.jsonl"
@@ -199,27 +198,10 @@ def read_answer_labels(labels: str | Path) -> AnswerLabelSet:
     """Every row of an answerer labels JSONL; DatasetError listing every bad row as
     `file:line: field: message`."""
     path = labels_path(labels)
-    file = str(path)
-    if not path.is_file():
-        raise DatasetError([Problem(file, None, "<file>", "no such file")])
-    if path.suffix not in (".jsonl", ".ndjson"):
-        raise DatasetError([Problem(file, None, "<file>", "expected a JSONL file (.jsonl)")])
-    problems: list[Problem] = []
-    items: list[LabelledQuestion] = []
-    ids: dict[str, int] = {}
-    for row in read_rows(path):
-        if row.data is None:
-            problems.append(Problem(file, row.line, "<row>", row.error or "unreadable"))
-            continue
-        found = _row_problems(row.data, ids, row.line)
-        problems += [Problem(file, row.line, key, message) for key, message in found]
-        if not found:
-            items.append(_item(row.data, row.line))
-    if not problems and not items:
-        problems.append(Problem(file, None, "<file>", "no labelled rows"))
-    if problems:
-        raise DatasetError(problems)
-    return AnswerLabelSet(file, tuple(items))
+    rows, problems = labelled_rows(path, _row_problems)
+    items = [_item(data, line) for line, data in rows]
+    refuse_labels(str(path), problems, len(items))
+    return AnswerLabelSet(str(path), tuple(items))
 
 
 def _row_problems(data: dict[str, Any], ids: dict[str, int], line: int) -> list[Found]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from agents import judge
 from eval.audit.agreement import STRICT_LABELS, cohen_kappa, confusion, strict
-from eval.data.dataset import SAMPLE_DIR, DatasetError, read_rows
+from eval.data.dataset import SAMPLE_DIR, labelled_rows, refuse_labels
 from eval.run.config import JudgeConfig, ResolvedExperiment
 from eval.run.engines import open_engines
 from eval.run.progress import ShowProgress, progress
@@ -102,31 +102,16 @@ def read_labels(labels: str | Path) -> LabelSet:
     `file:line: field: message`."""
     path = labels_path(labels)
     file = str(path)
-    if not path.is_file():
-        raise DatasetError([Problem(file, None, "<file>", "no such file")])
-    if path.suffix not in (".jsonl", ".ndjson"):
-        raise DatasetError([Problem(file, None, "<file>", "expected a JSONL file (.jsonl)")])
-    problems: list[Problem] = []
+    labelled, problems = labelled_rows(path, _row_problems)
     groups: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-    ids: dict[str, int] = {}
-    for row in read_rows(path):
-        if row.data is None:
-            problems.append(Problem(file, row.line, "<row>", row.error or "unreadable"))
-            continue
-        found = _row_problems(row.data, ids, row.line)
-        problems += [Problem(file, row.line, key, message) for key, message in found]
-        if not found:
-            group = row.data.get("group") or row.data["answer"]
-            groups.setdefault(group, []).append((row.line, row.data))
+    for line, data in labelled:
+        groups.setdefault(data.get("group") or data["answer"], []).append((line, data))
     answers = []
     for group, rows in groups.items():
         answer, mismatches = _answer(group, rows)
         problems += [Problem(file, line, key, message) for line, key, message in mismatches]
         answers.append(answer)
-    if not problems and not answers:
-        problems.append(Problem(file, None, "<file>", "no labelled rows"))
-    if problems:
-        raise DatasetError(problems)
+    refuse_labels(file, problems, len(answers))
     return LabelSet(file, tuple(answers))
 
 

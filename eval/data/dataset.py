@@ -12,7 +12,7 @@ import csv
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -314,6 +314,44 @@ def read_rows(source: str | Path, split: str | None = None) -> Iterator[Row]:
         raise DatasetError(
             [Problem(str(path), None, "<file>", f"cannot read: {e.strerror or e}")]
         ) from e
+
+
+#: A labels file's check of one row: its problems as (field, message), given the row's data,
+#: the ids of the rows before it (id -> line; the check records the row's) and its line.
+RowCheck = Callable[[dict[str, Any], dict[str, int], int], list[tuple[str, str]]]
+
+
+def labelled_rows(
+    path: Path, check: RowCheck
+) -> tuple[list[tuple[int, dict[str, Any]]], list[Problem]]:
+    """The rows of a labels JSONL that `check` finds nothing wrong with, each with its line,
+    and the problems of the others; DatasetError at once for a file that is missing or not
+    JSONL."""
+    file = str(path)
+    if not path.is_file():
+        raise DatasetError([Problem(file, None, "<file>", "no such file")])
+    if path.suffix not in (".jsonl", ".ndjson"):
+        raise DatasetError([Problem(file, None, "<file>", "expected a JSONL file (.jsonl)")])
+    problems: list[Problem] = []
+    rows: list[tuple[int, dict[str, Any]]] = []
+    ids: dict[str, int] = {}
+    for row in read_rows(path):
+        if row.data is None:
+            problems.append(Problem(file, row.line, "<row>", row.error or "unreadable"))
+            continue
+        found = check(row.data, ids, row.line)
+        problems += [Problem(file, row.line, key, message) for key, message in found]
+        if not found:
+            rows.append((row.line, row.data))
+    return rows, problems
+
+
+def refuse_labels(file: str, problems: list[Problem], labelled: int) -> None:
+    """DatasetError listing `problems`, or saying that the file has no labelled row."""
+    if not problems and not labelled:
+        problems.append(Problem(file, None, "<file>", "no labelled rows"))
+    if problems:
+        raise DatasetError(problems)
 
 
 # -- adapting foreign shapes ----------------------------------------------------------------------
