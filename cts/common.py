@@ -256,7 +256,7 @@ def shard_of(text: str | None) -> Shard:
     return Shard.parse(text) if text else Shard()
 
 
-# -- calibration against labels -----------------------------------------------------------------
+# -- calibration against labels ---------------------------------------------------------------
 
 
 def labels_option(help: str) -> Any:

@@ -11,14 +11,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cts.common import EXITS, command, exit_for
+from cts.common import EXITS, SERVING, command, exit_for, serving
 from eval.data.dataset import DatasetError
 from eval.report.report import load_run
 from eval.run.config import ExperimentConfig, load_experiment
 from eval.run.run_dir import RunDir, RunDirError, ShardError
 from eval.run.runner import RecordFileError, ShardBusy
 from serving.model_config import ModelConfig
-from serving.serve import EndpointsError, Stopped
+from serving.serve import EndpointsError, ServeOptions, Stopped
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError, Override, load_config, mapping_overrides
 from train.config import load_train_config
@@ -169,6 +169,52 @@ def test_a_command_ends_with_the_mapped_exit_code():
     result = CliRunner().invoke(app, ["fail", "--path", "r.jsonl"])
     assert result.exit_code == 1
     assert "records error: r.jsonl:1: not a record" in result.output
+
+
+_OWN_SERVE = serving("Start only this command's server.")
+
+
+def test_the_serving_options_stand_in_the_place_of_their_parameter():
+    app = typer.Typer()
+    got: dict[str, object] = {}
+
+    @command(app, "go")
+    def go(
+        before: int = typer.Option(1, "--before"),
+        options: ServeOptions = SERVING,
+        after: str = typer.Option("a", "--after"),
+    ) -> None:
+        got.update(before=before, options=options, after=after)
+
+    @command(app, "own")
+    def own(options: ServeOptions = _OWN_SERVE) -> None:
+        got.update(options=options)
+
+    runner = CliRunner()
+    args = ["--serve", "--gpus", "0,1", "--cpu", "--vllm-python", "py", "--ready-timeout", "7"]
+    result = runner.invoke(app, ["go", "--before", "2", *args, "--endpoints", "e.json"])
+    assert result.exit_code == 0, result.output
+    assert got == {
+        "before": 2,
+        "options": ServeOptions(Path("e.json"), True, "0,1", True, "py", 7.0),
+        "after": "a",
+    }
+    assert runner.invoke(app, ["own"]).exit_code == 0
+    assert got["options"] == ServeOptions()
+    assert runner.invoke(app, ["go", "--ready-timeout", "0"]).exit_code == 2
+    flags = [o for p in typer.main.get_command(app).commands["go"].params for o in p.opts]
+    assert flags[:8] == [
+        "--before",
+        "--endpoints",
+        "--serve",
+        "--gpus",
+        "--cpu",
+        "--vllm-python",
+        "--ready-timeout",
+        "--after",
+    ]
+    own_help = runner.invoke(app, ["own", "--help"], env={"COLUMNS": "200"}).output
+    assert "Start only this command's server." in own_help
 
 
 def test_only_the_command_line_package_imports_typer():
