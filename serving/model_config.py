@@ -137,7 +137,11 @@ class ModelConfig(_Strict):
         if not path.is_absolute():
             path = CONFIG_DIR / path
         if not (path / "adapter_config.json").is_file():
-            raise ConfigError(f"model {self.name}: adapter {path} has no adapter_config.json")
+            raise ConfigError(
+                f"model {self.name}: adapter {path} has no adapter_config.json (a peft LoRA "
+                "adapter's folder; the tiny model's are built by `cts train judge` and "
+                "`cts train answerer`)"
+            )
         return str(path)
 
     @property
