@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from agents import lexical_judge
 from agents.prompts import prompt_language, render
 from serving.engine import ChatModel
+from serving.lexical import is_lexical
 from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
 
 #: Most nuggets one judge call labels (`judge.batch_size` may lower it, never raise it).
@@ -146,9 +148,13 @@ async def judge(
     batch_size: int = BATCH,
 ) -> dict[str, NuggetLabel]:
     """Labels for every nugget, in the order given, in batches of `batch_size` (at most 10);
-    `query` is shown only if given."""
+    `query` is shown only if given. A lexical engine (serving/lexical.py) is no model:
+    agents/lexical_judge.py labels the nuggets, reading neither the query nor the language."""
     if not 1 <= batch_size <= BATCH:
         raise ValueError(f"batch_size must be 1..{BATCH}, got {batch_size}")
+    if is_lexical(engine):  # no model to ask: the rules label every nugget at once
+        engine.stats.calls += 1
+        return {n.id: NuggetLabel(*lexical_judge.label(answer, n.text)) for n in nuggets}
     batches = [nuggets[i : i + batch_size] for i in range(0, len(nuggets), batch_size)]
     labelled: dict[str, NuggetLabel] = {}
     for part in await asyncio.gather(

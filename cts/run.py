@@ -175,8 +175,8 @@ def plan_lines(plan: RunPlan) -> list[str]:
 
 
 def _where(model: ModelPlan) -> str:
-    if model.engine == "scripted":
-        return "in-process (scripted), no weights"
+    if model.engine in ("scripted", "lexical"):
+        return f"in-process ({model.engine}), no weights"
     if model.engine != "openai":
         return f"in-process ({model.engine}), weights {model.path}"
     if model.started:

@@ -462,10 +462,13 @@ def _model_rows(
     target_hours: float,
     sweep_instances: int,
 ) -> list[ModelRow]:
-    """Per model: generated tokens, server and GPU hours (from its throughput) and shards."""
+    """Per model: generated tokens, server and GPU hours (from its throughput) and shards.
+    The lexical judge is no model: it has no row."""
     model_rows = []
     for model in dict.fromkeys(roles.values()):
         config = sweep.model_configs[model]
+        if config.engine == "lexical":
+            continue
         generated = x.figure(f"model:{model}:completion_tokens")
         throughput = config.throughput_tokens_per_s
         hours = generated.scaled(1 / throughput / 3600) if generated and throughput else None

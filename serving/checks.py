@@ -106,8 +106,8 @@ def weights(models: dict[str, ModelConfig], experiment: str, target: Path) -> li
         if model.engine == "openai" and not model.vllm.serve:
             checks.append(Check(name, "skip", f"served elsewhere ({model.endpoint})"))
             continue
-        if model.engine == "scripted":
-            checks.append(Check(name, "skip", "a scripted engine: no weights"))
+        if model.engine in ("scripted", "lexical"):
+            checks.append(Check(name, "skip", f"a {model.engine} engine: no weights"))
             continue
         if model.is_tiny:
             checks.append(Check(name, "ok", "the tiny model (`cts models prepare-tiny`)"))

@@ -62,7 +62,10 @@ class ModelConfig(_Strict):
     name: str
     #: Local checkpoint directory, hub id, or `tiny:smollm2-135m-instruct`.
     path: str
-    engine: Literal["transformers", "openai", "vllm-offline", "scripted"] = "transformers"
+    #: `lexical`: no model, the judge role's lexical nugget matcher (serving/lexical.py).
+    engine: Literal["transformers", "openai", "vllm-offline", "scripted", "lexical"] = (
+        "transformers"
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     revision: str | None = None
     #: Passed to the chat template (e.g. `enable_thinking: false` for Qwen3).
@@ -115,8 +118,11 @@ class ModelConfig(_Strict):
     @property
     def needs_weights(self) -> bool:
         """Whether this model runs from weights this machine must have: not a scripted
-        engine, not an endpoint someone else serves (`engine: openai`, `vllm.serve: false`)."""
-        return self.engine != "scripted" and not (self.engine == "openai" and not self.vllm.serve)
+        engine, not the lexical judge, not an endpoint someone else serves (`engine: openai`,
+        `vllm.serve: false`)."""
+        return self.engine not in ("scripted", "lexical") and not (
+            self.engine == "openai" and not self.vllm.serve
+        )
 
     @model_validator(mode="after")
     def _adapter_needs_transformers(self) -> ModelConfig:
@@ -210,6 +216,10 @@ def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> Cha
             chat_template_kwargs=config.chat_template_kwargs,
             revision=config.revision,
         )
+    elif config.engine == "lexical":
+        from serving.lexical import LexicalEngine
+
+        engine = LexicalEngine(config.name)
     elif config.engine == "scripted":
         from serving.scripted import scripted_engine
 

@@ -61,7 +61,7 @@ def test_a_run_and_its_rejudged_copy_are_not_compared_as_clarifier_systems(scrip
     refused = cts("report", source, rejudged, "--out", out)
     assert refused.exit_code == 2, refused.output
     assert "differ beyond the clarifier" in refused.output
-    assert 'judge.model.name: "smollm2-135m-instruct" → "Qwen/Qwen3-8B"' in refused.output
+    assert 'judge.model.name: "lexical-judge" → "Qwen/Qwen3-8B"' in refused.output
     assert f"cts judge agreement {source} {rejudged}" in refused.output
     assert "--allow-unlike" in refused.output
     assert not out.exists()  # refused before anything is written
@@ -117,8 +117,9 @@ def _setup(dataset, overrides=(), prints=None):  # type: ignore[no-untyped-def]
         ("search.top_k=5", "search"),
         ("search.corpus=other.jsonl", "search"),
         ("budgets.max_llm_calls=2", "budgets"),
-        # A model every role shares: its change is every other role's too.
-        ("models.smollm2-135m-instruct.dtype=float32", "judge"),
+        # A model every role but the judge shares: its change is every other role's too.
+        ("models.smollm2-135m-instruct.dtype=float32", "searcher"),
+        ("roles.judge.model=smollm2-135m-instruct", "judge"),
     ],
 )
 def test_what_is_not_the_clarifiers_is_named(dataset, override, part):

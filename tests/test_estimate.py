@@ -78,8 +78,11 @@ def cts(*args: str):
 #: The sweep: the whole sample dev split (24 instances) × 5 conditions × seed 0 = 120 keys.
 #: The response cache is off, so that every request reaches its engine and is counted.
 # The hand count below leaves out the judge's canary (judge.canary: one more judge call on the
-# records its hash draws); tests/test_judge_canary.py counts those.
+# records its hash draws); tests/test_judge_canary.py counts those. The judge is the tiny
+# model, as in any sweep with a model judge (the quickstart's lexical judge calls no model).
 SWEEP = [
+    "--set",
+    f"roles.judge.model={MODEL}",
     "--set",
     "dataset.limit=null",
     "--set",

@@ -336,6 +336,8 @@ def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):
             str(out),
             "--set",
             f"cache.path={tmp_path / 'responses.sqlite'}",
+            "--set",
+            "roles.judge.model=smollm2-135m-instruct",  # a model judge (scripted here)
         ],
     )
     assert done.exit_code == 0, done.output

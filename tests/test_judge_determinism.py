@@ -68,7 +68,12 @@ def test_only_the_judge_gets_the_unbatched_view_under_its_own_cache_identity(tmp
 
     monkeypatch.setattr(eval.run.engines, "build_engine", build_engine)
     resolved = load_experiment(
-        None, ["judge.deterministic=true", f"cache.path={tmp_path}/responses.sqlite"]
+        None,
+        [
+            "judge.deterministic=true",
+            "roles.judge.model=smollm2-135m-instruct",
+            f"cache.path={tmp_path}/responses.sqlite",
+        ],
     )
 
     async def go() -> None:
@@ -89,7 +94,9 @@ def test_only_the_judge_gets_the_unbatched_view_under_its_own_cache_identity(tmp
     cache.close()
     # Off, the judge shares the batches.
     built.clear()
-    resolved = load_experiment(None, [f"cache.path={tmp_path}/off.sqlite"])
+    resolved = load_experiment(
+        None, ["roles.judge.model=smollm2-135m-instruct", f"cache.path={tmp_path}/off.sqlite"]
+    )
     asyncio.run(go())
     assert sorted(map(sorted, built[0].calls))[0] == ["c0", "c1", "j0", "j1"]
 

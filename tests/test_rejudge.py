@@ -117,6 +117,8 @@ def make_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str
             "dataset.limit=3",
             f"conditions={CONDITIONS}",
             "search.date=2026-11-30",
+            # A model judge (scripted here), whose answers a rejudge may replay or not.
+            "roles.judge.model=smollm2-135m-instruct",
             f"cache.path={tmp_path}/responses.sqlite",
             f"search.tool_cache={tmp_path}/tools.sqlite",
             *overrides,

@@ -203,7 +203,8 @@ def test_a_server_killed_with_32_requests_in_flight_and_restarted_lets_the_run_f
     """The real server SIGKILLed once it holds 32 requests (a point of progress read from its
     metrics, not a delay), then started again on the same port: every request it dropped is
     sent again until the new one answers, the run finishes (exit 0) with every record and no
-    error of the server's making, and its retry line counts the attempts sent again, all for `connection`.
+    error of the server's making, and its retry line counts the attempts sent again, all for
+    `connection`.
 
     Both servers batch, as a server at load does: that equal records survive a restart is the
     single-key test's claim above (it needs a server that computes one request at a time, which

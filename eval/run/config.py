@@ -563,17 +563,30 @@ def load_experiment(
         origins=loaded.origins,
     )
     check_deterministic_judge(resolved)
+    check_lexical_roles(resolved)
     return resolved
+
+
+def check_lexical_roles(resolved: ResolvedExperiment) -> None:
+    """Engine `lexical` labels nuggets and nothing else: ConfigError for any other role."""
+    for role, role_config in resolved.experiment.roles.items():
+        if role != "judge" and resolved.model_for(role).engine == "lexical":
+            raise ConfigError(
+                f"{resolved.origins.where('roles', role, 'model')}: model "
+                f"{role_config.model!r} is the lexical judge (engine 'lexical'), which labels "
+                f"nuggets only; role {role} needs a language model"
+            )
 
 
 def check_deterministic_judge(resolved: ResolvedExperiment) -> None:
     """`judge.deterministic` needs a judge the toolkit batches itself: the in-process
-    transformers engine. ConfigError otherwise, naming the model and what to do instead."""
+    transformers engine (or the lexical judge, deterministic by construction). ConfigError
+    otherwise, naming the model and what to do instead."""
     experiment = resolved.experiment
     if not experiment.judge.deterministic or "judge" not in experiment.roles:
         return
     model = resolved.model_for("judge")
-    if model.engine != "transformers":
+    if model.engine not in ("transformers", "lexical"):
         raise ConfigError(
             f"{resolved.origins.where('judge', 'deterministic')}: the judge's model "
             f"{experiment.roles['judge'].model!r} runs on engine {model.engine!r}, which batches "
