@@ -519,12 +519,12 @@ def test_cts_answerer_calibrate_end_to_end(tmp_path, monkeypatch, small):
     assert "| over-disclosure (a value answer giving a value not asked for) | 100.0% (4) | 4 |" in (
         done.output
     )
-    assert "(smollm2-135m-instruct)" in done.output
+    assert "(smollm2-135m-answerer)" in done.output
     assert "- e [zh, untyped] contained: `是哪一年的标准？` expected `2025年`, answered " in (
         done.output
     )
     document = json.loads(out.read_text())
-    assert document["user_answerer"] == "smollm2-135m-instruct"
+    assert document["user_answerer"] == "smollm2-135m-answerer"
     assert document["answerer"] == "extractive" and document["seed"] == 0
     assert document["figures"]["over_disclosure"] == {"n": 4, "count": 4, "share": 1.0}
     assert document["by_language"]["zh"]["false_answer"] == {"n": 1, "count": 1, "share": 1.0}

@@ -79,10 +79,11 @@ def cts(*args: str):
 #: The response cache is off, so that every request reaches its engine and is counted.
 # The hand count below leaves out the judge's canary (judge.canary: one more judge call on the
 # records its hash draws); tests/test_judge_canary.py counts those. The judge is the tiny
-# model, as in any sweep with a model judge (the quickstart's lexical judge calls no model).
+# model, as in any sweep with a model judge (the quickstart's lexical judge calls no model),
+# and so is the User Answerer (not its adapter): one model, one server row.
+ONE_MODEL = ["--set", f"roles.judge.model={MODEL}", "--set", f"roles.user_answerer.model={MODEL}"]
 SWEEP = [
-    "--set",
-    f"roles.judge.model={MODEL}",
+    *ONE_MODEL,
     "--set",
     "dataset.limit=null",
     "--set",
@@ -247,6 +248,7 @@ def test_from_run_with_an_unknown_throughput_says_unknown(scripted):
         str(scripted / "pilot"),
         "--set",
         "dataset.limit=12",
+        *ONE_MODEL,
         "--out",
         str(scripted / "half.json"),
     )
@@ -325,7 +327,7 @@ def test_a_tiny_target_suggests_one_shard_per_instance_at_most(scripted, hours):
     out = scripted / f"tiny-{hours}.json"
     result = cts(
         "estimate", "--from-run", str(scripted / "pilot"), "--target-hours", hours,
-        "--set", "dataset.limit=12", *PRICED, "--out", str(out),
+        "--set", "dataset.limit=12", *ONE_MODEL, *PRICED, "--out", str(out),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     found = json.loads(out.read_text())

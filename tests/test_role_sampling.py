@@ -3,7 +3,9 @@
 Response-cache keys hash the exact Sampling a role sends, and a dialogue's fingerprint hashes
 the dialogue roles' sampling: a changed value would silently orphan every cached answer and
 every saved dialogue. The expected values were taken from the code before each role declared
-its own sampling and must not move when that code is refactored."""
+its own sampling and must not move when that code is refactored. The quickstart's dialogue
+fingerprints moved once on purpose, with its User Answerer's served model name
+(smollm2-135m-instruct → smollm2-135m-answerer, 2026-12-03); their sampling did not."""
 
 from __future__ import annotations
 
@@ -149,7 +151,7 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
             "summarizer": [S(max_tokens=512)],
             "nugget_builder": [S(max_tokens=864)],
         },
-        {"f298169ebc7ea884"},
+        {"661b9f29a5d03f4a"},
     ),
     "quickstart-llm-types": (
         {
@@ -162,7 +164,7 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
             "question_classifier": [S(max_tokens=48)],
             "nugget_builder": [S(max_tokens=864)],
         },
-        {"4b7dda21405ef630"},
+        {"db90fadebe6161bf"},
     ),
     "quickstart-overrides": (
         {
@@ -174,7 +176,7 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
             "summarizer": [S(max_tokens=512)],
             "nugget_builder": [S(max_tokens=864)],
         },
-        {"f298169ebc7ea884"},
+        {"661b9f29a5d03f4a"},
     ),
     "hard518": (
         {
