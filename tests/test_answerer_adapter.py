@@ -259,3 +259,19 @@ def test_a_one_step_fit_writes_an_adapter_the_answerer_runs_under_its_constraint
         )
     )
     assert user_answerer.is_span(answer, instance.fused_query)
+
+
+@pytest.mark.slow
+def test_the_quickstart_answerer_stays_above_the_floors_of_its_one_measurement(tmp_path):
+    """`cts answerer calibrate` on the quickstart (whose User Answerer is the shipped adapter)
+    against the shipped labels (about a minute): floors under the figures measured once when
+    the adapter was built (exact 56.5%, false answer 32.8%, base 10.6% and 100%) — a
+    regression guard, not a tuned number."""
+    out = tmp_path / "answerer.json"
+    result = CliRunner().invoke(app, ["answerer", "calibrate", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())["figures"]
+    print(json.dumps(figures))
+    assert figures["n"] == 170
+    assert figures["exact"]["share"] >= 0.45
+    assert figures["false_answer"]["share"] <= 0.5
