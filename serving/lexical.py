@@ -10,15 +10,15 @@ from serving.engine import ChatModel, Engine
 from serving.errors import EngineError
 from serving.types import ChatRequest, ChatResponse
 
-#: Part of the identity: a change of the rules changes every judge fingerprint.
-RULES_VERSION = "1"
-
 
 class LexicalEngine(Engine):
+    """The lexical judge's place among the engines: a name, stats (one call per judged
+    record), no weights and no response cache to key."""
+
     def __init__(self, name: str) -> None:
         super().__init__()
         self.model = name
-        self.identity = f"lexical:{name}:rules-{RULES_VERSION}"
+        self.identity = f"lexical:{name}"
 
     async def _complete(self, request: ChatRequest) -> ChatResponse:
         raise EngineError(
