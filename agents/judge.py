@@ -152,8 +152,7 @@ async def judge(
     agents/lexical_judge.py labels the nuggets, reading neither the query nor the language."""
     if not 1 <= batch_size <= BATCH:
         raise ValueError(f"batch_size must be 1..{BATCH}, got {batch_size}")
-    if is_lexical(engine):  # no model to ask: the rules label every nugget at once
-        engine.stats.calls += 1
+    if is_lexical(engine):  # no model to ask, and no model call to count
         return {n.id: NuggetLabel(*lexical_judge.label(answer, n.text)) for n in nuggets}
     batches = [nuggets[i : i + batch_size] for i in range(0, len(nuggets), batch_size)]
     labelled: dict[str, NuggetLabel] = {}

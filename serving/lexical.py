@@ -12,8 +12,8 @@ from serving.types import ChatRequest, ChatResponse
 
 
 class LexicalEngine(Engine):
-    """The lexical judge's place among the engines: a name, stats (one call per judged
-    record), no weights and no response cache to key."""
+    """The lexical judge's place among the engines: a name, and stats that stay at 0 (a run's
+    "model calls" count models); no weights and no response cache to key."""
 
     def __init__(self, name: str) -> None:
         super().__init__()

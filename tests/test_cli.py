@@ -63,9 +63,13 @@ def test_models_list_shows_shipped_configs():
 
 @pytest.mark.slow
 def test_models_check_prints_answer_and_speed(tiny_path):
-    result = cts("models", "check", "--role", "judge", "--structured")
+    result = cts("models", "check", "--role", "clarifier", "--structured")
     assert result.exit_code == 0, result.output
     assert "question" in result.output and "tok/s" in result.output
+    # The quickstart's judge is no model: it is named, and nothing is asked of it.
+    lexical = cts("models", "check", "--role", "judge")
+    assert lexical.exit_code == 0, lexical.output
+    assert "lexical-judge" in lexical.output and "no model" in " ".join(lexical.output.split())
 
 
 def test_models_check_unknown_role():

@@ -10,14 +10,22 @@ dataset, the pipeline, the runner, the judge and the scoring are the real ones."
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
+import eval.experiment
 from cts.cli import app
 from eval.data.dataset import DatasetSource, load_instances
+from eval.experiment import run_experiment
+from eval.run.config import load_experiment
 from eval.run.runner import RecordStore
+from serving.engine import ChatModel, Wrapped
+from serving.types import ChatRequest, ChatResponse
 
 NOTHING = "I could not find reliable information about this."
 
@@ -79,3 +87,71 @@ def test_an_answer_stating_the_nuggets_scores_100_and_one_stating_none_scores_0(
         assert oracle.labels[nugget.id]["evidence"] == nugget.text[:120]
     summary = json.loads((run_dir / "summary.json").read_text())
     print(json.dumps(summary["systems"], indent=1)[:1500])
+
+
+# -- the fused query's sentinel, on the real tiny models -------------------------------------------
+
+SENTINEL = "SENTINEL-9b2d"
+
+
+class Recorder(Wrapped):
+    """A role's engine that keeps the text of every request it is sent."""
+
+    def __init__(self, inner: ChatModel, seen: list[str]) -> None:
+        super().__init__(inner)
+        self.seen = seen
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        self.seen.append("\n".join(m.content for m in request.messages))
+        return await self.inner.chat(request)
+
+
+@pytest.mark.slow
+def test_the_fused_query_reaches_no_role_but_the_user_answerer_on_the_real_models(
+    tiny_path: str, tmp_path: Path, monkeypatch
+) -> None:
+    """The quickstart's real models (the tiny model, its answerer adapter, the lexical judge)
+    on one sample instance whose fused query ends in a sentinel: every prompt of every role is
+    recorded, and the sentinel is in the User Answerer's alone — elsewhere only where one of
+    its answers carried it on."""
+    (instance,) = load_instances(DatasetSource(path="sample", split="dev", limit=1))
+    planted = instance.model_copy(update={"fused_query": f"{instance.fused_query} {SENTINEL}"})
+    dataset = tmp_path / "planted.jsonl"
+    dataset.write_text(planted.model_dump_json() + "\n")
+    seen: dict[str, list[str]] = defaultdict(list)
+    real = eval.experiment.open_engines
+
+    @asynccontextmanager
+    async def recording(resolved, roles=None, use_cache=True):  # type: ignore[no-untyped-def]
+        async with real(resolved, roles, use_cache) as engines:
+            for role, engine in list(engines.roles.items()):
+                engines.roles[role] = Recorder(engine, seen[role])
+            yield engines
+
+    monkeypatch.setattr(eval.experiment, "open_engines", recording)
+    resolved = load_experiment(
+        None,
+        [
+            f"dataset.path={dataset}",
+            "dataset.split=null",
+            "conditions=[blurred,clarify@2]",
+            # Where the sentinel may go is decided before the search's budget is: the least.
+            "budgets.max_llm_calls=1",
+            "search.max_page_tokens=300",
+            "models.smollm2-135m-instruct.sampling.max_tokens=128",
+            f"cache.path={tmp_path}/responses.sqlite",
+            f"search.tool_cache={tmp_path}/tools.sqlite",
+        ],
+    )
+    result = run_experiment(resolved, tmp_path / "run", show_progress=False)
+    assert not result.outcome.interrupted
+    records = RecordStore(tmp_path / "run").completed()
+    assert len(records) == 2
+    assert seen["user_answerer"] and any(SENTINEL in p for p in seen["user_answerer"])
+    carried = any(SENTINEL in a for r in records.values() for a in r.answers)
+    print({role: len(prompts) for role, prompts in seen.items()}, "carried:", carried)
+    for role in ("clarifier", "question_classifier", "rewriter", "judge"):
+        assert not [p for p in seen[role] if SENTINEL in p] or carried, role
+    # The blurred search sees no answer: nothing can carry the sentinel into it.
+    blurred = records[(instance.id, "blurred", 0)]
+    assert blurred.error is None and SENTINEL not in (blurred.answer or "")

@@ -5,7 +5,9 @@ same command resumes to records equal to an uninterrupted run's.
 
 Equality across two server processes needs the server to compute each request alone and
 from scratch: `--max-num-seqs 1` (no batch whose make-up could change the float sums) and no
-prefix cache (a cached prefix is computed in other chunks than a fresh one)."""
+prefix cache (a cached prefix is computed in other chunks than a fresh one). Every model call
+is the search agent's (conditions blurred and oracle, the lexical judge): what is killed is a
+server in the middle of search runs, at the least cost a key can have."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ roles:
   rewriter: {{model: tiny}}
   searcher: {{model: tiny}}
   summarizer: {{model: tiny}}
-  judge: {{model: tiny}}
+  judge: {{model: lexical-judge}}
 models:
   tiny:
     name: {name}
@@ -47,7 +49,7 @@ models:
 dataset: {{path: sample, split: dev, limit: 1}}
 search: {{backend: local, corpus: sample, top_k: 2, max_page_tokens: 300}}
 budgets: {{max_llm_calls: 2, max_context_tokens: 3500}}
-conditions: [blurred, clarify@1]
+conditions: [blurred, oracle]
 seeds: [0]
 concurrency: 1
 """

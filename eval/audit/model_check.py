@@ -74,6 +74,9 @@ async def check_models(
             check = ModelCheck(
                 config.name, config.engine, list(its_roles), "", None, 0, 0, 0.0, False
             )
+            if config.engine == "lexical":  # nothing to ask: it answers no chat request
+                check.text = "(the lexical judge: no model, it labels nuggets only)"
+                return check
             started = time.perf_counter()
             try:
                 r = await engines.by_model[ref].chat(request)
