@@ -148,10 +148,15 @@ def test_the_fused_query_reaches_no_role_but_the_user_answerer_on_the_real_model
     records = RecordStore(tmp_path / "run").completed()
     assert len(records) == 2
     assert seen["user_answerer"] and any(SENTINEL in p for p in seen["user_answerer"])
-    carried = any(SENTINEL in a for r in records.values() for a in r.answers)
-    print({role: len(prompts) for role, prompts in seen.items()}, "carried:", carried)
+    # The tiny User Answerer may copy the sentinel into an answer (it ends the fused query):
+    # another role may then see it, but only inside such an answer, never on its own.
+    carriers = [a for r in records.values() for a in r.answers if SENTINEL in a]
+    print({role: len(prompts) for role, prompts in seen.items()}, "carried by:", carriers)
     for role in ("clarifier", "question_classifier", "rewriter", "judge"):
-        assert not [p for p in seen[role] if SENTINEL in p] or carried, role
+        for prompt in seen[role]:
+            for answer in carriers:
+                prompt = prompt.replace(answer, "")
+            assert SENTINEL not in prompt, (role, prompt)
     # The blurred search sees no answer: nothing can carry the sentinel into it.
     blurred = records[(instance.id, "blurred", 0)]
     assert blurred.error is None and SENTINEL not in (blurred.answer or "")
