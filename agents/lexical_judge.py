@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 #: The judge's evidence field allows 120 characters (agents.judge.judge_schema).
@@ -142,8 +142,3 @@ def label(answer: str, nugget: str) -> tuple[str, str]:
     if verdict == "full" and _GUESS.search(quote):
         verdict = "partial"
     return verdict, quote if verdict != "none" and quote else "none"
-
-
-def label_all(answer: str, nuggets: Sequence[tuple[str, str]]) -> dict[str, tuple[str, str]]:
-    """nugget id → (label, evidence) for (id, text) pairs."""
-    return {nugget_id: label(answer, text) for nugget_id, text in nuggets}
