@@ -1,6 +1,6 @@
 """`cts train sample | pairs | fit | all | loop | loop-step | grpo`: fine-tune a clarifier
-against restore scores, once, by expert iteration, or online (GRPO). `cts train judge` and
-`cts train answerer`: the tiny model's judge and User Answerer adapters."""
+against restore scores, once, by expert iteration, or online (GRPO). `cts train judge`,
+`answerer`, `rewriter` and `searcher`: the tiny model's adapters for those roles."""
 
 from __future__ import annotations
 
@@ -29,7 +29,16 @@ from eval.experiment import merge_run
 from eval.report.report import write_report
 from eval.run.run_dir import RunDir
 from serving.serve import ServeOptions, served
-from train import answerer_data, answerer_fit, judge_data, judge_fit
+from train import (
+    answerer_data,
+    answerer_fit,
+    judge_data,
+    judge_fit,
+    rewriter_data,
+    rewriter_fit,
+    searcher_data,
+    searcher_fit,
+)
 from train.answerer_fit import AnswererFitSettings
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit
@@ -47,7 +56,9 @@ from train.loop import (
 )
 from train.lora_sft import LoraSftSettings
 from train.pairs import PairsResult, build_pairs, no_data_message
+from train.rewriter_fit import RewriterFitSettings
 from train.sample import sampling_experiment
+from train.searcher_fit import SearcherFitSettings
 
 app = typer.Typer(
     help="Fine-tune a clarifier against restore scores: sample scored dialogues (an evaluation "
@@ -497,4 +508,28 @@ _role_fit_command(
     removed constraint's span of the fused query or `unknown` (never its held-out answerer
     labels). The adapter of `smollm2-135m-answerer` and its answerer_train.json are written
     to --output.""",
+)
+_role_fit_command(
+    "searcher",
+    SearcherFitSettings(),
+    searcher_fit.ADAPTER_DIR,
+    "searcher calls",
+    searcher_data,
+    lambda settings, output: searcher_fit.fit_searcher(settings, output),
+    """Fine-tune the tiny model's WebDancer searcher: a LoRA adapter trained (CPU) on search
+    runs over the sample benchmark's train split and corpus (one search with the question,
+    then an answer copying the first hit's snippet). The adapter of `smollm2-135m-searcher`
+    and its searcher_train.json are written to --output.""",
+)
+_role_fit_command(
+    "rewriter",
+    RewriterFitSettings(),
+    rewriter_fit.ADAPTER_DIR,
+    "Rewriter calls",
+    rewriter_data,
+    lambda settings, output: rewriter_fit.fit_rewriter(settings, output),
+    """Fine-tune the tiny model's Rewriter: a LoRA adapter trained (CPU) on dialogues about
+    the sample benchmark's train split, each rewritten as the blurred query with every
+    answer that is not `unknown` appended. The adapter of `smollm2-135m-rewriter` and its
+    rewriter_train.json are written to --output.""",
 )

@@ -85,6 +85,10 @@ class ModelConfig(_Strict):
     #: (`models/adapters/smollm2-135m-judge`). The other engines cannot apply one (vLLM serves
     #: adapters through `vllm.extra_args`, as `cts train fit` writes them).
     adapter: str | None = None
+    #: Trained on the WebDancer protocol, so that its search turns need no grammar (an
+    #: experiment's `search.constrained` decides over it). None: every model but the tiny one,
+    #: never trained on it; the tiny model with its searcher adapter sets it true.
+    webdancer_trained: bool | None = None
     max_batch_size: int = Field(8, ge=1)
     threads: int | None = None
     vllm: VllmServerArgs = VllmServerArgs()
@@ -145,14 +149,19 @@ class ModelConfig(_Strict):
         if not (path / "adapter_config.json").is_file():
             raise ConfigError(
                 f"model {self.name}: adapter {path} has no adapter_config.json (a peft LoRA "
-                "adapter's folder; the tiny model's are built by `cts train judge` and "
-                "`cts train answerer`)"
+                "adapter's folder; the tiny model's are built by `cts train ROLE`, ROLE one of "
+                "judge, answerer, rewriter, searcher)"
             )
         return str(path)
 
     @property
     def is_tiny(self) -> bool:
         return self.path.startswith(TINY_PREFIX)
+
+    @property
+    def knows_webdancer(self) -> bool:
+        """Whether its search turns run without the protocol's grammar by default."""
+        return not self.is_tiny if self.webdancer_trained is None else self.webdancer_trained
 
     def resolved_path(self) -> str:
         """The checkpoint directory, preparing the tiny model first when this config needs it."""

@@ -12,6 +12,7 @@ import json
 import re
 import threading
 import time
+import warnings
 from collections.abc import Collection
 from functools import lru_cache
 from typing import Any, Literal
@@ -141,7 +142,21 @@ def with_adapter(hf: Any, adapter: str) -> Any:
             f"adapter {adapter}: applying a LoRA adapter needs peft: "
             'pip install "clarify-then-search[train]"'
         ) from None
-    return PeftModel.from_pretrained(hf, adapter).merge_and_unload()
+    with warnings.catch_warnings():
+        # Two warnings on every load that say nothing to a user: peft asks transformers a
+        # deprecated question, and merging unties the output head from the embeddings (which
+        # no adapter here touches).
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+        warnings.filterwarnings("ignore", "Input and output embeddings are no longer tied")
+        return PeftModel.from_pretrained(hf, adapter).merge_and_unload()
+
+
+#: One model loads at a time in a process. `from_pretrained` sets process-wide state while it
+#: runs (torch's default dtype, the meta device it builds the model on): two engines loading
+#: in their worker threads at once (the quickstart's searcher and User Answerer, both adapted
+#: copies of the tiny model) got each other's, and generated from a bfloat16 layer or a
+#: weight left on the meta device.
+_LOADING = threading.Lock()
 
 
 class TransformersEngine(BatchingEngine):
@@ -181,7 +196,9 @@ class TransformersEngine(BatchingEngine):
 
     def load(self) -> None:
         """Load weights and tokenizer (idempotent; runs in the worker thread on first use)."""
-        with self._load_lock:
+        if self._hf is not None:
+            return  # loaded: no lock, so that a batch never waits on another model's load
+        with _LOADING, self._load_lock:
             if self._hf is not None:
                 return
             import outlines

@@ -97,6 +97,11 @@ def test_an_adapter_needs_the_transformers_engine_and_an_adapter_dir(tmp_path):
     config = ModelConfig(name="x", path="p", adapter=str(tmp_path))
     with pytest.raises(ConfigError, match=r"no adapter_config\.json"):
         config.resolved_adapter()
+    # An experiment naming it is refused when it loads, before a run directory is made.
+    from eval.run.config import load_experiment
+
+    with pytest.raises(ConfigError, match=r"model smollm2-135m-searcher: adapter .* no adapter_c"):
+        load_experiment(None, [f"models.smollm2-135m-searcher.adapter={tmp_path}"])
 
 
 def test_the_adapter_is_part_of_the_engine_identity(tiny_path):

@@ -10,6 +10,7 @@ dataset, the pipeline, the runner, the judge and the scoring are the real ones."
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -160,3 +161,110 @@ def test_the_fused_query_reaches_no_role_but_the_user_answerer_on_the_real_model
     # The blurred search sees no answer: nothing can carry the sentinel into it.
     blurred = records[(instance.id, "blurred", 0)]
     assert blurred.error is None and SENTINEL not in (blurred.answer or "")
+
+
+# -- clarification restores on the real models; a Rewriter that drops the answers does not --------
+
+#: An answer line of the Rewriter's prompt (agents/types.py history_text): `A1: 2023`, `答1: …`.
+ANSWER_LINE = re.compile(r"^((?:A|答)\d+: ).*$", re.MULTILINE)
+
+
+class DropsTheAnswers(Wrapped):
+    """The defect: a Rewriter whose prompt lost the user's answers (every one reads
+    `unknown`), as a pipeline that passed the questions on without them would."""
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        messages = tuple(
+            m.model_copy(update={"content": ANSWER_LINE.sub(r"\1unknown", m.content)})
+            for m in request.messages
+        )
+        return await self.inner.chat(request.model_copy(update={"messages": messages}))
+
+
+def _mean_scores(run_dir: Path) -> dict[str, float]:
+    by_condition: dict[str, list[float]] = defaultdict(list)
+    for (_, condition, _), record in RecordStore(run_dir).completed().items():
+        assert record.error is None, record.error
+        by_condition[condition].append(record.scores["restore_score_100"])
+    return {c: sum(s) / len(s) for c, s in by_condition.items()}
+
+
+#: Dev instances whose removed constraint one plain question recovers (a place, a year): the
+#: question the Clarifier asks about each, as a careful clarifier would.
+CLARIFIED = {
+    "A-dev-02": "Which country or region are you asking about?",
+    "A-dev-04": "Which country or region are you asking about?",
+    "D-dev-01": "Which year are you asking about?",
+    "D-dev-03": "Which country or region are you asking about?",
+}
+
+
+def _replayed_clarifier(tmp_path: Path) -> tuple[Path, dict]:
+    """A dataset of the CLARIFIED instances and a Clarifier replaying their questions."""
+    instances = {i.id: i for i in load_instances(DatasetSource(path="sample", split="dev"))}
+    dataset = tmp_path / "slice.jsonl"
+    dataset.write_text("".join(instances[i].model_dump_json() + "\n" for i in CLARIFIED))
+    replay = tmp_path / "clarifier.jsonl"
+    replay.write_text(
+        "".join(
+            json.dumps(
+                {"text": json.dumps({"question": q}), "contains": instances[i].blurred_query}
+            )
+            + "\n"
+            for i, q in CLARIFIED.items()
+        )
+    )
+    return dataset, {
+        "name": "replayed",
+        "path": "none",
+        "engine": "scripted",
+        "replay": str(replay),
+    }
+
+
+@pytest.mark.slow
+def test_clarification_restores_on_the_real_models_and_not_when_the_rewriter_drops_the_answers(
+    tiny_path: str, tmp_path: Path, monkeypatch
+) -> None:
+    """The quickstart's User Answerer, Rewriter and searcher (the tiny model's adapters) and
+    its lexical judge on four dev instances, the Clarifier replaying one plain question about
+    each removed constraint: the oracle's answers state more nugget facts than the blurred
+    ones and score above them, and clarify@1 restores part of that gap. The same run with a
+    Rewriter that lost the answers scores clarify@1 no higher than blurred. Caches shared:
+    only the Rewriter's calls and what follows them run again."""
+    dataset, clarifier = _replayed_clarifier(tmp_path)
+    overrides = [
+        f"dataset.path={dataset}",
+        "dataset.split=null",
+        "dataset.limit=null",
+        "roles.clarifier.model=replayed",
+        f"models.replayed={json.dumps(clarifier)}",
+        "conditions=[blurred,clarify@1,oracle]",
+        f"cache.path={tmp_path}/responses.sqlite",
+        f"search.tool_cache={tmp_path}/tools.sqlite",
+    ]
+    real = run_experiment(load_experiment(None, overrides), tmp_path / "real", show_progress=False)
+    assert not real.outcome.interrupted
+    scores = _mean_scores(tmp_path / "real")
+    records = RecordStore(tmp_path / "real").completed().values()
+    print("real:", scores, [(r.answers, r.rewrite) for r in records if r.rewrite])
+    assert scores["oracle"] > scores["blurred"]
+    assert scores["clarify@1"] > scores["blurred"]
+
+    opened = eval.experiment.open_engines
+
+    @asynccontextmanager
+    async def dropping(resolved, roles=None, use_cache=True):  # type: ignore[no-untyped-def]
+        async with opened(resolved, roles, use_cache) as engines:
+            engines.roles["rewriter"] = DropsTheAnswers(engines.roles["rewriter"])
+            yield engines
+
+    monkeypatch.setattr(eval.experiment, "open_engines", dropping)
+    broken = run_experiment(
+        load_experiment(None, overrides), tmp_path / "broken", show_progress=False
+    )
+    assert not broken.outcome.interrupted
+    dropped = _mean_scores(tmp_path / "broken")
+    print("rewriter without the answers:", dropped)
+    assert dropped["blurred"] == scores["blurred"] and dropped["oracle"] == scores["oracle"]
+    assert dropped["clarify@1"] <= dropped["blurred"]

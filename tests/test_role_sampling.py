@@ -5,7 +5,9 @@ the dialogue roles' sampling: a changed value would silently orphan every cached
 every saved dialogue. The expected values were taken from the code before each role declared
 its own sampling and must not move when that code is refactored. The quickstart's dialogue
 fingerprints moved once on purpose, with its User Answerer's served model name
-(smollm2-135m-instruct → smollm2-135m-answerer, 2026-12-03); their sampling did not."""
+(smollm2-135m-instruct → smollm2-135m-answerer, 2026-12-03); their sampling did not. The
+quickstart's searcher sampling moved once on purpose: its searcher adapter runs without the
+protocol's grammar, whose longest turn needed 448 tokens (max_tokens 448 → its config's 256)."""
 
 from __future__ import annotations
 
@@ -146,7 +148,7 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
             "clarifier": [S(max_tokens=96)],
             "user_answerer": [S(max_tokens=64)],
             "rewriter": [S(max_tokens=192)],
-            "searcher": [S(max_tokens=448, stop=STOP)],
+            "searcher": [S(max_tokens=256, stop=STOP)],
             "judge": [S(max_tokens=1024)],
             "summarizer": [S(max_tokens=512)],
             "nugget_builder": [S(max_tokens=864)],
@@ -158,7 +160,7 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
             "clarifier": [S(max_tokens=96)],
             "user_answerer": [S(max_tokens=64)],
             "rewriter": [S(max_tokens=192)],
-            "searcher": [S(max_tokens=448, stop=STOP)],
+            "searcher": [S(max_tokens=256, stop=STOP)],
             "judge": [S(max_tokens=1024)],
             "summarizer": [S(max_tokens=512)],
             "question_classifier": [S(max_tokens=48)],

@@ -230,3 +230,35 @@ def test_token_bytes_of_byte_level_and_sentencepiece_vocabularies():
         b"\xe4": [1],
         "中".encode(): [2],
     }
+
+
+def test_engines_loading_at_once_each_answer_as_when_loaded_alone(tiny_path, tiny_engine):
+    """Three engines of the tiny model (two with the shipped adapters, as the quickstart's
+    searcher and User Answerer) asked at once load in their worker threads at once: each
+    answers, and as the same engine loaded alone does. `from_pretrained` sets process-wide
+    state (the default dtype, the meta device): loads that overlapped failed with "Cannot copy
+    out of meta tensor" and a float/bfloat16 mismatch before loads were serialized."""
+    from configs import CONFIG_DIR
+    from serving.transformers_engine import TransformersEngine
+
+    adapters = [None, "smollm2-135m-answerer", "smollm2-135m-searcher"]
+
+    def engines() -> list[TransformersEngine]:
+        return [
+            TransformersEngine(
+                "m", tiny_path, adapter=a and str(CONFIG_DIR / "models" / "adapters" / a)
+            )
+            for a in adapters
+        ]
+
+    request = ask("Name a colour.", None, max_tokens=8)
+
+    async def together(group: list[TransformersEngine]) -> list[str]:
+        return [r.text for r in await asyncio.gather(*(e.chat(request) for e in group))]
+
+    async def alone(engine: TransformersEngine) -> str:
+        return (await engine.chat(request)).text
+
+    at_once = asyncio.run(together(engines()))
+    assert at_once == [asyncio.run(alone(e)) for e in engines()]
+    assert at_once[0] == asyncio.run(tiny_engine.chat(request)).text

@@ -101,7 +101,7 @@ class SearchConfig(_Strict):
     #: Pages are cut to about this many tokens before the summarizer reads them.
     max_page_tokens: int = Field(3000, ge=100)
     #: Grammar-constrained turns for models not trained on the protocol. None = on exactly
-    #: when the searcher is the tiny model.
+    #: when the searcher's model config says it is not (`webdancer_trained`: the tiny model).
     constrained: bool | None = None
     #: The `Current date:` of the system prompt; None = today. Fix it to replay runs exactly.
     date: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}$")
@@ -371,9 +371,12 @@ class ResolvedExperiment(BaseModel):
 
     def constrained_search(self) -> bool:
         """Grammar-constrained searcher turns: as `search.constrained` says, else exactly for
-        the tiny model, which was never trained on the WebDancer protocol."""
+        a model never trained on the WebDancer protocol (the tiny one without its searcher
+        adapter)."""
         constrained = self.experiment.search.constrained
-        return constrained if constrained is not None else self.model_for("searcher").is_tiny
+        if constrained is not None:
+            return constrained
+        return not self.model_for("searcher").knows_webdancer
 
     def with_endpoints(self, endpoints: dict[str, str]) -> ResolvedExperiment:
         """The models served by `cts serve` pointed at their servers (model key → base URL)."""
@@ -553,6 +556,7 @@ def load_experiment(
             )
         label = f"{path}: models.{ref}:"
         model = load_config(ModelConfig, file, mapping_overrides(inline, label))
+        model.config.resolved_adapter()  # a missing adapter is an error now, before any run
         model_configs[ref] = model.config
         model_files[ref] = file
     resolved = ResolvedExperiment(
