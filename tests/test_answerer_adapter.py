@@ -24,7 +24,7 @@ from cts.cli import app
 from eval.audit.answerer_calibration import SAMPLE_ANSWERER_LABELS, read_answer_labels
 from eval.audit.calibration import labels_path
 from serving.model_config import load_model_config
-from train import answerer_data, answerer_fit, judge_fit
+from train import answerer_data, answerer_fit, judge_fit, rewriter_fit, searcher_fit
 from train.answerer_data import (
     UNKNOWN_QUESTIONS,
     VALUE_QUESTIONS,
@@ -37,6 +37,8 @@ from train.answerer_data import (
 )
 from train.answerer_fit import AnswererFitSettings
 from train.judge_fit import JudgeFitSettings
+from train.rewriter_fit import RewriterFitSettings
+from train.searcher_fit import SearcherFitSettings
 
 ANSWERER_CONFIG = CONFIG_DIR / "models" / "smollm2-135m-answerer.yaml"
 runner = CliRunner()
@@ -183,6 +185,8 @@ def test_the_held_out_answerer_labels_are_never_read(monkeypatch, tmp_path):
         ("answerer", AnswererFitSettings(examples=24, seed=5, epochs=1.5), answerer_fit),
         ("judge", JudgeFitSettings(examples=12, seed=2, learning_rate=2e-4), judge_fit),
         ("answerer", AnswererFitSettings(examples=16, max_steps=3), answerer_fit),
+        ("rewriter", RewriterFitSettings(examples=16, seed=4, max_steps=2), rewriter_fit),
+        ("searcher", SearcherFitSettings(examples=8, seed=2, epochs=1.5), searcher_fit),
     ],
 )
 def test_the_rebuild_command_round_trips(monkeypatch, tmp_path, role, settings, fit_module):

@@ -1,11 +1,18 @@
-"""End-to-end, the scores see quality: a `cts run` of the sample benchmark whose searcher
-answers the fused query with the instance's facts and the blurred one with nothing gets the
-hand-computed restore scores from the quickstart's own judge (the lexical judge): 100 for
-oracle, 0 for blurred. A pipeline that lost the answer on its way to the judge, a judge that
-lost the nuggets, or scoring that ignored the labels would all fail here.
+"""End-to-end, the scores see quality.
 
-The searcher replays answers (serving/scripted.py) so that what it says is known; the
-dataset, the pipeline, the runner, the judge and the scoring are the real ones."""
+- A `cts run` of the sample benchmark whose searcher answers the fused query with the
+  instance's facts and the blurred one with nothing gets the hand-computed restore scores from
+  the quickstart's own judge (the lexical judge): 100 for oracle, 0 for blurred. The searcher
+  replays answers (serving/scripted.py) so that what it says is known; the dataset, the
+  pipeline, the runner, the judge and the scoring are the real ones.
+- On the quickstart's real models, the fused query reaches no role but the User Answerer.
+- On the quickstart's real models (the User Answerer, Rewriter and searcher adapters), a
+  clarification that names the removed constraint raises clarify@1 above blurred, and the same
+  run with a Rewriter that lost the answers does not.
+
+A pipeline that lost the answer on its way to the judge, a judge that lost the nuggets, a
+scoring that ignored the labels, a leak of the fused query or a Rewriter that dropped the
+user's answers would each fail here."""
 
 from __future__ import annotations
 

@@ -5,20 +5,16 @@ rewriter`, train/rewriter_fit.py) and its model config
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
-from typing import Any
 
 from typer.testing import CliRunner
 
 from agents.prompts import render
 from agents.types import QA, UNKNOWN, history_text
 from configs import CONFIG_DIR
-from cts.cli import app
 from serving.model_config import load_model_config
 from train import rewriter_fit
 from train.answerer_data import read_instances
 from train.rewriter_data import check_completion, generate, label_counts, with_answers
-from train.rewriter_fit import RewriterFitSettings
 
 REWRITER_CONFIG = CONFIG_DIR / "models" / "smollm2-135m-rewriter.yaml"
 runner = CliRunner()
@@ -72,22 +68,6 @@ def test_every_completion_is_the_blurred_query_with_the_dialogues_values():
     assert label_counts(examples)["unknown"] >= 30 and label_counts(examples)["values"] >= 150
     assert {e.language for e in examples} == {"en", "zh"}
     assert all("-train-" in e.instance_id for e in examples)
-
-
-def test_the_rebuild_command_round_trips(monkeypatch, tmp_path):
-    got: dict[str, Any] = {}
-
-    def fake_fit(name, fit_settings, rows, data, output, record_name):
-        got.update(name=name, settings=fit_settings, rows=rows, data=data, record=record_name)
-        return {"steps": 1, "seconds": 0.0, "train_loss": 0.0}
-
-    monkeypatch.setattr(rewriter_fit, "fit_lora_sft", fake_fit)
-    settings = RewriterFitSettings(examples=16, seed=4, max_steps=2)
-    command = rewriter_fit.rebuild_command(settings)
-    result = runner.invoke(app, [*command.split()[1:], "--output", str(tmp_path)])
-    assert result.exit_code == 0, result.output
-    assert got["name"] == "rewriter" and asdict(got["settings"]) == asdict(settings)
-    assert len(got["rows"]) == 16 and got["record"] == "rewriter_train.json"
 
 
 def test_the_rewriter_config_names_the_adapter_the_fit_writes():

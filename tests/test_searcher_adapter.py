@@ -5,8 +5,6 @@ config (configs/models/smollm2-135m-searcher.yaml), which runs without the proto
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
-from typing import Any
 
 from typer.testing import CliRunner
 
@@ -16,7 +14,6 @@ from eval.run.config import load_experiment
 from serving.model_config import load_model_config
 from train import searcher_data, searcher_fit
 from train.searcher_data import generate, label_counts, question, read_instances, variant_counts
-from train.searcher_fit import SearcherFitSettings
 from webdancer.backends.local import LocalSearch
 from webdancer.protocol import FinalAnswer, ToolCall, initial_messages, observation, parse_turn
 from webdancer.search import render_hits
@@ -70,23 +67,6 @@ def test_the_questions_are_the_train_splits_three_variants_in_both_languages():
     )
     chinese = instances["D-train-06"]
     assert question(chinese, "clarified").endswith("（澄穗优218）？")
-
-
-def test_the_rebuild_command_round_trips(monkeypatch, tmp_path):
-    got: dict[str, Any] = {}
-
-    def fake_fit(name, fit_settings, rows, data, output, record_name):
-        got.update(name=name, settings=fit_settings, rows=rows, data=data, record=record_name)
-        return {"steps": 1, "seconds": 0.0, "train_loss": 0.0}
-
-    monkeypatch.setattr(searcher_fit, "fit_lora_sft", fake_fit)
-    settings = SearcherFitSettings(examples=8, seed=2, epochs=1.5, learning_rate=2e-4)
-    command = searcher_fit.rebuild_command(settings)
-    result = runner.invoke(app, [*command.split()[1:], "--output", str(tmp_path)])
-    assert result.exit_code == 0, result.output
-    assert got["name"] == "searcher" and asdict(got["settings"]) == asdict(settings)
-    assert len(got["rows"]) == 8 and got["record"] == "searcher_train.json"
-    assert set(got["data"]) == {"labels", "variants", "languages"}
 
 
 def test_write_data_writes_the_rows_without_training(tmp_path):
