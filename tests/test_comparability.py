@@ -117,8 +117,9 @@ def _setup(dataset, overrides=(), prints=None):  # type: ignore[no-untyped-def]
         ("search.top_k=5", "search"),
         ("search.corpus=other.jsonl", "search"),
         ("budgets.max_llm_calls=2", "budgets"),
-        # A model every role but the judge shares: its change is every other role's too.
-        ("models.smollm2-135m-instruct.dtype=float32", "searcher"),
+        # A model several roles share: its change is each of theirs.
+        ("models.smollm2-135m-instruct.dtype=float32", "summarizer"),
+        ("models.smollm2-135m-searcher.dtype=float32", "searcher"),
         ("roles.judge.model=smollm2-135m-instruct", "judge"),
     ],
 )

@@ -80,8 +80,13 @@ def cts(*args: str):
 # The hand count below leaves out the judge's canary (judge.canary: one more judge call on the
 # records its hash draws); tests/test_judge_canary.py counts those. The judge is the tiny
 # model, as in any sweep with a model judge (the quickstart's lexical judge calls no model),
-# and so is the User Answerer (not its adapter): one model, one server row.
-ONE_MODEL = ["--set", f"roles.judge.model={MODEL}", "--set", f"roles.user_answerer.model={MODEL}"]
+# and so are the User Answerer, Rewriter and searcher (not their adapters): one model, one
+# server row, and the base searcher's three grammar-constrained calls a run.
+ONE_MODEL = [
+    arg
+    for role in ("judge", "user_answerer", "rewriter", "searcher")
+    for arg in ("--set", f"roles.{role}.model={MODEL}")
+]
 SWEEP = [
     *ONE_MODEL,
     "--set",

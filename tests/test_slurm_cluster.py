@@ -32,8 +32,17 @@ SMALL = [
     "search.top_k=3",
     "search.date=2026-11-30",
     "cache.enabled=false",
-    "models.smollm2-135m-instruct.max_batch_size=1",
-    "models.smollm2-135m-instruct.threads=1",
+    # Every model of the quickstart is the tiny one, three with an adapter.
+    *(
+        f"models.{model}.{setting}"
+        for model in (
+            "smollm2-135m-instruct",
+            "smollm2-135m-answerer",
+            "smollm2-135m-rewriter",
+            "smollm2-135m-searcher",
+        )
+        for setting in ("max_batch_size=1", "threads=1")
+    ),
 ]
 
 
