@@ -13,7 +13,8 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -151,12 +152,52 @@ def with_adapter(hf: Any, adapter: str) -> Any:
         return PeftModel.from_pretrained(hf, adapter).merge_and_unload()
 
 
-#: One model loads at a time in a process. `from_pretrained` sets process-wide state while it
-#: runs (torch's default dtype, the meta device it builds the model on): two engines loading
-#: in their worker threads at once (the quickstart's searcher and User Answerer, both adapted
-#: copies of the tiny model) got each other's, and generated from a bfloat16 layer or a
-#: weight left on the meta device.
-_LOADING = threading.Lock()
+class _LoadGate:
+    """Loads one at a time and never beside a generation; generations together.
+
+    `from_pretrained` and peft's merge set process-wide state while they run (torch's default
+    dtype, the meta device a model is built on, patched module methods): in the quickstart,
+    whose searcher, User Answerer and Rewriter are adapted copies of the tiny model, an engine
+    loading in its worker thread while another loaded or generated failed those requests
+    ("Cannot copy out of meta tensor", "float != BFloat16", "expected an instance of Token").
+    A load waits for the generations running to end, and generations wait for a load; a load
+    waiting goes first, so that a busy engine cannot hold another's load back forever.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._generating = 0
+        self._loading = False
+        self._loads_waiting = 0
+
+    @contextmanager
+    def loading(self) -> Iterator[None]:
+        with self._changed:
+            self._loads_waiting += 1
+            self._changed.wait_for(lambda: not self._loading and not self._generating)
+            self._loads_waiting -= 1
+            self._loading = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._loading = False
+                self._changed.notify_all()
+
+    @contextmanager
+    def generating(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._loading and not self._loads_waiting)
+            self._generating += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._generating -= 1
+                self._changed.notify_all()
+
+
+_GATE = _LoadGate()
 
 
 class TransformersEngine(BatchingEngine):
@@ -198,7 +239,7 @@ class TransformersEngine(BatchingEngine):
         """Load weights and tokenizer (idempotent; runs in the worker thread on first use)."""
         if self._hf is not None:
             return  # loaded: no lock, so that a batch never waits on another model's load
-        with _LOADING, self._load_lock:
+        with _GATE.loading(), self._load_lock:
             if self._hf is not None:
                 return
             import outlines
@@ -323,7 +364,7 @@ class TransformersEngine(BatchingEngine):
             "pad_token_id": tok.pad_token_id,
             **_sampling_kwargs(s),
         }
-        with torch.inference_mode():
+        with _GATE.generating(), torch.inference_mode():
             if s.seed is not None:
                 torch.manual_seed(s.seed)
             out = self._hf.generate(**enc, **kwargs)

@@ -262,3 +262,34 @@ def test_engines_loading_at_once_each_answer_as_when_loaded_alone(tiny_path, tin
     at_once = asyncio.run(together(engines()))
     assert at_once == [asyncio.run(alone(e)) for e in engines()]
     assert at_once[0] == asyncio.run(tiny_engine.chat(request)).text
+
+
+def test_a_load_waits_for_the_generations_running_and_they_for_a_load_waiting():
+    """The gate's order, by its state (no timing): a load asked for while a generation runs
+    waits, and holds back generations asked for after it, until that generation ends."""
+    import threading
+
+    from serving.transformers_engine import _LoadGate
+
+    gate, loaded, generated = _LoadGate(), threading.Event(), threading.Event()
+
+    def load() -> None:
+        with gate.loading():
+            loaded.set()
+
+    def generate() -> None:
+        with gate.generating():
+            generated.set()
+
+    with gate.generating():
+        loader = threading.Thread(target=load)
+        loader.start()
+        while gate._loads_waiting == 0:  # the load has asked (a point of progress)
+            threading.Event().wait(0.01)
+        late = threading.Thread(target=generate)
+        late.start()
+        assert not loaded.is_set() and not generated.is_set() and gate._generating == 1
+    loader.join(timeout=60)
+    late.join(timeout=60)
+    assert loaded.is_set() and generated.is_set()
+    assert (gate._generating, gate._loading, gate._loads_waiting) == (0, False, 0)
