@@ -75,8 +75,8 @@ def test_set_overrides_parse_yaml_values():
     )
     assert resolved.experiment.seeds == [1, 2]
     assert resolved.experiment.dataset.limit == 5
-    assert resolved.model_for("searcher").dtype == "float32"
-    assert resolved.model_for("searcher").engine == "transformers"  # the rest of the file stays
+    assert resolved.model_for("summarizer").dtype == "float32"
+    assert resolved.model_for("summarizer").engine == "transformers"  # the rest of the file stays
 
 
 def test_role_sampling_overrides_model_defaults():

@@ -124,10 +124,11 @@ def _instance(searcher: GoldenSearcher | None, trace_id: str | None = "golden/x.
 @pytest.mark.parametrize(
     ("temperature", "golden", "expected"),
     [
-        # The quickstart's searcher (the tiny model) is greedy.
-        (0.0, GoldenSearcher(model="smollm2-135m-instruct", temperature=0), True),
-        (0.6, GoldenSearcher(model="smollm2-135m-instruct", temperature=0), False),
-        (0.0, GoldenSearcher(model="smollm2-135m-instruct", temperature=0.6), False),
+        # The quickstart's searcher (the tiny model's searcher adapter) is greedy.
+        (0.0, GoldenSearcher(model="smollm2-135m-searcher", temperature=0), True),
+        (0.6, GoldenSearcher(model="smollm2-135m-searcher", temperature=0), False),
+        (0.0, GoldenSearcher(model="smollm2-135m-searcher", temperature=0.6), False),
+        (0.0, GoldenSearcher(model="smollm2-135m-instruct", temperature=0), False),
         (0.0, GoldenSearcher(model="webdancer-32b", temperature=0), False),
         (0.0, None, None),  # built before the searcher was recorded: cannot tell
     ],

@@ -606,7 +606,7 @@ def test_fine_tuned_model_configs_swap_in_with_one_set(tmp_path):
     path.write_text(yaml.safe_dump(merged.model_dump(mode="json", exclude_defaults=True)))
     resolved = load_experiment("quickstart", [f"roles.clarifier.model={path}"])
     assert resolved.model_for("clarifier") == merged
-    assert resolved.model_for("searcher").name == "smollm2-135m-instruct"
+    assert resolved.model_for("searcher").name == "smollm2-135m-searcher"
 
     lora = fine_tuned_config(base, "qwen3-8b-x", tmp_path, merged=False, lora_rank=32)
     assert lora.name == "qwen3-8b-x" and lora.path == "Qwen/Qwen3-8B" and lora.engine == "openai"

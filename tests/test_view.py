@@ -565,15 +565,16 @@ def start_view(args: list[str]) -> tuple[subprocess.Popen[str], str]:
 
 @pytest.fixture(scope="module")
 def browsed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run of the real `cts run` on scripted engines (some of its keys fail: the constrained
-    searcher refuses Chinese queries), plus one record whose text is markup."""
+    """A run of the real `cts run` on scripted engines (some of its keys fail: the scripted
+    searcher under the protocol's grammar refuses Chinese queries), plus one record whose text
+    is markup."""
     needs_browser()
     base = tmp_path_factory.mktemp("browsed")
     root = base / "run"
-    done = cts(
-        ["run", "--set", "dataset.limit=24", "--set", "seeds=[0,1,2]", "--output-dir", str(root)],
-        base / "home",
-    )
+    # The grammar by hand: the quickstart's searcher adapter runs without it.
+    options = ["--set", "dataset.limit=24", "--set", "seeds=[0,1,2]"]
+    options += ["--set", "search.constrained=true"]
+    done = cts(["run", *options, "--output-dir", str(root)], base / "home")
     assert done.returncode == 0, done.stderr[-3000:]
     trace = a_trace(XSS_ANSWER)
     trace["steps"][0]["text"] = "<think>\n<b>bold?</b> <script>window.__xss=4</script>\n</think>"
