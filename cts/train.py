@@ -23,7 +23,6 @@ from cts.common import (
     run_into,
     run_keyed,
     shard_of,
-    usage_error,
 )
 from eval.experiment import merge_run
 from eval.report.report import write_report
@@ -48,8 +47,11 @@ from train.loop import (
     MAIN,
     Iteration,
     LoopError,
+    LoopStep,
     evaluation,
     iterations,
+    loop_step,
+    loop_steps,
     table,
     variants,
     write_table,
@@ -360,25 +362,43 @@ def loop_command(
     the model calls and tokens spent. Rerunning resumes at the first unfinished step (a
     finished fit is not redone; finished runs make no model call)."""
     train = load_train_config(config, set_)
-    loop = iterations(train, count or train.loop.iterations)
-    _evaluate(train, loop[0], options)
-    _loop_tables(train, loop[:1])
-    for iteration in loop[1:]:
-        assert iteration.train is not None
-        _sample(iteration.train, options=options)
-        if iteration.fitted():
-            output_console().print(
-                f"iteration {iteration.index}: fitted before: {iteration.clarifier()}",
-                highlight=False,
-            )
-        else:
-            _pairs(iteration.train)
-            _fit(iteration.train)
-        _evaluate(train, iteration, options)
-        _loop_tables(train, loop[: iteration.index + 1])
+    plan = iterations(train, count or train.loop.iterations)
+    for step in loop_steps(plan):
+        _run_step(train, plan, step, options)
 
 
-LOOP_STEPS = ("eval", "sample", "fit", "table")
+def _run_step(
+    train: TrainConfig,
+    plan: list[Iteration],
+    step: LoopStep,
+    options: ServeOptions,
+    shard: str | None = None,
+    chained: bool = False,
+) -> None:
+    """One step of the loop. `chained`: a job of a chain, whose sharded runs before it are
+    merged first (one process's loop runs them whole)."""
+    it = step.iteration
+    if step.name == "eval":
+        _evaluate(train, it, options, shard)
+    elif step.name == "table":
+        if chained:
+            for done in plan[: it.index + 1]:
+                for variant in variants(train):
+                    _merged(done.eval_dir(variant))
+        _loop_tables(train, plan[: it.index + 1])
+    elif step.name == "sample":
+        assert it.train is not None
+        _sample(it.train, shard, options)
+    elif it.fitted():
+        output_console().print(
+            f"iteration {it.index}: fitted before: {it.clarifier()}", highlight=False
+        )
+    else:
+        assert it.train is not None
+        if chained:
+            _merged(step.records_dir())
+        _pairs(it.train)
+        _fit(it.train)
 
 
 @command(app, "loop-step")
@@ -403,30 +423,9 @@ def loop_step_command(
     The same directories and resumption as `cts train loop`: a chain of eval 0, table 0, then
     per iteration sample, fit, eval, table does what one `cts train loop` process does, with
     the sampling and evaluations sharded over array tasks."""
-    if step not in LOOP_STEPS:
-        raise usage_error(f"STEP {step!r}: expected one of {', '.join(LOOP_STEPS)}")
     train = load_train_config(config, set_)
-    loop = iterations(train, count or train.loop.iterations)
-    if iteration >= len(loop):
-        raise usage_error(f"--iteration {iteration}: the loop has iterations 0..{len(loop) - 1}")
-    current = loop[iteration]
-    if step == "eval":
-        _evaluate(train, current, options, shard)
-    elif step == "table":
-        for done in loop[: iteration + 1]:
-            for variant in variants(train):
-                _merged(done.eval_dir(variant))
-        _loop_tables(train, loop[: iteration + 1])
-    elif current.train is None:
-        raise usage_error(f"{step} --iteration 0: iteration 0 is the base clarifier (≥ 1)")
-    elif step == "sample":
-        _sample(current.train, shard, options)
-    elif current.fitted():
-        output_console().print(f"fitted before: {current.clarifier()}", highlight=False)
-    else:
-        _merged(current.train.samples_dir())
-        _pairs(current.train)
-        _fit(current.train)
+    plan = iterations(train, count or train.loop.iterations)
+    _run_step(train, plan, loop_step(plan, step, iteration), options, shard, chained=True)
 
 
 def _role_fit_command(

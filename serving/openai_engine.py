@@ -94,6 +94,10 @@ def constraint_fields(spec: OutputSpec, prefer: ConstraintField) -> dict[str, An
 
 
 class OpenAIEngine(Engine):
+    #: The longest wait between two attempts: the doubling stops here, so that a server back
+    #: after a restart (a minute or more) is found within seconds, not after a doubled wait.
+    MAX_BACKOFF_S = 8.0
+
     def __init__(
         self,
         model: str,
@@ -192,7 +196,8 @@ class OpenAIEngine(Engine):
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self.stats.retried[why] += 1
-                delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
+                delay = min(self.backoff_s * 2 ** (attempt - 1), self.MAX_BACKOFF_S)
+                delay *= 1 + random.random() / 4
                 await asyncio.sleep(delay)
             started = time.perf_counter()
             try:

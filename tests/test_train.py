@@ -34,7 +34,16 @@ from serving.yaml_config import ConfigError
 from tests.scripted_cts import scripted_engines
 from train.config import RewardSettings, load_train_config
 from train.fit import fine_tuned_config
-from train.loop import LoopError, _delta, _spent, evaluation, iterations, variants
+from train.loop import (
+    LoopError,
+    _delta,
+    _spent,
+    evaluation,
+    iterations,
+    loop_step,
+    loop_steps,
+    variants,
+)
 from train.pairs import (
     collect,
     dpo_pairs,
@@ -875,6 +884,29 @@ def test_loop_plans_iterations_on_the_previous_checkpoint_and_refuses_bad_setups
         )
     with pytest.raises(ConfigError, match="'main': a variant name"):
         load_train_config(train_yaml(tmp_path, loop={"robustness": {"main": []}}))
+
+
+def test_the_loop_is_one_list_of_steps_that_pairs_each_sharded_run_with_its_finish(tmp_path):
+    """`cts train loop` runs these in order, `loop-step` one of them, the Slurm chain one job
+    per (sharded run, finishing step) pair."""
+    plan = iterations(load_train_config(train_yaml(tmp_path)), 2)
+    steps = loop_steps(plan)
+    assert [(s.name, s.iteration.index) for s in steps] == [
+        ("eval", 0), ("table", 0),
+        ("sample", 1), ("fit", 1), ("eval", 1), ("table", 1),
+        ("sample", 2), ("fit", 2), ("eval", 2), ("table", 2),
+    ]  # fmt: skip
+    assert [s.sharded for s in steps[::2]] == [True] * 5
+    assert not any(s.sharded for s in steps[1::2])
+    assert steps[2].records_dir() == tmp_path / "out" / "iter-1" / "samples"
+    assert steps[0].records_dir() == plan[0].eval_dir("main")
+    assert loop_step(plan, "fit", 2) == steps[7]
+    with pytest.raises(LoopError, match="step 'merge': expected one of eval, sample, fit, table"):
+        loop_step(plan, "merge", 1)
+    with pytest.raises(LoopError, match=r"iteration 3: the loop has iterations 0\.\.2"):
+        loop_step(plan, "eval", 3)
+    with pytest.raises(LoopError, match="sample of iteration 0: iteration 0 is the base"):
+        loop_step(plan, "sample", 0)
 
 
 def test_loop_counts_each_model_call_once():

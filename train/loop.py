@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 from eval.data.schema import Record
 from eval.report.report import load_run
@@ -112,6 +112,56 @@ def iterations(config: TrainConfig, count: int) -> list[Iteration]:
         )
         found.append(Iteration(i, root, train))
     return found
+
+
+#: A loop step's name: eval (iteration I's clarifier, every variant; sharded), sample
+#: (iteration I's sampling, I ≥ 1; sharded), fit (pairs and fit of iteration I ≥ 1), table (the
+#: report and loop tables of iterations 0..I).
+StepName = Literal["eval", "sample", "fit", "table"]
+STEP_NAMES: tuple[StepName, ...] = get_args(StepName)
+
+
+@dataclass(frozen=True)
+class LoopStep:
+    """One step of the loop, on one iteration: what `cts train loop` runs in order, what
+    `cts train loop-step` runs alone and what each job of the Slurm chain runs."""
+
+    name: StepName
+    iteration: Iteration
+
+    @property
+    def sharded(self) -> bool:
+        """An evaluation run (eval, sample) that array tasks share; fit and table run once."""
+        return self.name in ("eval", "sample")
+
+    def records_dir(self) -> Path:
+        """The run whose records this step writes (sharded steps) or reads."""
+        if self.name in ("sample", "fit"):
+            assert self.iteration.train is not None
+            return self.iteration.train.samples_dir()
+        return self.iteration.eval_dir(MAIN)
+
+
+def loop_steps(plan: list[Iteration]) -> list[LoopStep]:
+    """The loop's steps in order, the one list every runner of the loop iterates: eval 0,
+    table 0, then per iteration i ≥ 1 sample i, fit i, eval i, table i."""
+    steps = []
+    for it in plan:
+        if it.train is not None:
+            steps += [LoopStep("sample", it), LoopStep("fit", it)]
+        steps += [LoopStep("eval", it), LoopStep("table", it)]
+    return steps
+
+
+def loop_step(plan: list[Iteration], name: str, index: int) -> LoopStep:
+    """Step `name` of iteration `index`, or a LoopError saying what exists."""
+    if name not in STEP_NAMES:
+        raise LoopError(f"step {name!r}: expected one of {', '.join(STEP_NAMES)}")
+    if index >= len(plan):
+        raise LoopError(f"iteration {index}: the loop has iterations 0..{len(plan) - 1}")
+    if name in ("sample", "fit") and index == 0:
+        raise LoopError(f"{name} of iteration 0: iteration 0 is the base clarifier (≥ 1)")
+    return LoopStep(name, plan[index])  # type: ignore[arg-type]
 
 
 def variants(config: TrainConfig) -> dict[str, list[str]]:
