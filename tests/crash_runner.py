@@ -1,4 +1,4 @@
-"""Run by tests/test_crash_safety.py in a subprocess that is killed (SIGKILL) or stopped
+"""Run by tests/reliability/test_crash_safety.py in a subprocess that is killed (SIGKILL) or stopped
 (SIGTERM): a small deterministic run (scripted engines) into the run directory given as
 argv[1], of shard argv[3] (I/N, or `all`) when given. Signals are handled as `cts run` handles
 them; an interrupted run exits 130.

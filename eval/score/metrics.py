@@ -26,11 +26,12 @@ Statistics, each written so that it cannot mislead:
 - ``mean`` — ``statistics.mean`` (the exact mean, correctly rounded), fast on floats.
 
 The resampling statistics are vectorised with numpy but give the numbers of the pure-Python
-loops they replaced, bit for bit, on a fixed seed (tests/test_metrics_fast.py keeps those loops
-and compares): the resamples are the draws ``random.Random(seed)`` made, taken from numpy's
-MT19937 started in that generator's state, and each resampled mean is summed in the order and
-with the rounding of the ``sum()`` the loops called (eval/score/resampling.py). Inputs are Python
-floats (or integers whose sums stay below 2**53); other number types are converted to floats.
+loops they replaced, bit for bit, on a fixed seed (tests/eval/score/test_metrics_fast.py keeps
+those loops and compares): the resamples are the draws ``random.Random(seed)`` made, taken
+from numpy's MT19937 started in that generator's state, and each resampled mean is summed in
+the order and with the rounding of the ``sum()`` the loops called (eval/score/resampling.py).
+Inputs are Python floats (or integers whose sums stay below 2**53); other number types are
+converted to floats.
 """
 
 from __future__ import annotations

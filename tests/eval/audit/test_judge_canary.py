@@ -1,0 +1,241 @@
+"""A judge that ignores the answer must not pass as informative: the judge's labels are checked
+per language and per condition, and an answer-independence canary (the record's nuggets judged
+against an answer that states none of them) warns with its rate. A scripted judge that gives
+every English nugget `none` and every Chinese one `full`, whatever the answer (what the tiny
+judge did on held-out data), warns; one that reads the answer stays silent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.data.schema import Canary, Record
+from eval.report.diagnostics import judge_labels, paired_instances, score_records, summarize
+from eval.report.report import warnings
+from eval.run.config import JudgeCanary, JudgeConfig
+from eval.run.pipeline import canary_drawn, run_instance
+from serving.types import ChatRequest
+from tests.scripted import scripted_context
+from webdancer.backends.local import LocalSearch
+
+CONDITIONS = ["blurred", "clarify@1", "oracle"]
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory) -> LocalSearch:
+    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
+
+
+def two_languages():
+    """Two English and two Chinese instances of the sample dev split."""
+    every = load_instances(DatasetSource(path="sample", split="dev"))
+    chosen = [i for i in every if i.language == "en"][:2] + [
+        i for i in every if i.language == "zh"
+    ][:2]
+    assert [i.language for i in chosen] == ["en", "en", "zh", "zh"]
+    return chosen
+
+
+def judged(request: ChatRequest) -> tuple[str, dict[str, str]]:
+    """The answer and the nuggets (id → text) of a judge prompt (agents/prompts/judge.yaml)."""
+    user = request.messages[1].content
+    found = re.search(r"(?:Answer:|回答：)\n(.*)\n\n(?:Nuggets:|要点：)\n(.*)", user, re.S)
+    assert found, user
+    nuggets = dict(line.split(": ", 1) for line in found.group(2).splitlines())
+    return found.group(1), nuggets
+
+
+def labels_json(labels: dict[str, str]) -> str:
+    return json.dumps({i: {"evidence": "e", "label": label} for i, label in labels.items()})
+
+
+def ignoring_judge(request: ChatRequest) -> str:
+    """Never reads the answer: English nuggets `none`, Chinese ones `full`."""
+    _, nuggets = judged(request)
+    chinese = request.messages[0].content.startswith("你")
+    return labels_json(dict.fromkeys(nuggets, "full" if chinese else "none"))
+
+
+def units(text: str) -> set[str]:
+    """Latin words of 4+ letters and CJK character pairs, lower-cased."""
+    words = set(re.findall(r"[a-z0-9]{4,}", text.lower()))
+    cjk = "".join(re.findall(r"[\u4e00-\u9fff]", text))
+    return words | {cjk[i : i + 2] for i in range(len(cjk) - 1)}
+
+
+def reading_judge(request: ChatRequest) -> str:
+    """Reads the answer: `full` when it holds half a nugget's words, `partial` a quarter,
+    `none` otherwise (so always `none` against no answer)."""
+    answer, nuggets = judged(request)
+    said = units(answer) if answer != "(no answer)" else set()
+
+    def label(text: str) -> str:
+        shared = len(units(text) & said)
+        need = len(units(text))
+        return "full" if shared * 2 >= need else "partial" if shared * 4 >= need else "none"
+
+    return labels_json({i: label(text) for i, text in nuggets.items()})
+
+
+def echoing_searcher(request: ChatRequest) -> str:
+    """Searches once, then answers with the question it was given: the oracle's answer holds
+    the fused query, the blurred one only the blurred query."""
+    question = request.messages[1].content.rsplit("User: ", 1)[1]
+    if len(request.messages) == 2:
+        call = {"name": "search", "arguments": {"query": [question[:60]]}}
+        return f"<think>\nsearch\n</think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    return f"<think>\ndone\n</think>\n<answer>\n{question}\n</answer>"
+
+
+def run(search, judge, canary: JudgeCanary) -> tuple[list[Record], Counter[str]]:
+    """Every key of the four instances under CONDITIONS, seed 0, through the pipeline; the
+    records, and the judge's requests by answer shown."""
+    ctx, roles = scripted_context(search)
+    roles["judge"].script = judge
+    roles["searcher"].script = echoing_searcher
+    ctx.judge = JudgeConfig(canary=canary)
+
+    async def go() -> list[Record]:
+        return [await run_instance(i, c, 0, ctx) for i in two_languages() for c in CONDITIONS]
+
+    records = asyncio.run(go())
+    assert all(r.error is None for r in records), [r.error for r in records]
+    shown = Counter(judged(r)[0] for r in roles["judge"].requests)
+    return records, shown
+
+
+def report_warnings(records: list[Record]) -> list[str]:
+    scored = score_records(records, CONDITIONS, [0], "exclude")
+    ids = paired_instances([(scored, CONDITIONS)])
+    return warnings("sys", summarize(records, CONDITIONS, [0], ids, scored))
+
+
+def test_a_judge_that_ignores_the_answer_warns_per_language_and_by_its_canary(search):
+    records, shown = run(search, ignoring_judge, JudgeCanary(share=1.0))
+    judge = judge_labels(records)
+    # Over the run no label dominates (30 `none`, 30 `full`): the run-wide check is silent.
+    assert judge["counts"] == {"full": 30, "partial": 0, "none": 30}
+    assert not judge["degenerate"]
+    assert judge["by_language"]["en"]["dominant"] == "none"
+    assert judge["by_language"]["zh"]["dominant"] == "full"
+    assert judge["by_language"]["zh"]["degenerate"] and judge["by_language"]["en"]["degenerate"]
+    assert not any(g["degenerate"] for g in judge["by_condition"].values())
+    # The canary: every record, the nuggets against "(no answer)"; the Chinese ones got credit.
+    canary = judge["canary"]
+    assert (canary["records"], canary["instances"], canary["failed"]) == (12, 4, 0)
+    assert (canary["labels"], canary["full"], canary["partial"]) == (60, 30, 0)
+    assert canary["rate"] == 0.5
+    assert canary["by_language"]["zh"] == {"labels": 30, "full": 30, "partial": 0}
+    # One canary request per record (the scripted judge has no cache in front of it).
+    assert shown["(no answer)"] == 12
+    found = report_warnings(records)
+    per_language = [w for w in found if "per language" in w]
+    assert len(per_language) == 1
+    assert "en (100% `none` of 30)" in per_language[0]
+    assert "zh (100% `full` of 30)" in per_language[0]
+    (alarm,) = [w for w in found if "canary" in w and "per language" not in w]
+    assert "the judge gave 30 of 60 labels full or partial (50%" in alarm
+    assert "12 records of 4 instances sampled" in alarm and "zh 30 of 30" in alarm
+
+
+def test_a_judge_that_reads_the_answer_is_silent(search):
+    records, _ = run(search, reading_judge, JudgeCanary(share=1.0))
+    judge = judge_labels(records)
+    assert judge["counts"]["full"] and judge["counts"]["none"]  # it tells answers apart
+    canary = judge["canary"]
+    assert (canary["records"], canary["labels"], canary["full"], canary["partial"]) == (
+        12,
+        60,
+        0,
+        0,
+    )
+    assert report_warnings(records) == []
+
+
+def test_the_unrelated_answer_and_a_failed_canary_call(search):
+    def judge(request: ChatRequest) -> str | Exception:
+        answer, _ = judged(request)
+        if "烤箱" in answer:  # the Chinese unrelated answer: the canary call fails
+            return RuntimeError("judge down")
+        return reading_judge(request)
+
+    records, shown = run(search, judge, JudgeCanary(share=1.0, answer="unrelated"))
+    assert any(a.startswith("Preheat the oven") for a in shown)
+    canary = judge_labels(records)["canary"]
+    # The Chinese records' canary failed: counted apart, their own labels stand.
+    assert (canary["records"], canary["failed"], canary["labels"]) == (6, 6, 30)
+    assert canary["full"] + canary["partial"] == 0
+    failed = [r for r in records if r.canary is not None and r.canary.error]
+    assert {r.language for r in failed} == {"zh"} and all(r.scores for r in failed)
+
+
+def test_the_canary_is_drawn_by_the_key_and_can_be_switched_off(search):
+    keys = [(f"q{i}", c, s) for i in range(400) for c in CONDITIONS for s in (0, 1)]
+    drawn = [k for k in keys if canary_drawn(k, 0.25)]
+    # A fixed draw (SHA-256 of the key): about a quarter, the same every time.
+    assert 0.2 < len(drawn) / len(keys) < 0.3
+    assert drawn == [k for k in keys if canary_drawn(k, 0.25)]
+    assert all(canary_drawn(k, 1.0) for k in keys)
+    records, shown = run(search, ignoring_judge, JudgeCanary(enabled=False))
+    assert all(r.canary is None for r in records) and "(no answer)" not in shown
+    assert judge_labels(records)["canary"]["records"] == 0
+    # The default draws some records only; those it draws carry the canary.
+    records, _ = run(search, ignoring_judge, JudgeCanary())
+    carried = {r.key for r in records if r.canary is not None}
+    assert carried == {r.key for r in records if canary_drawn(r.key, 0.25)}
+
+
+def test_a_group_with_few_labels_is_not_flagged():
+    def record(condition: str, labels: list[str]) -> Record:
+        return Record(
+            instance_id="q",
+            condition=condition,
+            seed=0,
+            language="en",
+            labels={f"n{i}": {"label": label} for i, label in enumerate(labels)},
+            canary=Canary(answer="empty", labels={"n0": "none"}),
+        )
+
+    # blurred: 9 labels, all `none` (below the 10 a group needs); oracle: 19 of 20 `full`
+    # (95%, flagged); the run: 19 full of 29 (66%).
+    judge = judge_labels(
+        [record("blurred", ["none"] * 9), record("oracle", ["full"] * 19 + ["none"])]
+    )
+    assert not judge["by_condition"]["blurred"]["degenerate"]
+    assert judge["by_condition"]["oracle"]["degenerate"]
+    assert judge["by_condition"]["oracle"]["dominant_share"] == 0.95
+    assert not judge["degenerate"]
+    assert judge["canary"]["rate"] == 0.0
+
+
+def test_a_run_reports_its_canary_and_a_rejudge_runs_its_own(tmp_path, monkeypatch):
+    """`cts run` then `cts rejudge` (scripted roles behind the real cache): the run's judge
+    labels by position whatever the answer, and its report warns; the rejudge draws the same
+    records, replaces their canary with its own judge's, and its report is silent on it."""
+    from eval.run.run_dir import RunDir
+    from eval.run.runner import RecordStore
+    from tests.eval.test_rejudge import make_source, rejudge
+
+    source = make_source(tmp_path, monkeypatch, "judge.canary.share=0.5")
+    report = RunDir(source).report_md.read_text()
+    assert "WARNING" in report and "answer-independence canary: judging nuggets" in report
+    old = RecordStore(source).completed()
+    drawn = {k for k, r in old.items() if r.canary is not None}
+    reached = {k for k, r in old.items() if r.labels}
+    assert drawn == {k for k in reached if canary_drawn(k, 0.5)} and drawn
+    out = tmp_path / "again"
+    rejudge(source, out, monkeypatch, ["judge.canary.share=0.5"], judge=reading_judge)
+    new = RecordStore(out).completed()
+    # The same draw; and the records whose judge failed in the source are judged now.
+    carried = {k: r.canary for k, r in new.items() if r.canary is not None}
+    assert set(carried) == {k for k, r in new.items() if r.labels and canary_drawn(k, 0.5)}
+    assert drawn < set(carried)
+    assert all(set(c.labels.values()) == {"none"} for c in carried.values())
+    report = RunDir(out).report_md.read_text()
+    assert "answer-independence canary: judging" not in report
+    assert "Answer-independence canary (empty answer): 0 of " in report
