@@ -23,6 +23,7 @@ from eval.data.dataset import DatasetError
 from eval.experiment import RunResult, require_roles, run_experiment
 from eval.report.comparability import IncomparableRuns
 from eval.report.report import MAIN_COLUMNS, report_cell, warnings
+from eval.report.summary import Summary, SummaryError, read_summary
 from eval.run.config import ResolvedExperiment, Role, load_experiment
 from eval.run.dialogue import DialogueFileError
 from eval.run.progress import ProgressLog, ShowProgress
@@ -77,6 +78,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (IncomparableRuns, "", 2),
     (NotAFile, "", 2),
     (RecordFileError, "records error: ", 1),
+    (SummaryError, "summary error: ", 1),
     (DialogueFileError, "dialogues error: ", 1),
     (PairsError, "pairs error: ", 1),
     (FitError, "fit error: ", 1),
@@ -400,21 +402,19 @@ def retry_warnings(stats: dict[str, EngineStats]) -> list[str]:
 # -- the main table ---------------------------------------------------------------------------
 
 
-def main_table(summary_path: Path) -> Table:
-    summary = json.loads(summary_path.read_text())
-    report = summary["report"]
-    policy = report["failure_policy"]
+def main_table(summary: Summary) -> Table:
+    policy = summary.report.failure_policy
     table = Table(
         "system",
         *MAIN_COLUMNS,
         title="restore_score_100 [95% CI] (n instances; f instances with a failed record)",
-        caption=f"paired on {report['paired_instances']} instances; failures: "
+        caption=f"paired on {summary.report.paired_instances} instances; failures: "
         + ("scored 0" if policy == "zero" else "excluded"),
     )
-    for name, system in summary["systems"].items():
+    for name, system in summary.systems.items():
         # Text, not markup: a name like "quickstart (x) [runs-a]" must print as it is.
         table.add_row(
-            Text(name), *(Text(report_cell(system["scores"].get(c), policy)) for c in MAIN_COLUMNS)
+            Text(name), *(Text(report_cell(system.scores.get(c), policy)) for c in MAIN_COLUMNS)
         )
     return table
 
@@ -424,7 +424,8 @@ def print_summary(console: Console, summary_path: Path) -> None:
     pipe) the table is printed whole at its natural width, never wrapped at 80 columns."""
     if not console.is_terminal:
         console = Console(file=console.file, width=_LOG_WIDTH)
-    console.print(main_table(summary_path))
-    for name, system in json.loads(summary_path.read_text())["systems"].items():
-        for line in warnings(name, system):
+    summary = read_summary(summary_path)
+    console.print(main_table(summary))
+    for name, system in summary.systems.items():
+        for line in warnings(name, system.model_dump()):
             console.print(line, style="yellow", highlight=False, markup=False)

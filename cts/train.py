@@ -4,7 +4,6 @@ against restore scores, once, by expert iteration, or online (GRPO). `cts train 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from cts.common import (
 )
 from eval.experiment import merge_run
 from eval.report.report import write_report
+from eval.report.summary import read_summary
 from eval.run.run_dir import RunDir
 from serving.serve import ServeOptions, served
 from train import (
@@ -315,8 +315,7 @@ def _loop_tables(train: TrainConfig, done: list[Iteration]) -> None:
         dirs = [it.eval_dir(variant) for it in done]
         out = root / variant
         files = write_report(dirs, out)
-        summary = json.loads(files["summary"].read_text())
-        rows = table(summary, done, dirs)
+        rows = table(read_summary(files["summary"]), done, dirs)
         _, md = write_table(out, rows, variant)
         if variant == MAIN:
             console.print(md.read_text(), highlight=False, soft_wrap=True)

@@ -29,6 +29,7 @@ from typing import Any, Literal, get_args
 
 from eval.data.schema import Record
 from eval.report.report import load_run
+from eval.report.summary import Comparison, Summary
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.pipeline import clarify_turns
 from eval.run.usage import role_usage
@@ -222,61 +223,60 @@ def _questions_asked(records: Iterable[Record]) -> dict[str, float]:
     return {c: mean(v) for c, v in sorted(asked.items())}
 
 
-def _delta(comparisons: list[dict[str, Any]], earlier: str, later: str) -> dict[str, Any]:
+def _delta(comparisons: list[Comparison], earlier: str, later: str) -> dict[str, Any]:
     """later − earlier per condition, from the report's paired comparisons (which give the
     first system listed minus the second, the earlier iteration first)."""
     out: dict[str, Any] = {}
     for row in comparisons:
-        if (row["a"], row["b"]) == (earlier, later):
+        if (row.a, row.b) == (earlier, later):
+            assert row.difference is not None and row.low is not None and row.high is not None
             # 0.0 − x, not −x: no difference reads 0.0, never −0.0.
-            out[row["condition"]] = {
-                "difference": 0.0 - row["difference"],
-                "low": 0.0 - row["high"],
-                "high": 0.0 - row["low"],
-                "p_holm": row["p_holm"],
-                "p_value": row["p_value"],
-                "n": row["n"],
+            out[row.condition] = {
+                "difference": 0.0 - row.difference,
+                "low": 0.0 - row.high,
+                "high": 0.0 - row.low,
+                "p_holm": row.p_holm,
+                "p_value": row.p_value,
+                "n": row.n,
             }
     return out
 
 
-def table(
-    summary: dict[str, Any], loop: list[Iteration], eval_dirs: list[Path]
-) -> list[dict[str, Any]]:
+def table(summary: Summary, loop: list[Iteration], eval_dirs: list[Path]) -> list[dict[str, Any]]:
     """One row per iteration from the combined report of its evaluation runs (`summary`, the
     report's summary.json, systems in iteration order): restore score per condition with its
     CI, the paired Δ against the base and the previous iteration, User Answerer answerability,
     questions asked, and what the iteration spent (its sampling and evaluation runs)."""
-    names = list(summary["systems"])
+    names = list(summary.systems)
     rows = []
     for position, (iteration, run_dir) in enumerate(zip(loop, eval_dirs, strict=True)):
-        system = summary["systems"][names[position]]
+        system = summary.systems[names[position]]
         evaluated = load_run(run_dir).records
         sampled = load_run(iteration.train.samples_dir()).records if iteration.train else []
         rows.append(
             {
                 "iteration": iteration.index,
                 "system": names[position],
-                "paired_instances": summary["report"]["paired_instances"],
+                "paired_instances": summary.report.paired_instances,
                 "scores": {
                     c: {
                         k: entry.get("restore_score_100", {}).get(k)
                         for k in ("mean", "low", "high")
                     }
                     | {"n": entry["n"], "failed": entry["failed"]}
-                    for c, entry in system["scores"].items()
+                    for c, entry in system.scores.items()
                 },
-                "delta_vs_base": _delta(summary["comparisons"], names[0], names[position])
+                "delta_vs_base": _delta(summary.comparisons, names[0], names[position])
                 if position
                 else {},
                 "delta_vs_previous": _delta(
-                    summary["comparisons"], names[position - 1], names[position]
+                    summary.comparisons, names[position - 1], names[position]
                 )
                 if position
                 else {},
                 "answerability": {
                     k: v["rate"]
-                    for k, v in system["clarification"].get("answerability_per_k", {}).items()
+                    for k, v in system.clarification.get("answerability_per_k", {}).items()
                 },
                 "questions_asked": _questions_asked(evaluated),
                 "spent": _spent([*evaluated, *sampled]),

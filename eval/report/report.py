@@ -36,6 +36,7 @@ from eval.report.diagnostics import (
     summarize,
 )
 from eval.report.scope import ignored_note, in_scope
+from eval.report.summary import Comparison, ReportInfo, Summary, SystemSummary
 from eval.run.bulk import collector_paused
 from eval.run.config import ALL_CONDITIONS, ExperimentConfig
 from eval.run.oracle import oracle_independence, oracle_warning
@@ -916,20 +917,18 @@ def write_report(
     runs, ids, systems, comparisons = found.runs, found.ids, found.systems, found.comparisons
     policy, gap = found.policy, found.min_gap
     files = RunDir(out)  # a combined report is laid out like a run's own
-    document = {
-        "report": {
-            "runs": [str(d) for d in run_dirs],
-            "failure_policy": policy,
-            "min_gap": gap,
-            "paired_instances": len(ids),
-            # Pairs shown although they differ beyond the clarifier (allow_unlike).
-            "unlike": [u.as_dict() for u in found.unlike],
-        },
-        "systems": dict(systems),
-        "comparisons": comparisons,
-    }
-    # Each file whole or absent: a full disk stops here with StorageFull naming the file.
-    write_whole(files.summary, json.dumps(document, indent=2, ensure_ascii=False))
+    summary = Summary(
+        report=ReportInfo(
+            runs=[str(d) for d in run_dirs],
+            failure_policy=policy,
+            min_gap=gap,
+            paired_instances=len(ids),
+            unlike=[u.as_dict() for u in found.unlike],
+        ),
+        systems={name: SystemSummary(**system) for name, system in systems},
+        comparisons=[Comparison(**row) for row in comparisons],
+    )
+    summary.write(files.summary)
     text = markdown(systems, comparisons, len(ids), policy)
     write_whole(files.report_md, text)
     images = figures(systems, files.figures)

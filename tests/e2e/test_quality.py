@@ -196,8 +196,8 @@ def _mean_scores(run_dir: Path) -> dict[str, float]:
     return {c: sum(s) / len(s) for c, s in by_condition.items()}
 
 
-#: Dev instances whose removed constraint one plain question recovers (a place in English, a
-#: year in Chinese): the question the Clarifier asks about each, as a careful clarifier would.
+#: Dev instances whose removed constraint one plain question recovers (a region, a year): the
+#: question the Clarifier asks about each, as a careful clarifier would.
 #: Measured once with A-dev-04 and D-dev-03 too: each of the four showed the effect alone.
 CLARIFIED = {
     "A-dev-02": "Which country or region are you asking about?",

@@ -24,6 +24,7 @@ from configs import CONFIG_DIR
 from cts.cli import app
 from eval.data.dataset import SAMPLE_DIR
 from eval.data.schema import Instance, Record
+from eval.report.summary import Comparison
 from eval.run.config import load_experiment
 from eval.run.run_dir import RunDir, Shard
 from eval.run.runner import RecordStore
@@ -845,10 +846,10 @@ def test_train_loop_continues_from_each_fit_and_resumes(tmp_path, tiny_path, mon
 def test_loop_deltas_are_the_later_iteration_minus_the_earlier(tmp_path):
     """The report compares the earlier system first (a − b); the loop turns it round."""
     comparisons = [
-        {"a": "base", "b": "one", "condition": "clarify@1", "difference": -3.0, "low": -5.0,
-         "high": -1.0, "p_value": 0.01, "p_holm": 0.02, "n": 7},
-        {"a": "base", "b": "two", "condition": "clarify@1", "difference": 0.0, "low": -2.0,
-         "high": 2.0, "p_value": 1.0, "p_holm": 1.0, "n": 7},
+        Comparison(a="base", b="one", condition="clarify@1", difference=-3.0, low=-5.0,
+                   high=-1.0, p_value=0.01, p_holm=0.02, n=7),
+        Comparison(a="base", b="two", condition="clarify@1", difference=0.0, low=-2.0,
+                   high=2.0, p_value=1.0, p_holm=1.0, n=7),
     ]  # fmt: skip
     assert _delta(comparisons, "base", "one") == {
         "clarify@1": {
