@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from eval.data.dataset import DatasetError
-from eval.experiment import RunResult, require_roles, run_experiment
+from eval.experiment import RunResult, require_roles, run_experiment, serving_for
 from eval.report.comparability import IncomparableRuns
 from eval.report.report import MAIN_COLUMNS, report_cell, warnings
 from eval.report.summary import Summary, SummaryError, read_summary
@@ -41,7 +41,6 @@ from serving.serve import (
     ServeOptions,
     Stopped,
     read_endpoints,
-    served,
 )
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
@@ -354,8 +353,8 @@ def run_keyed(
         console.print(f"starting {n} vLLM server(s)")
 
     progress = progress_for(console)
-    with served(resolved.model_configs, options, run.serve_logs(shard), starting) as (urls, watch):
-        result = work(resolved.with_endpoints(urls), shard, watch, progress)
+    with serving_for(resolved, options, run.serve_logs(shard), starting) as ready:
+        result = work(ready.resolved, shard, ready.watch, progress)
     outcome = result.outcome
     console.print(
         f"{outcome.ran} {noun}, {outcome.skipped} already done, "

@@ -12,7 +12,8 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from eval.run.runner import MergeReport, RecordStore, RunOutcome, merge, run_key
 from eval.run.search_agent import corpus_digest, open_agent
 from serving.cache import EVALUATION, GOLDEN_CONSTRUCTION
 from serving.engine import EngineStats
+from serving.serve import ServeOptions, served
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
 from webdancer.corpus import Problem
@@ -269,6 +271,36 @@ def run_experiment(
     return _run_into(
         resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, True
     )
+
+
+@dataclass(frozen=True)
+class Served:
+    """An experiment pointed at its models for a block (see `serving_for`)."""
+
+    #: The experiment with every served model's endpoint filled in.
+    resolved: ResolvedExperiment
+    #: Raises ServerError when a server started for the block has died (None: none started).
+    watch: Callable[[], None] | None
+
+
+@contextmanager
+def serving_for(
+    resolved: ResolvedExperiment,
+    options: ServeOptions,
+    log_dir: Path,
+    on_start: Callable[[int], None] = lambda n: None,
+) -> Iterator[Served]:
+    """For the block, the experiment at its models: at an endpoints file's URLs
+    (`options.endpoints`), or at vLLM servers started for the block (`options.serve`: each
+    model with `vllm.serve`, planned on the GPUs, logs under `log_dir`) and stopped after,
+    whatever ends the block. `on_start(n)` is told before n servers start. What `cts run
+    --serve` does around `run_experiment`:
+
+        with serving_for(resolved, ServeOptions(serve=True), run_dir / "logs") as ready:
+            run_experiment(ready.resolved, run_dir, watch=ready.watch)
+    """
+    with served(resolved.model_configs, options, log_dir, on_start) as (urls, watch):
+        yield Served(resolved.with_endpoints(urls), watch)
 
 
 def _check_golden_seeds(resolved: ResolvedExperiment, instances: list[Instance]) -> None:

@@ -1,6 +1,7 @@
-"""The Python API's notebook example (docs/python-api.md), run as written on scripted engines,
-gives the run `cts run` gives with the same settings: the same records and the same summary
-(but for the run directory's path in it)."""
+"""The Python API (docs/python-api.md): its notebook example, run as written on scripted
+engines, gives the run `cts run` gives with the same settings (the same records, the same
+summary but for the run directory's path in it); `serving_for` points an experiment at its
+servers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from typer.testing import CliRunner
 
 import eval.experiment
 from cts.cli import app
+from eval.experiment import serving_for
+from eval.run.config import load_experiment
 from eval.run.runner import RecordStore
+from serving.serve import ServeOptions
 from tests.scripted_cts import scripted_engines
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
@@ -53,3 +57,16 @@ def test_the_documented_python_example_equals_the_command_line_run(
     for summary in summaries:
         summary["report"]["runs"] = []
     assert summaries[0] == summaries[1]
+
+
+def test_serving_for_points_the_experiment_at_an_endpoints_file(tmp_path: Path) -> None:
+    """`serving_for` with an endpoints file (what a running `cts serve` writes): the served
+    model's endpoint is the file's, nothing is started, so there is nothing to watch."""
+    resolved = load_experiment("hard518", [])
+    key = resolved.experiment.roles["judge"].model
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps({"models": {key: {"base_url": "http://10.0.0.7:8000/v1"}}}))
+    with serving_for(resolved, ServeOptions(endpoints=endpoints), tmp_path / "logs") as ready:
+        assert ready.resolved.model_configs[key].endpoint == "http://10.0.0.7:8000/v1"
+        assert ready.watch is None
+    assert not (tmp_path / "logs").exists()
