@@ -4,10 +4,8 @@ against restore scores, once, by expert iteration, or online (GRPO). `cts train 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import typer
@@ -28,21 +26,10 @@ from eval.report.report import write_report
 from eval.report.summary import read_summary
 from eval.run.run_dir import RunDir
 from serving.serve import ServeOptions, served
-from train import (
-    answerer_data,
-    answerer_fit,
-    judge_data,
-    judge_fit,
-    rewriter_data,
-    rewriter_fit,
-    searcher_data,
-    searcher_fit,
-)
-from train.answerer_fit import AnswererFitSettings
+from train.adapters import ROLE_ADAPTERS
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit
 from train.grpo import GrpoResult, downstream_models, experiment, finished, grpo, grpo_dir
-from train.judge_fit import JudgeFitSettings
 from train.loop import (
     MAIN,
     Iteration,
@@ -56,11 +43,9 @@ from train.loop import (
     variants,
     write_table,
 )
-from train.lora_sft import LoraSftSettings
+from train.lora_sft import RoleAdapter
 from train.pairs import PairsResult, build_pairs, no_data_message
-from train.rewriter_fit import RewriterFitSettings
 from train.sample import sampling_experiment
-from train.searcher_fit import SearcherFitSettings
 
 app = typer.Typer(
     help="Fine-tune a clarifier against restore scores: sample scored dialogues (an evaluation "
@@ -427,19 +412,11 @@ def loop_step_command(
     _run_step(train, plan, loop_step(plan, step, iteration), options, shard, chained=True)
 
 
-def _role_fit_command(
-    role: str,
-    defaults: LoraSftSettings,
-    adapter_dir: Path,
-    what: str,
-    data: ModuleType,
-    fit: Callable[[Any, Path], dict[str, Any]],
-    doc: str,
-) -> None:
+def _role_fit_command(adapter: RoleAdapter) -> None:
     """Register `cts train ROLE`: a LoRA fit of the tiny model for one role, its options'
-    defaults those of `defaults` (the role's settings type, which `fit` takes); with
-    --write-data, the role's data module (`generate`, `write_examples`, `label_counts`)
-    writes the generated examples instead."""
+    defaults those of the role's settings; with --write-data, the role's data module writes
+    the generated examples instead."""
+    defaults, data, what = adapter.settings, adapter.data, adapter.what
 
     def run(
         examples: int = typer.Option(defaults.examples, help=f"Labelled {what} to generate."),
@@ -450,7 +427,9 @@ def _role_fit_command(
         max_seconds: float = typer.Option(
             0.0, help="Stop at the first step end after this many seconds (0: no limit)."
         ),
-        output: Path = typer.Option(adapter_dir, "--output", help="Where the adapter is written."),
+        output: Path = typer.Option(
+            adapter.adapter_dir, "--output", help="Where the adapter is written."
+        ),
         write_data: Path | None = typer.Option(
             None,
             "--write-data",
@@ -472,62 +451,15 @@ def _role_fit_command(
             max_steps=max_steps,
             max_seconds=max_seconds,
         )
-        record = fit(settings, output)
+        record = adapter.fit(settings, output)
         typer.echo(
             f"adapter: {output} ({record['steps']} steps on {examples} examples, "
             f"{record['seconds']:.0f} s, train loss {record['train_loss']:.3f})"
         )
 
-    run.__doc__ = doc
-    command(app, role)(run)
+    run.__doc__ = adapter.doc
+    command(app, adapter.role)(run)
 
 
-_role_fit_command(
-    "judge",
-    JudgeFitSettings(),
-    judge_fit.ADAPTER_DIR,
-    "judge calls",
-    judge_data,
-    lambda settings, output: judge_fit.fit_judge(settings, output),
-    """Fine-tune the tiny model's coverage judge: a LoRA adapter trained (CPU) on labelled
-    answers generated from the sample benchmark's train split and corpus (never its human
-    judge labels). The command that built the shipped adapter of `smollm2-135m-judge` is in
-    its judge_train.json.""",
-)
-_role_fit_command(
-    "answerer",
-    AnswererFitSettings(),
-    answerer_fit.ADAPTER_DIR,
-    "User Answerer calls",
-    answerer_data,
-    lambda settings, output: answerer_fit.fit_answerer(settings, output),
-    """Fine-tune the tiny model's User Answerer: a LoRA adapter trained (CPU) on clarifying
-    questions generated from the sample benchmark's train split, each answered with the
-    removed constraint's span of the fused query or `unknown` (never its held-out answerer
-    labels). The adapter of `smollm2-135m-answerer` and its answerer_train.json are written
-    to --output.""",
-)
-_role_fit_command(
-    "searcher",
-    SearcherFitSettings(),
-    searcher_fit.ADAPTER_DIR,
-    "searcher calls",
-    searcher_data,
-    lambda settings, output: searcher_fit.fit_searcher(settings, output),
-    """Fine-tune the tiny model's WebDancer searcher: a LoRA adapter trained (CPU) on search
-    runs over the sample benchmark's train split and corpus (one search with the question,
-    then an answer copying the first hit's snippet). The adapter of `smollm2-135m-searcher`
-    and its searcher_train.json are written to --output.""",
-)
-_role_fit_command(
-    "rewriter",
-    RewriterFitSettings(),
-    rewriter_fit.ADAPTER_DIR,
-    "Rewriter calls",
-    rewriter_data,
-    lambda settings, output: rewriter_fit.fit_rewriter(settings, output),
-    """Fine-tune the tiny model's Rewriter: a LoRA adapter trained (CPU) on dialogues about
-    the sample benchmark's train split, each rewritten as the blurred query with every
-    answer that is not `unknown` appended. The adapter of `smollm2-135m-rewriter` and its
-    rewriter_train.json are written to --output.""",
-)
+for _adapter in ROLE_ADAPTERS:
+    _role_fit_command(_adapter)

@@ -1,7 +1,7 @@
 """Fine-tune the tiny model for the User Answerer role: a LoRA adapter trained with TRL's SFT
 trainer on `train.answerer_data` examples (train split only), with a model config.
 
-`cts train answerer` runs `fit_answerer` (the fit itself: `train.lora_sft`, shared with the
+`cts train answerer` runs `ADAPTER.fit` (the fit itself: `train.lora_sft`, shared with the
 judge's) and writes the adapter to configs/models/adapters/smollm2-135m-answerer/ with
 answerer_train.json (the command that rebuilds it, settings, label counts, steps, losses, wall
 time). TRL, peft and torch are imported inside: they are the `train` extra.
@@ -10,18 +10,9 @@ time). TRL, peft and torch are imported inside: they are the `train` extra.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from configs import CONFIG_DIR
-from train import lora_sft
-from train.answerer_data import generate, label_counts, topic_counts
-from train.lora_sft import LoraSftSettings, fit_lora_sft, language_counts
-
-#: Where the User Answerer adapter lives (a model config names it relative to configs/).
-ADAPTER_DIR = CONFIG_DIR / "models" / "adapters" / "smollm2-135m-answerer"
-#: The record written beside the adapter.
-RECORD = "answerer_train.json"
+from train import answerer_data
+from train.lora_sft import LoraSftSettings, RoleAdapter
 
 
 @dataclass(frozen=True)
@@ -48,20 +39,18 @@ class AnswererFitSettings(LoraSftSettings):
     threads: int = 1
 
 
-def rebuild_command(settings: AnswererFitSettings) -> str:
-    """The `cts train answerer` line that trains with `settings` (those it takes as options)."""
-    return lora_sft.rebuild_command("answerer", settings)
-
-
-def fit_answerer(settings: AnswererFitSettings, output: Path = ADAPTER_DIR) -> dict[str, Any]:
-    """Generate the examples, train the adapter on CPU, save it (weights and config only) to
-    `output` with answerer_train.json (settings, label and topic counts, steps, losses, wall
-    time)."""
-    examples = generate(settings.examples, settings.seed)
-    data = {
-        "labels": label_counts(examples),
-        "topics": topic_counts(examples),
-        "languages": language_counts(examples),
-    }
-    rows = [e.as_row() for e in examples]
-    return fit_lora_sft("answerer", settings, rows, data, output, RECORD)
+ADAPTER = RoleAdapter(
+    role="answerer",
+    model="smollm2-135m-answerer",
+    settings=AnswererFitSettings(),
+    data=answerer_data,
+    counts=(("topics", answerer_data.topic_counts),),
+    what="User Answerer calls",
+    doc="""Fine-tune the tiny model's User Answerer: a LoRA adapter trained (CPU) on clarifying
+    questions generated from the sample benchmark's train split, each answered with the
+    removed constraint's span of the fused query or `unknown` (never its held-out answerer
+    labels). The adapter of `smollm2-135m-answerer` and its answerer_train.json are written
+    to --output.""",
+)
+#: Where the adapter lives (its model config names it relative to configs/).
+ADAPTER_DIR = ADAPTER.adapter_dir

@@ -1,7 +1,7 @@
 """Fine-tune the tiny model for the coverage judge role: a LoRA adapter trained with TRL's SFT
 trainer on `train.judge_data` examples (train split only), shipped with a model config.
 
-`cts train judge` runs `fit_judge` (the fit itself: `train.lora_sft`, shared with the User
+`cts train judge` runs `ADAPTER.fit` (the fit itself: `train.lora_sft`, shared with the User
 Answerer's); its defaults rebuilt the shipped adapter (configs/models/adapters/
 smollm2-135m-judge/, recorded in its judge_train.json). TRL, peft and torch are imported
 inside: they are the `train` extra.
@@ -10,18 +10,9 @@ inside: they are the `train` extra.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from configs import CONFIG_DIR
-from train import lora_sft
-from train.judge_data import generate, label_counts
-from train.lora_sft import LoraSftSettings, fit_lora_sft, language_counts
-
-#: Where the shipped judge adapter lives (a model config names it relative to configs/).
-ADAPTER_DIR = CONFIG_DIR / "models" / "adapters" / "smollm2-135m-judge"
-#: The record written beside the adapter.
-RECORD = "judge_train.json"
+from train import judge_data
+from train.lora_sft import LoraSftSettings, RoleAdapter
 
 
 @dataclass(frozen=True)
@@ -37,17 +28,17 @@ class JudgeFitSettings(LoraSftSettings):
     grad_accum: int = 8
 
 
-def rebuild_command(settings: JudgeFitSettings) -> str:
-    """The `cts train judge` line that trains with `settings` (those it takes as options)."""
-    return lora_sft.rebuild_command("judge", settings)
-
-
-def fit_judge(settings: JudgeFitSettings, output: Path = ADAPTER_DIR) -> dict[str, Any]:
-    """Generate the examples, train the adapter on CPU, save it (weights and config only) to
-    `output` with judge_train.json (settings, label counts, steps, losses, wall time)."""
-    examples = generate(settings.examples, settings.seed)
-    data = {
-        "labels": label_counts(examples),
-        "languages": language_counts(examples),
-    }
-    return fit_lora_sft("judge", settings, [e.as_row() for e in examples], data, output, RECORD)
+ADAPTER = RoleAdapter(
+    role="judge",
+    model="smollm2-135m-judge",
+    settings=JudgeFitSettings(),
+    data=judge_data,
+    counts=(),
+    what="judge calls",
+    doc="""Fine-tune the tiny model's coverage judge: a LoRA adapter trained (CPU) on labelled
+    answers generated from the sample benchmark's train split and corpus (never its human
+    judge labels). The command that built the shipped adapter of `smollm2-135m-judge` is in
+    its judge_train.json.""",
+)
+#: Where the adapter lives (its model config names it relative to configs/).
+ADAPTER_DIR = ADAPTER.adapter_dir

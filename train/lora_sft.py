@@ -1,5 +1,7 @@
-"""One LoRA SFT fit of the tiny model for an agent role, on CPU: what `cts train judge`
-(train/judge_fit.py) and `cts train answerer` (train/answerer_fit.py) share.
+"""One LoRA SFT fit of the tiny model for an agent role, on CPU: what `cts train judge`,
+`answerer`, `rewriter` and `searcher` share. Each role is one `RoleAdapter` (train/judge_fit.py,
+answerer_fit.py, rewriter_fit.py, searcher_fit.py declare theirs, with the settings that built
+its shipped adapter; train/adapters.py lists them).
 
 `fit_lora_sft` trains TRL's SFT trainer with a peft LoRA adapter on prompt/completion rows (the
 loss on the completion only), saves the adapter (weights and config only) and writes a JSON
@@ -13,9 +15,10 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from configs import CONFIG_DIR
@@ -47,6 +50,58 @@ class LoraSftSettings:
     max_length: int = 1024
     threads: int = 2
     base: str = "smollm2-135m-instruct"
+
+
+Counts = Callable[[Sequence[Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RoleAdapter:
+    """One role's LoRA adapter of the tiny model: the examples its data module generates (train
+    split only), the fit, and where the adapter and its record go. `cts train ROLE` is this."""
+
+    #: The role as `cts train ROLE` names it.
+    role: str
+    #: The model config that serves the adapter (configs/models/<model>.yaml); the adapter's
+    #: folder is configs/models/adapters/<model>/.
+    model: str
+    #: The defaults, those that built the shipped adapter.
+    settings: LoraSftSettings
+    #: The role's data generator: `generate(n, seed)`, `write_examples`, `label_counts`.
+    data: ModuleType
+    #: What the record counts of the examples besides labels and languages (name, counter).
+    counts: tuple[tuple[str, Counts], ...] = ()
+    #: The examples, as --help names them ("judge calls").
+    what: str = ""
+    #: `cts train ROLE --help`.
+    doc: str = ""
+
+    @property
+    def adapter_dir(self) -> Path:
+        return CONFIG_DIR / "models" / "adapters" / self.model
+
+    @property
+    def record(self) -> str:
+        """The record written beside the adapter."""
+        return f"{self.role}_train.json"
+
+    def rebuild_command(self, settings: LoraSftSettings) -> str:
+        return rebuild_command(self.role, settings)
+
+    def fit(self, settings: LoraSftSettings, output: Path | None = None) -> dict[str, Any]:
+        """Generate the examples, train the adapter on CPU, save it (weights and config only)
+        to `output` (default: the shipped adapter's folder) with its record (the rebuild
+        command, settings, the examples' counts, steps, losses, wall time)."""
+        examples = self.data.generate(settings.examples, settings.seed)
+        data = {
+            "labels": self.data.label_counts(examples),
+            **{name: count(examples) for name, count in self.counts},
+            "languages": language_counts(examples),
+        }
+        rows = [e.as_row() for e in examples]
+        return fit_lora_sft(
+            self.role, settings, rows, data, output or self.adapter_dir, self.record
+        )
 
 
 def language_counts(examples: Sequence[Any]) -> dict[str, int]:

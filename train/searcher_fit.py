@@ -1,7 +1,7 @@
 """Fine-tune the tiny model for the searcher role: a LoRA adapter trained with TRL's SFT
 trainer on `train.searcher_data` search runs (train split only), with a model config.
 
-`cts train searcher` runs `fit_searcher` (the fit itself: `train.lora_sft`, shared with the
+`cts train searcher` runs `ADAPTER.fit` (the fit itself: `train.lora_sft`, shared with the
 judge's and the User Answerer's) and writes the adapter to
 configs/models/adapters/smollm2-135m-searcher/ with searcher_train.json (the command that
 rebuilds it, settings, example counts, steps, losses, wall time). TRL, peft and torch are
@@ -11,18 +11,9 @@ imported inside: they are the `train` extra.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from configs import CONFIG_DIR
-from train import lora_sft
-from train.lora_sft import LoraSftSettings, fit_lora_sft, language_counts
-from train.searcher_data import generate, label_counts, variant_counts
-
-#: Where the searcher adapter lives (a model config names it relative to configs/).
-ADAPTER_DIR = CONFIG_DIR / "models" / "adapters" / "smollm2-135m-searcher"
-#: The record written beside the adapter.
-RECORD = "searcher_train.json"
+from train import searcher_data
+from train.lora_sft import LoraSftSettings, RoleAdapter
 
 
 @dataclass(frozen=True)
@@ -44,20 +35,17 @@ class SearcherFitSettings(LoraSftSettings):
     threads: int = 2
 
 
-def rebuild_command(settings: SearcherFitSettings) -> str:
-    """The `cts train searcher` line that trains with `settings` (those it takes as options)."""
-    return lora_sft.rebuild_command("searcher", settings)
-
-
-def fit_searcher(settings: SearcherFitSettings, output: Path = ADAPTER_DIR) -> dict[str, Any]:
-    """Generate the search runs, train the adapter on CPU, save it (weights and config only)
-    to `output` with searcher_train.json (settings, example counts, steps, losses, wall
-    time)."""
-    examples = generate(settings.examples, settings.seed)
-    data = {
-        "labels": label_counts(examples),
-        "variants": variant_counts(examples),
-        "languages": language_counts(examples),
-    }
-    rows = [e.as_row() for e in examples]
-    return fit_lora_sft("searcher", settings, rows, data, output, RECORD)
+ADAPTER = RoleAdapter(
+    role="searcher",
+    model="smollm2-135m-searcher",
+    settings=SearcherFitSettings(),
+    data=searcher_data,
+    counts=(("variants", searcher_data.variant_counts),),
+    what="searcher calls",
+    doc="""Fine-tune the tiny model's WebDancer searcher: a LoRA adapter trained (CPU) on search
+    runs over the sample benchmark's train split and corpus (one search with the question,
+    then an answer copying the first hit's snippet). The adapter of `smollm2-135m-searcher`
+    and its searcher_train.json are written to --output.""",
+)
+#: Where the adapter lives (its model config names it relative to configs/).
+ADAPTER_DIR = ADAPTER.adapter_dir

@@ -24,7 +24,7 @@ from cts.cli import app
 from eval.audit.answerer_calibration import SAMPLE_ANSWERER_LABELS, read_answer_labels
 from eval.audit.calibration import labels_path
 from serving.model_config import load_model_config
-from train import answerer_data, answerer_fit, judge_fit, rewriter_fit, searcher_fit
+from train import answerer_data, answerer_fit, judge_fit, lora_sft, rewriter_fit, searcher_fit
 from train.answerer_data import (
     UNKNOWN_QUESTIONS,
     VALUE_QUESTIONS,
@@ -180,16 +180,16 @@ def test_the_held_out_answerer_labels_are_never_read(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("role", "settings", "fit_module"),
+    ("role", "settings", "adapter"),
     [
-        ("answerer", AnswererFitSettings(examples=24, seed=5, epochs=1.5), answerer_fit),
-        ("judge", JudgeFitSettings(examples=12, seed=2, learning_rate=2e-4), judge_fit),
-        ("answerer", AnswererFitSettings(examples=16, max_steps=3), answerer_fit),
-        ("rewriter", RewriterFitSettings(examples=16, seed=4, max_steps=2), rewriter_fit),
-        ("searcher", SearcherFitSettings(examples=8, seed=2, epochs=1.5), searcher_fit),
+        ("answerer", AnswererFitSettings(examples=24, seed=5, epochs=1.5), answerer_fit.ADAPTER),
+        ("judge", JudgeFitSettings(examples=12, seed=2, learning_rate=2e-4), judge_fit.ADAPTER),
+        ("answerer", AnswererFitSettings(examples=16, max_steps=3), answerer_fit.ADAPTER),
+        ("rewriter", RewriterFitSettings(examples=16, seed=4, max_steps=2), rewriter_fit.ADAPTER),
+        ("searcher", SearcherFitSettings(examples=8, seed=2, epochs=1.5), searcher_fit.ADAPTER),
     ],
 )
-def test_the_rebuild_command_round_trips(monkeypatch, tmp_path, role, settings, fit_module):
+def test_the_rebuild_command_round_trips(monkeypatch, tmp_path, role, settings, adapter):
     """The command a record names, run, trains with the settings it was made from; the
     record's data is what the role counts."""
     got: dict[str, Any] = {}
@@ -198,8 +198,8 @@ def test_the_rebuild_command_round_trips(monkeypatch, tmp_path, role, settings, 
         got.update(name=name, settings=fit_settings, rows=rows, data=data, record=record_name)
         return {"steps": 1, "seconds": 0.0, "train_loss": 0.0}
 
-    monkeypatch.setattr(fit_module, "fit_lora_sft", fake_fit)
-    command = fit_module.rebuild_command(settings)
+    monkeypatch.setattr(lora_sft, "fit_lora_sft", fake_fit)
+    command = adapter.rebuild_command(settings)
     assert command.startswith(f"cts train {role} ")
     result = runner.invoke(app, [*command.split()[1:], "--output", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -249,7 +249,7 @@ def test_a_one_step_fit_writes_an_adapter_the_answerer_runs_under_its_constraint
     from serving.types import Sampling
 
     settings = replace(AnswererFitSettings(), examples=2, max_steps=1)
-    record = answerer_fit.fit_answerer(settings, tmp_path)
+    record = answerer_fit.ADAPTER.fit(settings, tmp_path)
     assert record["steps"] == 1 and record["command"].endswith("--max-steps 1")
     written = json.loads((tmp_path / "answerer_train.json").read_text())
     assert written["settings"] == asdict(settings) and sum(written["labels"].values()) == 2
@@ -279,3 +279,17 @@ def test_the_quickstart_answerer_stays_above_the_floors_of_its_one_measurement(t
     assert figures["n"] == 170
     assert figures["exact"]["share"] >= 0.45
     assert figures["false_answer"]["share"] <= 0.5
+
+
+def test_every_role_adapter_has_its_command_its_model_config_and_its_shipped_adapter():
+    """One list of role adapters: each is a `cts train ROLE` command whose --output defaults to
+    the folder its model config serves, where the shipped adapter and its record lie."""
+    from train.adapters import ROLE_ADAPTERS
+
+    assert [a.role for a in ROLE_ADAPTERS] == ["judge", "answerer", "searcher", "rewriter"]
+    for adapter in ROLE_ADAPTERS:
+        config = load_model_config(CONFIG_DIR / "models" / f"{adapter.model}.yaml")
+        assert CONFIG_DIR / config.adapter == adapter.adapter_dir
+        assert (adapter.adapter_dir / adapter.record).is_file()
+        shown = runner.invoke(app, ["train", adapter.role, "--help"], terminal_width=200)
+        assert shown.exit_code == 0 and f"{adapter.adapter_dir.name}" in shown.output
