@@ -12,22 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from train import rewriter_data
-from train.lora_sft import LoraSftSettings, RoleAdapter
+from train.answerer_fit import AnswererFitSettings
+from train.lora_sft import RoleAdapter
 
 
 @dataclass(frozen=True)
-class RewriterFitSettings(LoraSftSettings):
+class RewriterFitSettings(AnswererFitSettings):
     """What a Rewriter fine-tune depends on; recorded beside the adapter. A Rewriter call is
-    short (a blurred query and 1-3 pairs: ~150 tokens with the chat template), so one
-    example a micro-batch on one thread, as the User Answerer's (train/answerer_fit.py)."""
+    short (a blurred query and 1-3 pairs: ~150 tokens with the chat template), so the User
+    Answerer's layout (one example a micro-batch, 8 a step, on one thread), one epoch."""
 
     examples: int = 480
     epochs: float = 1.0
-    batch_size: int = 1
-    grad_accum: int = 8
-    learning_rate: float = 5e-4
-    max_length: int = 512
-    threads: int = 1
 
 
 ADAPTER = RoleAdapter(
