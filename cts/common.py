@@ -355,6 +355,19 @@ def run_keyed(
     progress = progress_for(console)
     with serving_for(resolved, options, run.serve_logs(shard), starting) as ready:
         result = work(ready.resolved, shard, ready.watch, progress)
+    print_account(console, result, shard, merge_with, noun)
+    return result
+
+
+def print_account(
+    console: Console,
+    result: RunResult,
+    shard: Shard,
+    merge_with: str,
+    noun: str = "records written",
+) -> None:
+    """A run's one-line account and its retry warnings; an interrupted run exits 130 (its
+    finished records kept), a shard says that `merge_with` finishes the run."""
     outcome = result.outcome
     console.print(
         f"{outcome.ran} {noun}, {outcome.skipped} already done, "
@@ -375,7 +388,6 @@ def run_keyed(
         console.print(
             f"shard {shard.index}/{shard.count} done; when every shard is done: {merge_with}"
         )
-    return result
 
 
 def retry_warnings(stats: dict[str, EngineStats]) -> list[str]:

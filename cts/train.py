@@ -16,36 +16,21 @@ from cts.common import (
     SHARD_OPTION,
     command,
     output_console,
+    print_account,
     print_summary,
-    run_into,
-    run_keyed,
+    progress_for,
     shard_of,
 )
-from eval.experiment import merge_run
-from eval.report.report import write_report
-from eval.report.summary import read_summary
-from eval.run.run_dir import RunDir
+from eval.run.run_dir import Shard
 from serving.serve import ServeOptions, served
 from train.adapters import ROLE_ADAPTERS
 from train.config import TrainConfig, load_train_config
 from train.fit import FitResult, fit
 from train.grpo import GrpoResult, downstream_models, experiment, finished, grpo, grpo_dir
-from train.loop import (
-    MAIN,
-    Iteration,
-    LoopError,
-    LoopStep,
-    evaluation,
-    iterations,
-    loop_step,
-    loop_steps,
-    table,
-    variants,
-    write_table,
-)
+from train.loop import MAIN, iterations, loop_step
+from train.loop_runner import StepDone, run_loop, run_step, sample
 from train.lora_sft import RoleAdapter
 from train.pairs import PairsResult, build_pairs, no_data_message
-from train.sample import sampling_experiment
 
 app = typer.Typer(
     help="Fine-tune a clarifier against restore scores: sample scored dialogues (an evaluation "
@@ -69,51 +54,48 @@ SET_OPTION = typer.Option(
 )
 
 
+def _say(line: str) -> None:
+    output_console().print(line, highlight=False, soft_wrap=True)
+
+
 def _sample(
     train: TrainConfig, shard: str | None = None, options: ServeOptions | None = None
 ) -> None:
     """Run the sampling: an evaluation run of the derived clarify@k experiment."""
-    resolved = sampling_experiment(train)
-    part = shard_of(shard)
-    run = RunDir(train.samples_dir())
-    console = output_console()
-    dataset = resolved.experiment.dataset
-    console.print(
-        f"sampling {train.candidates} clarify@{train.turns} dialogues per instance at temperature "
-        f"{train.temperature:g}: experiment [bold]{resolved.experiment.name}[/bold], "
-        f"{dataset.path} split {dataset.split} → {run.root}",
-        highlight=False,
-    )
-    result = run_keyed(
-        resolved,
-        run,
-        part,
-        options or ServeOptions(),
-        run_into(run.root),
-        console,
-        merge_with=f"cts merge {run.root}, then cts train pairs",
-    )
-    if result.report is None:  # a shard: `cts merge` writes the report
-        return
-    print_summary(console, result.report["summary"])
+    part, console = shard_of(shard), output_console()
+    result = sample(train, options, part, progress_for(console), _say)
+    merge_with = f"cts merge {train.samples_dir()}, then cts train pairs"
+    print_account(console, result, part, merge_with)
+    if result.report is not None:  # None: a shard (`cts merge` writes the report)
+        print_summary(console, result.report["summary"])
 
 
 def _pairs(train: TrainConfig) -> PairsResult:
     result = build_pairs(train)
+    _pairs_table(result, train)
+    if not result.rows:
+        typer.echo(no_data_message(result.stats, train), err=True)
+        raise typer.Exit(1)
+    return result
+
+
+def _pairs_table(result: PairsResult, train: TrainConfig) -> None:
     table = Table("statistic", "value", title=f"{train.method} data")
     for key, value in result.stats.items():
         table.add_row(key, str(value))
     console = output_console()
     console.print(table)
-    if not result.rows:
-        typer.echo(no_data_message(result.stats, train), err=True)
-        raise typer.Exit(1)
-    console.print(f"{len(result.rows)} row(s): {result.path}; stats: {result.stats_path}")
-    return result
+    if result.rows:
+        console.print(f"{len(result.rows)} row(s): {result.path}; stats: {result.stats_path}")
 
 
 def _fit(train: TrainConfig) -> FitResult:
     result = fit(train)
+    _fit_table(result)
+    return result
+
+
+def _fit_table(result: FitResult) -> None:
     m: dict[str, Any] = result.metrics
     table = Table("method", "examples", "steps", "final loss", "mean loss", "seconds", "device")
     table.add_row(
@@ -137,7 +119,6 @@ def _fit(train: TrainConfig) -> FitResult:
             highlight=False,
         )
     _use_it(result.model_config_path)
-    return result
 
 
 def _use_it(model_config: Path, *before: str) -> None:
@@ -273,53 +254,6 @@ def grpo_command(
     _grpo(load_train_config(config, set_), options)
 
 
-def _evaluate(
-    train: TrainConfig, iteration: Iteration, options: ServeOptions, shard: str | None = None
-) -> None:
-    """Iteration's clarifier through the experiment's own pipeline, once per variant."""
-    console = output_console()
-    for variant in variants(train):
-        resolved = evaluation(train, iteration, variant)
-        run = RunDir(iteration.eval_dir(variant))
-        console.print(
-            f"[bold]iteration {iteration.index}[/bold]: evaluating {resolved.clarifier_label()} "
-            f"({variant}) → {run.root}",
-            highlight=False,
-        )
-        run_keyed(
-            resolved, run, shard_of(shard), options, run_into(run.root), console,
-            merge_with=f"cts merge {run.root}",
-        )  # fmt: skip
-
-
-def _loop_tables(train: TrainConfig, done: list[Iteration]) -> None:
-    """Per variant: the report of the evaluated iterations together, and the loop table."""
-    console = output_console()
-    root = train.resolved_output_dir() / "loop"
-    for variant in variants(train):
-        dirs = [it.eval_dir(variant) for it in done]
-        out = root / variant
-        files = write_report(dirs, out)
-        rows = table(read_summary(files["summary"]), done, dirs)
-        _, md = write_table(out, rows, variant)
-        if variant == MAIN:
-            console.print(md.read_text(), highlight=False, soft_wrap=True)
-        console.print(f"loop table ({variant}): {md}; report: {files['html']}", highlight=False)
-
-
-def _merged(run_dir: Path) -> None:
-    """A sharded run's merge (summary and report), as `cts merge` does it; a key missing or
-    recorded twice is a LoopError naming the run and the first such keys."""
-    report = merge_run(run_dir)
-    if not report.ok:
-        keys = [*report.missing[:3], *report.duplicates[:3]]
-        raise LoopError(
-            f"{run_dir}: {len(report.missing)} missing and {len(report.duplicates)} duplicated "
-            f"key(s), e.g. {keys}: its shards did not all finish (submit again: finished "
-            "records are kept)"
-        )
-
-
 @command(app, "loop")
 def loop_command(
     config: str | None = CONFIG_OPTION,
@@ -346,43 +280,32 @@ def loop_command(
     the model calls and tokens spent. Rerunning resumes at the first unfinished step (a
     finished fit is not redone; finished runs make no model call)."""
     train = load_train_config(config, set_)
-    plan = iterations(train, count or train.loop.iterations)
-    for step in loop_steps(plan):
-        _run_step(train, plan, step, options)
+    console = output_console()
+    for done in run_loop(train, count, options, progress_for(console), _say):
+        _print_step(done, Shard())
 
 
-def _run_step(
-    train: TrainConfig,
-    plan: list[Iteration],
-    step: LoopStep,
-    options: ServeOptions,
-    shard: str | None = None,
-    chained: bool = False,
-) -> None:
-    """One step of the loop. `chained`: a job of a chain, whose sharded runs before it are
-    merged first (one process's loop runs them whole)."""
-    it = step.iteration
-    if step.name == "eval":
-        _evaluate(train, it, options, shard)
-    elif step.name == "table":
-        if chained:
-            for done in plan[: it.index + 1]:
-                for variant in variants(train):
-                    _merged(done.eval_dir(variant))
-        _loop_tables(train, plan[: it.index + 1])
-    elif step.name == "sample":
-        assert it.train is not None
-        _sample(it.train, shard, options)
-    elif it.fitted():
-        output_console().print(
-            f"iteration {it.index}: fitted before: {it.clarifier()}", highlight=False
-        )
-    else:
-        assert it.train is not None
-        if chained:
-            _merged(step.records_dir())
-        _pairs(it.train)
-        _fit(it.train)
+def _print_step(done: StepDone, shard: Shard) -> None:
+    """What a step of the loop did: each run's account (an interrupted one exits 130), the
+    pairs and fit tables, the loop table."""
+    console = output_console()
+    for run in done.runs:
+        print_account(console, run, shard, f"cts merge {run.run_dir}")
+        if done.step.name == "sample" and run.report is not None:
+            print_summary(console, run.report["summary"])
+    if done.fitted_before is not None:
+        it = done.step.iteration.index
+        _say(f"iteration {it}: fitted before: {done.fitted_before}")
+    if done.pairs is not None:
+        assert done.step.iteration.train is not None
+        _pairs_table(done.pairs, done.step.iteration.train)
+    if done.fit is not None:
+        _fit_table(done.fit)
+    for loop_table in done.tables:
+        if loop_table.variant == MAIN:
+            console.print(loop_table.markdown.read_text(), highlight=False, soft_wrap=True)
+        _say(f"loop table ({loop_table.variant}): {loop_table.markdown}; report: "
+             f"{loop_table.report_html}")  # fmt: skip
 
 
 @command(app, "loop-step")
@@ -409,7 +332,9 @@ def loop_step_command(
     the sampling and evaluations sharded over array tasks."""
     train = load_train_config(config, set_)
     plan = iterations(train, count or train.loop.iterations)
-    _run_step(train, plan, loop_step(plan, step, iteration), options, shard, chained=True)
+    part, progress = shard_of(shard), progress_for(output_console())
+    one = loop_step(plan, step, iteration)
+    _print_step(run_step(train, plan, one, options, part, True, progress, _say), part)
 
 
 def _role_fit_command(adapter: RoleAdapter) -> None:

@@ -15,8 +15,8 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-import cts.train as cts_train
 import eval.experiment
+import train.loop_runner
 from agents import clarifier
 from agents.clarifier import ClarifyingQuestion
 from agents.types import QA
@@ -941,7 +941,7 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
     monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     fits: list[str] = []
 
-    def fit(train):  # what `cts.train._fit` leaves: a model config and the metrics
+    def fit(train):  # what `train.fit.fit` leaves: a model config and the metrics
         fits.append(train.name)
         if fits == ["t-iter1", "t-iter2"]:
             raise Killed
@@ -950,7 +950,7 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
         (out / "clarifier.yaml").write_text(yaml.safe_dump({**model, "name": train.name}))
         (out / "train_metrics.json").write_text("{}")
 
-    monkeypatch.setattr(cts_train, "_fit", fit)
+    monkeypatch.setattr(train.loop_runner, "fit", fit)
     config = tiny_train_config(
         tmp_path,
         llm_calls=2,
@@ -974,6 +974,43 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
     assert [r["iteration"] for r in rows] == [0, 1, 2]
 
 
+def test_the_loop_runs_from_python_step_by_step(tmp_path, monkeypatch):
+    """`train.loop_runner.run_loop` (what `cts train loop` prints): every step of the one list
+    in order, each with what it did; on scripted engines, the fit a stand-in."""
+    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+
+    def fit(config):  # what `train.fit.fit` leaves: a model config and the metrics
+        model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
+        out = config.resolved_output_dir()
+        (out / "clarifier.yaml").write_text(yaml.safe_dump({**model, "name": config.name}))
+        (out / "train_metrics.json").write_text("{}")
+
+    monkeypatch.setattr(train.loop_runner, "fit", fit)
+    config = load_train_config(
+        tiny_train_config(
+            tmp_path,
+            llm_calls=2,
+            loop={"evaluation_overrides": ["dataset.limit=2", "conditions=[clarify@1]"]},
+        )
+    )
+    lines: list[str] = []
+    done = list(train.loop_runner.run_loop(config, 1, show_progress=False, notify=lines.append))
+    assert [(d.step.name, d.step.iteration.index) for d in done] == [
+        ("eval", 0), ("table", 0), ("sample", 1), ("fit", 1), ("eval", 1), ("table", 1),
+    ]  # fmt: skip
+    assert [d.records_written for d in done] == [2, 0, done[2].records_written, 0, 2, 0]
+    assert done[2].records_written > 0 and not any(d.interrupted for d in done)
+    assert done[3].pairs is not None and done[3].pairs.rows
+    (main,) = done[5].tables
+    assert main.variant == "main" and main.json.is_file() and main.report_html.is_file()
+    assert lines[0].startswith("iteration 0: evaluating ")
+    assert any(line.startswith("sampling ") for line in lines)
+    again = list(train.loop_runner.run_loop(config, 1, show_progress=False))
+    assert [d.records_written for d in again] == [0] * 6  # resumed: nothing runs again
+    assert again[3].fitted_before == tmp_path / "out" / "iter-1" / "clarifier.yaml"
+
+
 def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
     tmp_path, monkeypatch
 ):
@@ -986,7 +1023,7 @@ def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
     monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     fits: list[str] = []
 
-    def fit(train):  # what `cts.train._fit` leaves, the configuration included
+    def fit(train):  # what `train.fit.fit` leaves, the configuration included
         fits.append(train.name)
         model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
         out = train.resolved_output_dir()
@@ -994,7 +1031,7 @@ def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
         metrics = {"train_config": train.model_dump(mode="json")}
         (out / "train_metrics.json").write_text(json.dumps(metrics))
 
-    monkeypatch.setattr(cts_train, "_fit", fit)
+    monkeypatch.setattr(train.loop_runner, "fit", fit)
     config = tiny_train_config(
         tmp_path,
         llm_calls=2,
