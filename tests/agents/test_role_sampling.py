@@ -142,6 +142,38 @@ CASES = {
 #: The searcher's stop strings (the WebDancer protocol's, added by the agent).
 STOP = ("\n<tool_response>", "<tool_response>")
 
+
+def _clarifier(max_tokens: int) -> str:
+    return S(temperature=0.7, top_p=0.8, max_tokens=max_tokens, seed=3)
+
+
+def _hard518(
+    clarifier: list[str], searcher_max_tokens: int, fingerprints: set[str]
+) -> tuple[dict[str, list[str]], set[str]]:
+    """What hard518 sends under seed 3, pinned: the study's sampling per role and WebDancer's
+    release sampling for the searcher; the searcher and the summarizer send two seeds (1000 and
+    the run's 3)."""
+    searcher = [
+        S(temperature=0.6, top_p=0.95, max_tokens=searcher_max_tokens, top_k=-1, seed=seed,
+          repetition_penalty=1.1, stop=STOP)
+        for seed in (1000, 3)
+    ]  # fmt: skip
+    return (
+        {
+            "clarifier": clarifier,
+            "user_answerer": [S(top_p=0.8, max_tokens=64)],
+            "rewriter": [S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3)],
+            "searcher": searcher,
+            "judge": [S(top_p=0.8, max_tokens=1024)],
+            "summarizer": [
+                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=seed) for seed in (1000, 3)
+            ],
+            "nugget_builder": [S(top_p=0.8, max_tokens=1344)],
+        },
+        fingerprints,
+    )
+
+
 EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
     "quickstart": (
         {
@@ -180,111 +212,10 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
         },
         {"661b9f29a5d03f4a"},
     ),
-    "hard518": (
-        {
-            "clarifier": [S(temperature=0.7, top_p=0.8, max_tokens=96, seed=3)],
-            "user_answerer": [S(top_p=0.8, max_tokens=64)],
-            "rewriter": [S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3)],
-            "searcher": [
-                S(
-                    temperature=0.6,
-                    top_p=0.95,
-                    max_tokens=32768,
-                    top_k=-1,
-                    seed=1000,
-                    repetition_penalty=1.1,
-                    stop=STOP,
-                ),
-                S(
-                    temperature=0.6,
-                    top_p=0.95,
-                    max_tokens=32768,
-                    top_k=-1,
-                    seed=3,
-                    repetition_penalty=1.1,
-                    stop=STOP,
-                ),
-            ],
-            "judge": [S(top_p=0.8, max_tokens=1024)],
-            "summarizer": [
-                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=1000),
-                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=3),
-            ],
-            "nugget_builder": [S(top_p=0.8, max_tokens=1344)],
-        },
-        {"c001df01551f8cd0"},
-    ),
-    "hard518-constrained": (
-        {
-            "clarifier": [S(temperature=0.7, top_p=0.8, max_tokens=96, seed=3)],
-            "user_answerer": [S(top_p=0.8, max_tokens=64)],
-            "rewriter": [S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3)],
-            "searcher": [
-                S(
-                    temperature=0.6,
-                    top_p=0.95,
-                    max_tokens=448,
-                    top_k=-1,
-                    seed=1000,
-                    repetition_penalty=1.1,
-                    stop=STOP,
-                ),
-                S(
-                    temperature=0.6,
-                    top_p=0.95,
-                    max_tokens=448,
-                    top_k=-1,
-                    seed=3,
-                    repetition_penalty=1.1,
-                    stop=STOP,
-                ),
-            ],
-            "judge": [S(top_p=0.8, max_tokens=1024)],
-            "summarizer": [
-                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=1000),
-                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=3),
-            ],
-            "nugget_builder": [S(top_p=0.8, max_tokens=1344)],
-        },
-        {"c001df01551f8cd0"},
-    ),
-    "hard518-all-at-once": (
-        {
-            "clarifier": [
-                S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3),
-                S(temperature=0.7, top_p=0.8, max_tokens=288, seed=3),
-                S(temperature=0.7, top_p=0.8, max_tokens=96, seed=3),
-            ],
-            "user_answerer": [S(top_p=0.8, max_tokens=64)],
-            "rewriter": [S(temperature=0.7, top_p=0.8, max_tokens=192, seed=3)],
-            "searcher": [
-                S(
-                    temperature=0.6,
-                    top_p=0.95,
-                    max_tokens=32768,
-                    top_k=-1,
-                    seed=1000,
-                    repetition_penalty=1.1,
-                    stop=STOP,
-                ),
-                S(
-                    temperature=0.6,
-                    top_p=0.95,
-                    max_tokens=32768,
-                    top_k=-1,
-                    seed=3,
-                    repetition_penalty=1.1,
-                    stop=STOP,
-                ),
-            ],
-            "judge": [S(top_p=0.8, max_tokens=1024)],
-            "summarizer": [
-                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=1000),
-                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=3),
-            ],
-            "nugget_builder": [S(top_p=0.8, max_tokens=1344)],
-        },
-        set(),
+    "hard518": _hard518([_clarifier(96)], 32768, {"c001df01551f8cd0"}),
+    "hard518-constrained": _hard518([_clarifier(96)], 448, {"c001df01551f8cd0"}),
+    "hard518-all-at-once": _hard518(
+        [_clarifier(192), _clarifier(288), _clarifier(96)], 32768, set()
     ),
 }
 
