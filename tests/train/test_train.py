@@ -9,6 +9,7 @@ import math
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -33,7 +34,7 @@ from serving.scripted import ScriptedEngine
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
 from tests.scripted_cts import scripted_engines
-from train.config import RewardSettings, load_train_config
+from train.config import RewardSettings, TrainConfig, load_train_config
 from train.fit import fine_tuned_config
 from train.loop import (
     LoopError,
@@ -928,6 +929,15 @@ def test_loop_counts_each_model_call_once():
     }
 
 
+def leave_a_fit(config: TrainConfig, metrics: dict[str, Any] | None = None) -> None:
+    """A stand-in for `train.fit.fit`: what a fit leaves, the clarifier's model config (the
+    tiny model's, under the iteration's name) and train_metrics.json."""
+    model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
+    out = config.resolved_output_dir()
+    (out / "clarifier.yaml").write_text(yaml.safe_dump({**model, "name": config.name}))
+    (out / "train_metrics.json").write_text(json.dumps(metrics or {}))
+
+
 class Killed(Exception):
     """Stands for the process being killed in the middle of a step."""
 
@@ -941,14 +951,11 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
     monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     fits: list[str] = []
 
-    def fit(train):  # what `train.fit.fit` leaves: a model config and the metrics
-        fits.append(train.name)
+    def fit(config):
+        fits.append(config.name)
         if fits == ["t-iter1", "t-iter2"]:
             raise Killed
-        model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
-        out = train.resolved_output_dir()
-        (out / "clarifier.yaml").write_text(yaml.safe_dump({**model, "name": train.name}))
-        (out / "train_metrics.json").write_text("{}")
+        leave_a_fit(config)
 
     monkeypatch.setattr(train.loop_runner, "fit", fit)
     config = tiny_train_config(
@@ -980,13 +987,7 @@ def test_the_loop_runs_from_python_step_by_step(tmp_path, monkeypatch):
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
 
-    def fit(config):  # what `train.fit.fit` leaves: a model config and the metrics
-        model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
-        out = config.resolved_output_dir()
-        (out / "clarifier.yaml").write_text(yaml.safe_dump({**model, "name": config.name}))
-        (out / "train_metrics.json").write_text("{}")
-
-    monkeypatch.setattr(train.loop_runner, "fit", fit)
+    monkeypatch.setattr(train.loop_runner, "fit", leave_a_fit)
     config = load_train_config(
         tiny_train_config(
             tmp_path,
@@ -1023,13 +1024,9 @@ def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
     monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
     fits: list[str] = []
 
-    def fit(train):  # what `train.fit.fit` leaves, the configuration included
-        fits.append(train.name)
-        model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
-        out = train.resolved_output_dir()
-        (out / "clarifier.yaml").write_text(yaml.safe_dump({**model, "name": train.name}))
-        metrics = {"train_config": train.model_dump(mode="json")}
-        (out / "train_metrics.json").write_text(json.dumps(metrics))
+    def fit(config):  # the configuration included, as the real fit records it
+        fits.append(config.name)
+        leave_a_fit(config, {"train_config": config.model_dump(mode="json")})
 
     monkeypatch.setattr(train.loop_runner, "fit", fit)
     config = tiny_train_config(
