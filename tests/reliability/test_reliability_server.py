@@ -91,6 +91,13 @@ def cts_run(config: Path, run_dir: Path, home: Path) -> list[str]:
     ]
 
 
+def finished(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """`command` run to its end, which must be exit 0."""
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def comparable(run_dir: Path) -> dict:
     return {
         key: (r.error, r.questions, r.answers, r.rewrite, r.answer, r.labels, r.scores)
@@ -145,14 +152,7 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it_and_surviv
     try:
         first.wait_ready(deadline_s=600)
         whole = tmp_path / "whole"
-        done = subprocess.run(
-            cts_run(config, whole, tmp_path / "home-whole"),
-            capture_output=True,
-            text=True,
-            env=ENV,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        finished(cts_run(config, whole, tmp_path / "home-whole"))
         assert len(comparable(whole)) == 2
         err = cut_after_one_record(config, tmp_path, first)
     finally:
@@ -170,14 +170,7 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_resumes_it_and_surviv
     second = server(tiny_path, port, tmp_path / "server-2.log", batch=AT_LOAD)
     try:
         second.wait_ready(deadline_s=600)
-        resumed = subprocess.run(
-            cts_run(config, cut, tmp_path / "home-cut"),
-            capture_output=True,
-            text=True,
-            env=ENV,
-            timeout=900,
-        )
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        resumed = finished(cts_run(config, cut, tmp_path / "home-cut"))
         assert "1 records written, 1 already done" in resumed.stdout
         assert comparable(cut) == comparable(whole)
         killed_at_load(second, port, tmp_path / "load", tiny_path)
