@@ -23,8 +23,11 @@ def test_vllm_offline_engine_answers_and_honours_constraints(tiny_path):
             pytest.fail("CTS_REQUIRE_VLLM is set but CTS_VLLM_PYTHON is not")
         pytest.skip("CTS_VLLM_PYTHON unset: build the venv with scripts/vllm_cpu_venv.sh")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "2"}
+    # As a module from the root: as a script, tests/ would come first on sys.path and its
+    # tests/serving/ would hide the package `serving`.
     done = subprocess.run(
-        [python, str(ROOT / "tests" / "vllm_offline_probe.py"), tiny_path],
+        [python, "-m", "tests.vllm_offline_probe", tiny_path],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         env=env,
