@@ -24,12 +24,11 @@ from cts.common import (
 )
 from eval.estimate import Estimate, Figure, ModelRow, RoleRow, estimate_run
 from eval.experiment import require_roles
-from eval.pilot import PILOT_DATASET, write_pilot
+from eval.pilot import default_pilot_dir, pilot_experiment
 from eval.run.config import ResolvedExperiment, load_experiment
 from eval.run.run_dir import RunDir, Shard
 from serving.disk import refuse_special, write_whole
 from serving.serve import ServeOptions
-from serving.yaml_config import Override
 
 app = typer.Typer()
 
@@ -106,29 +105,6 @@ def estimate(
         console.print(f"estimate: {out}", highlight=False)
 
 
-def default_pilot_dir(sweep: ResolvedExperiment) -> Path:
-    """Inside the sweep's run directory, so that one pilot serves every later estimate; not
-    beside it, where `cts report runs/<name>-*` would take it for a system."""
-    return sweep.output_dir() / "estimate-pilot"
-
-
-def pilot_overrides(sweep: ResolvedExperiment, root: Path) -> list[Override]:
-    """The sweep's experiment on the pilot's drawn instances (root/pilot.jsonl, written by
-    eval/pilot.py's write_pilot), with caches of the pilot's own: a shared cache would answer
-    earlier runs' calls, and those would count as no work. A replay-only tool cache
-    (`search.offline`) is kept: it is the only source of tool results."""
-    drawn = {"path": str(root.absolute() / PILOT_DATASET), "split": None}
-    drawn["corpus"] = sweep.experiment.dataset.corpus
-    overrides = [
-        Override(("dataset",), drawn, "--pilot"),
-        Override(("cache", "path"), str(RunDir(root.absolute()).own_cache), "--pilot"),
-    ]
-    if not sweep.experiment.search.offline:
-        tools = root.absolute() / "cache" / "tools.sqlite"
-        overrides.append(Override(("search", "tool_cache"), str(tools), "--pilot"))
-    return overrides
-
-
 def run_pilot(
     sweep: ResolvedExperiment,
     config: str | None,
@@ -140,8 +116,7 @@ def run_pilot(
 ) -> Path:
     """Draw (`draw`: instances, seed) and run (or resume) the pilot into `root`; its
     directory."""
-    drawn = write_pilot(sweep, *draw, root)
-    resolved = load_experiment(config, [*set_, *pilot_overrides(sweep, root)])
+    resolved, drawn = pilot_experiment(sweep, config, set_, *draw, root)
     run_dir = RunDir(root)
     console.print(
         f"pilot of [bold]{resolved.experiment.name}[/bold] on {drawn.describe()} → {root}",

@@ -22,8 +22,10 @@ from typing import Any, TypeVar
 
 from eval.data.dataset import load_instances
 from eval.data.schema import Instance
-from eval.run.config import ResolvedExperiment
+from eval.run.config import ResolvedExperiment, load_experiment
+from eval.run.run_dir import RunDir
 from serving.disk import write_whole
+from serving.yaml_config import Override
 
 T = TypeVar("T")
 
@@ -132,6 +134,43 @@ def write_pilot(sweep: ResolvedExperiment, n: int, seed: int, root: Path) -> Pil
     write_whole(root / PILOT_DATASET, rows)
     write_whole(root / PILOT_DRAW, json.dumps(draw.as_dict(), indent=1, ensure_ascii=False))
     return draw
+
+
+def default_pilot_dir(sweep: ResolvedExperiment) -> Path:
+    """Inside the sweep's run directory, so that one pilot serves every later estimate; not
+    beside it, where `cts report runs/<name>-*` would take it for a system."""
+    return sweep.output_dir() / "estimate-pilot"
+
+
+def pilot_overrides(sweep: ResolvedExperiment, root: Path) -> list[Override]:
+    """The sweep's experiment on the pilot's drawn instances (root/pilot.jsonl, written by
+    `write_pilot`), with caches of the pilot's own: a shared cache would answer earlier runs'
+    calls, and those would count as no work. A replay-only tool cache (`search.offline`) is
+    kept: it is the only source of tool results."""
+    drawn = {"path": str(root.absolute() / PILOT_DATASET), "split": None}
+    drawn["corpus"] = sweep.experiment.dataset.corpus
+    overrides = [
+        Override(("dataset",), drawn, "--pilot"),
+        Override(("cache", "path"), str(RunDir(root.absolute()).own_cache), "--pilot"),
+    ]
+    if not sweep.experiment.search.offline:
+        tools = root.absolute() / "cache" / "tools.sqlite"
+        overrides.append(Override(("search", "tool_cache"), str(tools), "--pilot"))
+    return overrides
+
+
+def pilot_experiment(
+    sweep: ResolvedExperiment,
+    config: str | Path | None,
+    overrides: Sequence[str],
+    n: int,
+    seed: int,
+    root: Path,
+) -> tuple[ResolvedExperiment, PilotDraw]:
+    """The pilot of `sweep` (read from `config` with `overrides`): `n` instances drawn with
+    `seed` into `root` (`write_pilot`), and the experiment that runs them there."""
+    drawn = write_pilot(sweep, n, seed, root)
+    return load_experiment(config, [*overrides, *pilot_overrides(sweep, root)]), drawn
 
 
 def read_draw(run_dir: Path) -> str | None:

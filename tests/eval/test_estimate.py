@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 import eval.experiment
 import tests.scripted_cts
 from cts.cli import app
-from cts.estimate import default_pilot_dir, pilot_overrides
 from eval.data.schema import Record
 from eval.estimate import estimate, search_queries, shards_for, tool_figures
+from eval.pilot import default_pilot_dir, pilot_overrides
 from eval.run.config import load_experiment
 from eval.run.fingerprint import fingerprint
 from eval.run.run_dir import RunDir
