@@ -14,8 +14,9 @@ The loop's directory (the train config's output dir):
     loop/<variant>/        the report of every iteration's evaluation together, loop.json and
                            loop.md: the table per iteration
 
-This module plans the steps and reads the finished runs into the table; `cts train loop` runs
-the steps (each an ordinary sampling, pairs, fit or evaluation, resumable like them).
+This module plans the steps (`loop_steps`: the one list) and reads the finished runs into the
+table; train/loop_runner.py runs the steps (each an ordinary sampling, pairs, fit or evaluation,
+resumable like them).
 """
 
 from __future__ import annotations
