@@ -52,5 +52,3 @@ ADAPTER = RoleAdapter(
     labels). The adapter of `smollm2-135m-answerer` and its answerer_train.json are written
     to --output.""",
 )
-#: Where the adapter lives (its model config names it relative to configs/).
-ADAPTER_DIR = ADAPTER.adapter_dir

@@ -40,5 +40,3 @@ ADAPTER = RoleAdapter(
     judge labels). The command that built the shipped adapter of `smollm2-135m-judge` is in
     its judge_train.json.""",
 )
-#: Where the adapter lives (its model config names it relative to configs/).
-ADAPTER_DIR = ADAPTER.adapter_dir

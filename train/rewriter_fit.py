@@ -38,5 +38,3 @@ ADAPTER = RoleAdapter(
     answer that is not `unknown` appended. The adapter of `smollm2-135m-rewriter` and its
     rewriter_train.json are written to --output.""",
 )
-#: Where the adapter lives (its model config names it relative to configs/).
-ADAPTER_DIR = ADAPTER.adapter_dir

@@ -47,5 +47,3 @@ ADAPTER = RoleAdapter(
     then an answer copying the first hit's snippet). The adapter of `smollm2-135m-searcher`
     and its searcher_train.json are written to --output.""",
 )
-#: Where the adapter lives (its model config names it relative to configs/).
-ADAPTER_DIR = ADAPTER.adapter_dir

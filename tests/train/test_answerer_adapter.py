@@ -233,7 +233,7 @@ def test_write_data_writes_the_rows_without_training(tmp_path):
 def test_the_answerer_config_names_the_adapter_the_fit_writes():
     config = load_model_config(ANSWERER_CONFIG)
     assert config.engine == "transformers" and config.path == "tiny:smollm2-135m-instruct"
-    assert CONFIG_DIR / config.adapter == answerer_fit.ADAPTER_DIR
+    assert CONFIG_DIR / config.adapter == answerer_fit.ADAPTER.adapter_dir
     shipped = CONFIG_DIR / config.adapter
     assert (shipped / "adapter_config.json").is_file()
     assert (shipped / "adapter_model.safetensors").stat().st_size < 10_000_000  # a few MB

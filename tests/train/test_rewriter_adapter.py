@@ -73,7 +73,7 @@ def test_every_completion_is_the_blurred_query_with_the_dialogues_values():
 def test_the_rewriter_config_names_the_adapter_the_fit_writes():
     config = load_model_config(REWRITER_CONFIG)
     assert config.path == "tiny:smollm2-135m-instruct"
-    assert CONFIG_DIR / config.adapter == rewriter_fit.ADAPTER_DIR
+    assert CONFIG_DIR / config.adapter == rewriter_fit.ADAPTER.adapter_dir
     shipped = CONFIG_DIR / config.adapter
     assert (shipped / "adapter_config.json").is_file()
     assert (shipped / "adapter_model.safetensors").stat().st_size < 10_000_000  # a few MB

@@ -84,7 +84,7 @@ def test_write_data_writes_the_rows_without_training(tmp_path):
 def test_the_searcher_config_names_the_adapter_and_runs_without_the_grammar():
     config = load_model_config(SEARCHER_CONFIG)
     assert config.path == "tiny:smollm2-135m-instruct" and config.knows_webdancer
-    assert CONFIG_DIR / config.adapter == searcher_fit.ADAPTER_DIR
+    assert CONFIG_DIR / config.adapter == searcher_fit.ADAPTER.adapter_dir
     shipped = CONFIG_DIR / config.adapter
     assert (shipped / "adapter_config.json").is_file()
     assert (shipped / "adapter_model.safetensors").stat().st_size < 10_000_000  # a few MB
