@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 from pathlib import Path
 
 import typer
@@ -22,19 +20,8 @@ from cts.common import (
     shard_of,
     usage_error,
 )
-from eval.audit.golden_audit import (
-    DUPLICATE_THRESHOLD,
-    GoldenAudit,
-    NuggetCheck,
-    check_nuggets,
-    citations_for,
-    default_corpus,
-    golden_audit,
-    judged_grounding,
-    load_audit_dataset,
-    sample_checks,
-    sample_markdown,
-)
+from eval.audit.golden_audit import load_audit_dataset
+from eval.audit.golden_review import audit_golden, figure_rows, findings, review_title, unsupported
 from eval.audit.nuggetizer import (
     DEFAULT_WEIGHT_MAP,
     Format,
@@ -204,155 +191,36 @@ def audit(
     closest to each, for a person to check). Exit 1, listing them, when a nugget cites nothing
     that supports it (no citation, citations that resolve to nothing, or verdict none) or the
     model failed on some; 2 for bad input."""
-    data = load_audit_dataset(dataset, split)
-    instances = data.instances[:limit] if limit else data.instances
     if set_ and config is None:
         raise usage_error("--set changes an experiment: give it with -c/--config")
-    resolved = load_experiment(config, set_) if config is not None else None
-    if corpus is None:
-        experiment = resolved or (data.golden_run.read_config() if data.golden_run else None)
-        corpus = default_corpus(experiment.experiment) if experiment else None
-        if corpus is None and dataset == "sample":
-            corpus = "sample"
-    citations = citations_for(data, corpus)
-    checks = check_nuggets(instances, citations)
-    model = None
-    if resolved is not None and not lexical:
-        model = asyncio.run(judged_grounding(resolved, checks))
-    report = golden_audit(instances, checks, model, citations.missing_traces)
-    folder = out or Path("runs") / f"golden-audit-{_audit_name(dataset)}"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "audit.json").write_text(
-        json.dumps(report.as_dict(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8"
+    review = audit_golden(
+        dataset,
+        corpus=corpus,
+        split=split,
+        limit=limit,
+        resolved=load_experiment(config, set_) if config is not None else None,
+        lexical=lexical,
+        out=out,
+        sample=sample,
+        seed=seed,
     )
-    drawn = sample_checks(report.checks, sample, seed)
-    (folder / "sample.md").write_text(sample_markdown(report, drawn, seed), encoding="utf-8")
+    table = Table("figure", "value", "n", title=review_title(review))
+    for row in figure_rows(review.audit):
+        table.add_row(*row)
     console = output_console()
-    console.print(_audit_table(report, corpus))
-    _audit_findings(report)
-    console.print(f"audit.json and sample.md ({len(drawn)} nuggets) in {folder}", highlight=False)
-    if report.flagged or report.unjudged:
-        _unsupported(report)
+    console.print(table)
+    for line in findings(review.audit):
+        typer.echo(line)
+    console.print(
+        f"audit.json and sample.md ({len(review.drawn)} nuggets) in {review.folder}",
+        highlight=False,
+    )
+    if review.failed:
+        lines, count = unsupported(review.audit)
+        for line in lines:
+            typer.echo(line)
+        typer.echo(count, err=True)
         raise typer.Exit(1)
-
-
-def _audit_name(dataset: str) -> str:
-    path = Path(dataset)
-    name = path.name if path.is_dir() else path.stem
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "dataset"
-
-
-def _audit_table(report: GoldenAudit, corpus: str | None) -> Table:
-    f = report.figures()
-    per, weights, sources = (
-        f["nuggets_per_instance"],
-        f["weight_mix"],
-        f["sources_per_nugget"],
-    )
-    cites, grounding = f["citations"], f["grounding"]
-    table = Table(
-        "figure",
-        "value",
-        "n",
-        title=f"golden audit · grounding by {report.method} · corpus {corpus or '(none)'}",
-    )
-    table.add_row(
-        "instances with golden nuggets",
-        str(report.with_golden),
-        f"{report.instances} instances",
-    )
-    table.add_row(
-        "nuggets per instance",
-        f"min {per['min']} · median {per['median']} · mean {per['mean']} · max {per['max']}; "
-        + ", ".join(f"{k}: {v}" for k, v in per["distribution"].items()),
-        f"{per['n_instances']} instances",
-    )
-    table.add_row(
-        "instances with < 3 nuggets",
-        str(f["fewer_than_3"]["count"]),
-        f"{per['n_instances']} instances",
-    )
-    table.add_row(
-        "weight mix",
-        ", ".join(f"{w}: {n} ({weights['shares'][w]:.0%})" for w, n in weights["counts"].items()),
-        f"{weights['n_nuggets']} nuggets",
-    )
-    table.add_row(
-        "sources per nugget",
-        f"mean {sources['mean']}; "
-        + ", ".join(f"{k}: {v}" for k, v in sources["distribution"].items()),
-        f"{sources['n_nuggets']} nuggets",
-    )
-    table.add_row(
-        "citations resolved",
-        f"corpus {cites['resolved_in_corpus']}, trace {cites['resolved_in_trace']}, "
-        f"unresolved {cites['unresolved']}",
-        f"{cites['n']} citations",
-    )
-    table.add_row(
-        f"near-duplicate pairs (Jaccard ≥ {DUPLICATE_THRESHOLD})",
-        str(f["near_duplicates"]["count"]),
-        f"{f['near_duplicates']['n_pairs_compared']} pairs",
-    )
-    table.add_row(
-        "grounding verdicts",
-        ", ".join(f"{v}: {n}" for v, n in grounding["verdicts"].items()),
-        f"{grounding['n_nuggets']} nuggets",
-    )
-    agreement = grounding.get("lexical_agreement")
-    if agreement:
-        table.add_row(
-            "model = lexical verdict",
-            f"{agreement['agree']} ({agreement['share']:.0%})" if agreement["n_nuggets"] else "–",
-            f"{agreement['n_nuggets']} nuggets",
-        )
-    table.add_row(
-        "citing nothing that supports them",
-        str(grounding["flagged"]),
-        f"{grounding['n_nuggets']} nuggets",
-    )
-    return table
-
-
-def _audit_findings(report: GoldenAudit) -> None:
-    """What a curator fixes that is not a failure: thin instances, near-duplicates, dangling
-    citations beside resolved ones, traces the dataset names but that are not there."""
-    for instance_id, n in report.few_nuggets().items():
-        typer.echo(f"fewer than 3 nuggets: {instance_id} has {n}")
-    for d in report.duplicates:
-        typer.echo(
-            f"near-duplicates: {d.instance_id} {d.first} ~ {d.second} (Jaccard {d.similarity})"
-        )
-    for c in report.checks:
-        if c.unresolved and c.sources:
-            typer.echo(
-                f"unresolved citation: {c.instance_id} {c.nugget_id} cites "
-                f"{', '.join(c.unresolved)} (not in the corpus or its trace)"
-            )
-    if report.missing_traces:
-        typer.echo(
-            f"{len(report.missing_traces)} golden trace(s) not found, e.g. "
-            f"{report.missing_traces[0]}: their citations resolve against the corpus only"
-        )
-
-
-def _listing_row(check: NuggetCheck, why: str) -> str:
-    cited = ", ".join(f"{s} (unresolved)" if s in check.unresolved else s for s in check.source_ids)
-    return (
-        f"{check.instance_id}\t{check.nugget_id}\t{why}\t{check.text}\tcited: {cited or '(none)'}"
-    )
-
-
-def _unsupported(report: GoldenAudit) -> None:
-    for check in report.flagged:
-        typer.echo(_listing_row(check, check.problem or ""))
-    for check in report.unjudged:
-        typer.echo(_listing_row(check, f"no verdict: {check.model_error}"))
-    typer.echo(
-        f"{len(report.flagged)} of {len(report.checks)} nuggets cite nothing that supports "
-        f"them; {len(report.unjudged)} got no verdict (model error)",
-        err=True,
-    )
 
 
 # -- nuggetizer interoperability (eval/audit/nuggetizer.py) ----------------------------------------

@@ -20,7 +20,7 @@ import hashlib
 import threading
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from serving.engine import Engine, Wrapped
 from serving.errors import EngineError
@@ -46,28 +46,32 @@ _ALONE: ContextVar[bool] = ContextVar("cts_unbatched", default=False)
 _Queued = tuple[ChatRequest, "asyncio.Future[ChatResponse]", bool]
 
 
+class Checkpoint(TypedDict, total=False):
+    """How a local checkpoint is loaded and prompted: what every in-process engine takes beside
+    its model name and path (an engine kind's own defaults fill what is left out)."""
+
+    dtype: str
+    revision: str | None
+    chat_template_kwargs: dict[str, Any] | None
+    #: Most requests handed to one `_run_batch` call.
+    max_batch_size: int
+
+
 class BatchingEngine(Engine):
     #: Names the engine kind in cache identities.
     kind: str
+    #: The engine kind's defaults for what `Checkpoint` leaves out.
+    default_dtype: str = "float32"
+    default_max_batch_size: int = 8
 
-    def __init__(
-        self,
-        model: str,
-        path: str,
-        *,
-        dtype: str,
-        revision: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        max_batch_size: int = 8,
-    ) -> None:
+    def __init__(self, model: str, path: str, **checkpoint: Unpack[Checkpoint]) -> None:
         super().__init__()
         self.model = model
         self.path = path
-        self.dtype = dtype
-        self.revision = revision
-        self.chat_template_kwargs = chat_template_kwargs or {}
-        #: Most requests handed to one `_run_batch` call.
-        self.max_batch_size = max_batch_size
+        self.dtype = dtype = checkpoint.get("dtype", self.default_dtype)
+        self.revision = revision = checkpoint.get("revision")
+        self.chat_template_kwargs = checkpoint.get("chat_template_kwargs") or {}
+        self.max_batch_size = checkpoint.get("max_batch_size", self.default_max_batch_size)
         self.identity = (
             f"{self.kind}:{model}:{path}@{revision or weights_fingerprint(path)}:{dtype}"
         )

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serving.batching import Checkpoint
 from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel, Engine
 from serving.yaml_config import ConfigError, load_config
@@ -163,6 +164,15 @@ class ModelConfig(_Strict):
         """Whether its search turns run without the protocol's grammar by default."""
         return not self.is_tiny if self.webdancer_trained is None else self.webdancer_trained
 
+    def checkpoint(self, max_batch_size: int) -> Checkpoint:
+        """How an in-process engine loads and prompts this model's weights."""
+        return Checkpoint(
+            dtype=self.dtype,
+            revision=self.revision,
+            chat_template_kwargs=self.chat_template_kwargs,
+            max_batch_size=max_batch_size,
+        )
+
     def resolved_path(self) -> str:
         """The checkpoint directory, preparing the tiny model first when this config needs it."""
         if self.is_tiny:
@@ -191,17 +201,13 @@ def load_model_config(path: Path, overrides: list[str] | None = None) -> ModelCo
 def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> ChatModel:
     """The engine a model config asks for, behind the response cache when one is given."""
     engine: Engine
-    dtype = config.dtype
     if config.engine == "transformers":
         from serving.transformers_engine import TransformersEngine
 
         engine = TransformersEngine(
             config.name,
             config.resolved_path(),
-            dtype=dtype,
-            revision=config.revision,
-            chat_template_kwargs=config.chat_template_kwargs,
-            max_batch_size=config.max_batch_size,
+            **config.checkpoint(config.max_batch_size),
             threads=config.threads,
             adapter=config.resolved_adapter(),
         )
@@ -245,10 +251,7 @@ def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> Cha
         engine = VllmOfflineEngine(
             config.name,
             config.resolved_path(),
-            dtype=dtype,
-            revision=config.revision,
-            chat_template_kwargs=config.chat_template_kwargs,
-            max_batch_size=max(config.max_batch_size, 64),
+            **config.checkpoint(max(config.max_batch_size, 64)),
             llm_kwargs=llm_kwargs,
         )
     return CachedEngine(engine, cache) if cache is not None else engine

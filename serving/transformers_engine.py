@@ -16,9 +16,9 @@ import warnings
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
-from serving.batching import BatchingEngine, weights_fingerprint
+from serving.batching import BatchingEngine, Checkpoint, weights_fingerprint
 from serving.errors import EngineError
 from serving.types import (
     ChatRequest,
@@ -208,21 +208,11 @@ class TransformersEngine(BatchingEngine):
         model: str,
         path: str,
         *,
-        dtype: str = "float32",
-        revision: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        max_batch_size: int = 8,
         threads: int | None = None,
         adapter: str | None = None,
+        **checkpoint: Unpack[Checkpoint],
     ) -> None:
-        super().__init__(
-            model,
-            path,
-            dtype=dtype,
-            revision=revision,
-            chat_template_kwargs=chat_template_kwargs,
-            max_batch_size=max_batch_size,
-        )
+        super().__init__(model, path, **checkpoint)
         self.threads = threads
         #: A peft LoRA adapter directory merged into the weights at load; it is part of the
         #: engine's identity, so the response cache never answers it with the base's replies.

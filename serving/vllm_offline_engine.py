@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Unpack
 
-from serving.batching import BatchingEngine
+from serving.batching import BatchingEngine, Checkpoint
 from serving.errors import EngineError
 from serving.types import (
     ChatRequest,
@@ -19,26 +19,18 @@ from serving.types import (
 
 class VllmOfflineEngine(BatchingEngine):
     kind = "vllm-offline"
+    default_dtype = "auto"
+    default_max_batch_size = 256
 
     def __init__(
         self,
         model: str,
         path: str,
         *,
-        dtype: str = "auto",
-        revision: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        max_batch_size: int = 256,
         llm_kwargs: dict[str, Any] | None = None,
+        **checkpoint: Unpack[Checkpoint],
     ) -> None:
-        super().__init__(
-            model,
-            path,
-            dtype=dtype,
-            revision=revision,
-            chat_template_kwargs=chat_template_kwargs,
-            max_batch_size=max_batch_size,
-        )
+        super().__init__(model, path, **checkpoint)
         self.llm_kwargs = llm_kwargs or {}
         self._llm: Any = None
 

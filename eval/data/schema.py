@@ -254,6 +254,19 @@ class Record(BaseModel):
             return [[v] if isinstance(v, str) else v for v in value]
         return value
 
+    @classmethod
+    def for_key(cls, instance: Instance, condition: str, seed: int, **fields: Any) -> Record:
+        """A record of `instance` under `condition` and `seed`, carrying the instance's
+        language and removed constraint types for the report's breakdowns."""
+        return cls(
+            instance_id=instance.id,
+            condition=condition,
+            seed=seed,
+            language=instance.language,
+            removed_constraints=list(instance.removed_constraints),
+            **fields,
+        )
+
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.instance_id, self.condition, self.seed)

@@ -107,13 +107,7 @@ async def run_instance(
     """Every sampled request of the key is seeded with `seed`: clarifier, User Answerer,
     rewriter, searcher and summarizer; the judge keeps temperature 0 and its fixed seed. A
     failed stage ends the key with its error, keeping what the stages before it produced."""
-    record = Record(
-        instance_id=instance.id,
-        condition=condition,
-        seed=seed,
-        language=instance.language,
-        removed_constraints=list(instance.removed_constraints),
-    )
+    record = Record.for_key(instance, condition, seed)
     started = time.perf_counter()
     with charged_to_key() as used:
         try:

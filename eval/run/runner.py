@@ -175,6 +175,13 @@ class RunOutcome:
 RunOne = Callable[[Instance, str, int], Awaitable[Record]]
 
 
+#: What a record that cannot be written keeps: its key, its breakdowns and what it cost (the
+#: text that could not be written is what is left behind).
+_KEPT_ON_FAILURE = set(
+    "instance_id condition seed language removed_constraints usage seconds".split()
+)
+
+
 def writable(record: Record) -> Record:
     """`record`, or, when it cannot be serialized (text no encoding holds, such as a lone
     surrogate that reached it unsanitised), its key's `internal` failure: one bad key must not
@@ -184,13 +191,7 @@ def writable(record: Record) -> Record:
     except (PydanticSerializationError, ValueError) as e:
         message = valid_unicode(redact(f"{type(e).__name__}: {e}"))[:500]
         return Record(
-            instance_id=record.instance_id,
-            condition=record.condition,
-            seed=record.seed,
-            language=record.language,
-            removed_constraints=record.removed_constraints,
-            usage=record.usage,
-            seconds=record.seconds,
+            **record.model_dump(include=_KEPT_ON_FAILURE),
             error={"kind": "internal", "stage": "record", "message": message},
         )
     return record

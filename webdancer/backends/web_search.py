@@ -97,15 +97,22 @@ class SerperSearch:
         )
         # Serper leaves `organic` out when nothing was found.
         organic = _field(payload, "organic", self.endpoint, default=[])
-        return [
-            SearchHit(
-                title=r.get("title", ""),
-                url=r.get("link", ""),
-                snippet=r.get("snippet", ""),
-                date=r.get("date"),
-            )
-            for r in _records(organic, self.endpoint, "'organic' is not a list of objects")[:top_k]
-        ]
+        found = _records(organic, self.endpoint, "'organic' is not a list of objects")
+        return _hits(found[:top_k], url="link", snippet="snippet", date="date")
+
+
+def _hits(results: list[dict[str, Any]], *, url: str, snippet: str, date: str) -> list[SearchHit]:
+    """Search hits from an API's result objects, given the API's names for a hit's URL,
+    snippet and date (a missing one reads as empty)."""
+    return [
+        SearchHit(
+            title=r.get("title", ""),
+            url=r.get(url, ""),
+            snippet=r.get(snippet, ""),
+            date=r.get(date),
+        )
+        for r in results
+    ]
 
 
 class _SelfHosted:
@@ -137,15 +144,7 @@ class SearxngSearch(_SelfHosted):
         results = _records(
             _field(payload, "results", url), url, "'results' is not a list of objects"
         )
-        return [
-            SearchHit(
-                title=r.get("title", ""),
-                url=r.get("url", ""),
-                snippet=r.get("content", ""),
-                date=r.get("publishedDate"),
-            )
-            for r in results[:top_k]
-        ]
+        return _hits(results[:top_k], url="url", snippet="content", date="publishedDate")
 
 
 class RetrievalServerSearch(_SelfHosted):
