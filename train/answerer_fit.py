@@ -32,8 +32,6 @@ class AnswererFitSettings(LoraSftSettings):
 
     examples: int = 560
     epochs: float = 2.0
-    batch_size: int = 1
-    grad_accum: int = 8
     learning_rate: float = 5e-4
     max_length: int = 512
     threads: int = 1
@@ -41,7 +39,6 @@ class AnswererFitSettings(LoraSftSettings):
 
 ADAPTER = RoleAdapter(
     role="answerer",
-    model="smollm2-135m-answerer",
     settings=AnswererFitSettings(),
     data=answerer_data,
     counts=(("topics", answerer_data.topic_counts),),

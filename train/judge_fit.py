@@ -22,18 +22,12 @@ class JudgeFitSettings(LoraSftSettings):
 
     examples: int = 600
     epochs: float = 2.0
-    #: One example a micro-batch: on 2 CPU cores padding costs more than batching gains
-    #: (19 s a step of 8 against 22 s at 2 a micro-batch and 39 s at 8).
-    batch_size: int = 1
-    grad_accum: int = 8
 
 
 ADAPTER = RoleAdapter(
     role="judge",
-    model="smollm2-135m-judge",
     settings=JudgeFitSettings(),
     data=judge_data,
-    counts=(),
     what="judge calls",
     doc="""Fine-tune the tiny model's coverage judge: a LoRA adapter trained (CPU) on labelled
     answers generated from the sample benchmark's train split and corpus (never its human

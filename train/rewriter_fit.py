@@ -28,10 +28,8 @@ class RewriterFitSettings(AnswererFitSettings):
 
 ADAPTER = RoleAdapter(
     role="rewriter",
-    model="smollm2-135m-rewriter",
     settings=RewriterFitSettings(),
     data=rewriter_data,
-    counts=(),
     what="Rewriter calls",
     doc="""Fine-tune the tiny model's Rewriter: a LoRA adapter trained (CPU) on dialogues about
     the sample benchmark's train split, each rewritten as the blurred query with every

@@ -27,17 +27,12 @@ class SearcherFitSettings(LoraSftSettings):
     """
 
     examples: int = 144
-    epochs: float = 1.0
-    batch_size: int = 1
     grad_accum: int = 4
-    learning_rate: float = 1e-3
     max_length: int = 3200
-    threads: int = 2
 
 
 ADAPTER = RoleAdapter(
     role="searcher",
-    model="smollm2-135m-searcher",
     settings=SearcherFitSettings(),
     data=searcher_data,
     counts=(("variants", searcher_data.variant_counts),),
