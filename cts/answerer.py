@@ -35,9 +35,9 @@ def calibrate(
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
     out: Path | None = typer.Option(
-        None, "--out", help="Also write the figures and every answer as JSON here."
+        None, help="Also write the figures and every answer as JSON here."
     ),
-    cases: int = typer.Option(40, "--cases", help="List at most this many cases."),
+    cases: int = typer.Option(40, help="List at most this many cases."),
     endpoints: Path | None = ENDPOINTS_OPTION,
 ) -> None:
     """The simulated user against a careful person's answers.

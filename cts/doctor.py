@@ -29,7 +29,7 @@ def doctor_command(
     mem: str | None = typer.Option(None, help="--slurm: sbatch --mem."),
     time: str | None = typer.Option(None, help="--slurm: sbatch --time."),
     account: str | None = typer.Option(None, help="--slurm: sbatch --account."),
-    sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="--slurm: extra option."),
+    sbatch_arg: list[str] = typer.Option([], help="--slurm: extra option."),
     vllm_python: str | None = typer.Option(
         None, help="Interpreter of the vLLM venv the servers run with (default `vllm`)."
     ),

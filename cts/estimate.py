@@ -42,29 +42,26 @@ def estimate(
     set_: list[str] = SET_OPTION,
     pilot: int | None = typer.Option(
         None,
-        "--pilot",
         min=1,
         help=f"Instances the pilot runs, every condition and seed (default {DEFAULT_PILOT}): "
         "a sample of the sweep's instances stratified by language, then removed-constraint type.",
     ),
     pilot_seed: int = typer.Option(
-        0, "--pilot-seed", help="Seed of the pilot's draw (the same seed, the same instances)."
+        0, help="Seed of the pilot's draw (the same seed, the same instances)."
     ),
     from_run: Path | None = typer.Option(
         None,
-        "--from-run",
         help="Estimate from this finished run (or earlier pilot) instead of running a pilot.",
     ),
     pilot_dir: Path | None = typer.Option(
         None,
-        "--pilot-dir",
         help="Run directory of the pilot (default: <output_dir>/estimate-pilot). An existing "
         "pilot resumes: its keys are not run again.",
     ),
     target_hours: float = typer.Option(
-        24.0, "--target-hours", help="Wall time per shard the suggested --shards aims at."
+        24.0, help="Wall time per shard the suggested --shards aims at."
     ),
-    out: Path | None = typer.Option(None, "--out", help="Also write the estimate as JSON here."),
+    out: Path | None = typer.Option(None, help="Also write the estimate as JSON here."),
     options: ServeOptions = SERVING,
 ) -> None:
     """Estimate a whole sweep — what `cts run -c X` would run: every instance of the dataset

@@ -164,12 +164,11 @@ def audit(
         "experiment's (or the golden folder's) corpus; `sample` for the sample dataset.",
     ),
     split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),
-    sample: int = typer.Option(20, "--sample", min=0, help="Nuggets in the review sample."),
+    sample: int = typer.Option(20, min=0, help="Nuggets in the review sample."),
     seed: int = typer.Option(0, help="Seed of the review sample's draw."),
     limit: int | None = typer.Option(None, min=1, help="Only the first N instances."),
     config: str | None = typer.Option(
         None,
-        "--config",
         "-c",
         help="Experiment whose judge role's model checks grounding (without one, or with "
         "--lexical: the lexical pre-filter).",
@@ -179,7 +178,7 @@ def audit(
         False, "--lexical", help="Check grounding lexically even when an experiment is given."
     ),
     out: Path | None = typer.Option(
-        None, "--out", help="Where audit.json and sample.md go (default runs/golden-audit-NAME)."
+        None, help="Where audit.json and sample.md go (default runs/golden-audit-NAME)."
     ),
 ) -> None:
     """Audit golden nuggets: nuggets per instance, weight mix, sources per nugget, instances
@@ -238,10 +237,10 @@ def import_command(
     ),
     from_: Format = typer.Option(..., "--from", help="The file's format."),
     dataset: str = typer.Option(
-        ..., "--dataset", help="The dataset (our shape, any format `cts data` reads) or `sample`."
+        ..., help="The dataset (our shape, any format `cts data` reads) or `sample`."
     ),
-    out: Path = typer.Option(..., "--out", help="Where the merged dataset (JSONL) goes."),
-    weight_map: str = typer.Option(DEFAULT_WEIGHT_MAP, "--weight-map", help=WEIGHT_MAP_HELP),
+    out: Path = typer.Option(..., help="Where the merged dataset (JSONL) goes."),
+    weight_map: str = typer.Option(DEFAULT_WEIGHT_MAP, help=WEIGHT_MAP_HELP),
     replace: bool = typer.Option(
         False, "--replace", help="Drop an imported instance's nuggets the file does not have."
     ),
@@ -288,12 +287,11 @@ def export_command(
     dataset: str = typer.Argument(
         ..., help="A dataset with golden nuggets, a golden construction folder, or `sample`."
     ),
-    to: Format = typer.Option(..., "--to", help="The format to write."),
-    out: Path = typer.Option(..., "--out", help="The nuggets JSONL to write."),
-    weight_map: str = typer.Option(DEFAULT_WEIGHT_MAP, "--weight-map", help=WEIGHT_MAP_HELP),
+    to: Format = typer.Option(..., help="The format to write."),
+    out: Path = typer.Option(..., help="The nuggets JSONL to write."),
+    weight_map: str = typer.Option(DEFAULT_WEIGHT_MAP, help=WEIGHT_MAP_HELP),
     vital_from: float | None = typer.Option(
         None,
-        "--vital-from",
         help="Weights at or above this are vital, others okay (default: the map's vital weight).",
     ),
     split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),

@@ -53,11 +53,10 @@ def calibrate(
     ),
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
-    out: Path | None = typer.Option(None, "--out", help="Also write the figures as JSON here."),
+    out: Path | None = typer.Option(None, help="Also write the figures as JSON here."),
     endpoints: Path | None = ENDPOINTS_OPTION,
     passes: str = typer.Option(
         "all",
-        "--passes",
         help="all: listed, shuffled and rerun; agreement: the listed pass alone (κ and the "
         "confusion matrix in a third of the time, no order flip or rerun identity).",
     ),
@@ -259,7 +258,7 @@ def agreement_command(
         help="Two or more run directories judging the same answers (a run and its `cts "
         "rejudge`), or such pairs for several systems.",
     ),
-    out: Path | None = typer.Option(None, "--out", help="Also write every figure as JSON here."),
+    out: Path | None = typer.Option(None, help="Also write every figure as JSON here."),
     instances: int = typer.Option(10, help="List this many lowest-agreement instances."),
     resamples: int = typer.Option(10_000, help="Bootstrap resamples of the score differences."),
 ) -> None:
@@ -295,27 +294,24 @@ def agreement_command(
 @command(app, "export")
 def export_command(
     run_dir: Path = typer.Argument(..., help="A run directory whose records were judged."),
-    to: Format = typer.Option(..., "--to", help="The format to write."),
-    out: Path = typer.Option(..., "--out", help="The assignments JSONL to write."),
+    to: Format = typer.Option(..., help="The format to write."),
+    out: Path = typer.Option(..., help="The assignments JSONL to write."),
     condition: list[str] = typer.Option(
-        [], "--condition", help="Only this condition's records (repeatable; default: all)."
+        [], help="Only this condition's records (repeatable; default: all)."
     ),
     run_id: str | None = typer.Option(
-        None, "--run-id", help="run_id prefix (default: the run directory's name)."
+        None, help="run_id prefix (default: the run directory's name)."
     ),
     weight_map: str = typer.Option(
         DEFAULT_WEIGHT_MAP,
-        "--weight-map",
         help="Importance word=weight (vital and okay needed), as `cts golden export` takes it.",
     ),
     vital_from: float | None = typer.Option(
         None,
-        "--vital-from",
         help="Weights at or above this are vital, others okay (default: the map's vital weight).",
     ),
     dataset: str | None = typer.Option(
         None,
-        "--dataset",
         help="Read the run's dataset from here (when its config's path no longer reaches it); "
         "it must be the dataset the run ran on (its fingerprint).",
     ),

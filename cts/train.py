@@ -316,7 +316,7 @@ def loop_step_command(
         "sampling (sharded; I ≥ 1). fit: merge the samples, pairs, fit (I ≥ 1). table: merge "
         "the evaluations of iterations 0..I, write the report and loop tables.",
     ),
-    iteration: int = typer.Option(..., "--iteration", min=0, help="The iteration I."),
+    iteration: int = typer.Option(..., min=0, help="The iteration I."),
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
     count: int | None = typer.Option(
@@ -352,12 +352,9 @@ def _role_fit_command(adapter: RoleAdapter) -> None:
         max_seconds: float = typer.Option(
             0.0, help="Stop at the first step end after this many seconds (0: no limit)."
         ),
-        output: Path = typer.Option(
-            adapter.adapter_dir, "--output", help="Where the adapter is written."
-        ),
+        output: Path = typer.Option(adapter.adapter_dir, help="Where the adapter is written."),
         write_data: Path | None = typer.Option(
             None,
-            "--write-data",
             help="Only write the generated examples (JSONL) here; no training.",
         ),
     ) -> None:
