@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from typing import Literal
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import pytest
 from pydantic import BaseModel
@@ -15,6 +17,9 @@ from pydantic import BaseModel
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
 from serving.yaml_config import ConfigError
+
+if TYPE_CHECKING:
+    from serving.cache import ResponseCache
 
 
 class Verdict(BaseModel):
@@ -108,6 +113,14 @@ def _cache_error():  # type: ignore[no-untyped-def]
     return getattr(cache, "CacheFileError", ConfigError)
 
 
+def _opening_junk(open_cache: Callable[[Path], object], path: Path, junk: str) -> BaseException:
+    """What opening a cache raises once its file holds `junk`, as a person's edit could leave."""
+    path.write_text(junk)
+    with pytest.raises(Exception) as caught:
+        open_cache(path)
+    return caught.value
+
+
 def _assert_actionable(error: BaseException, path) -> None:  # type: ignore[no-untyped-def]
     assert isinstance(error, ConfigError), f"raw {type(error).__name__}: {error}"
     message = str(error)
@@ -119,48 +132,56 @@ def test_a_cache_file_that_is_not_sqlite_is_a_clear_config_error(tmp_path):
     from serving.cache import ResponseCache
 
     path = tmp_path / "responses.sqlite"
-    path.write_text("these are my notes, not a database\n" * 100)
-    with pytest.raises(Exception) as caught:
-        ResponseCache(path)
-    _assert_actionable(caught.value, path)
-    assert isinstance(caught.value, _cache_error())
+    error = _opening_junk(ResponseCache, path, "these are my notes, not a database\n" * 100)
+    _assert_actionable(error, path)
+    assert isinstance(error, _cache_error())
 
 
 def test_a_truncated_cache_file_is_a_clear_config_error(tmp_path):
-    from serving.cache import CachedEngine, ResponseCache
+    from serving.cache import ResponseCache
 
     path = tmp_path / "responses.sqlite"
-    reqs = [
-        ChatRequest.of([{"role": "user", "content": f"q{i}" + "x" * 500}], seed=0)
-        for i in range(400)
-    ]
-    cache = ResponseCache(path)
-    asyncio.run(_all(CachedEngine(ScriptedEngine(lambda r: "a" * 300), cache), reqs))
-    cache.close()
+    reqs = _fill_a_response_cache(path)
     data = path.read_bytes()
     assert len(data) > 40_000
     path.write_bytes(data[: len(data) // 3])
 
     with pytest.raises(Exception) as caught:
-        cache = ResponseCache(path)
-        engine = CachedEngine(ScriptedEngine(lambda r: "a" * 300), cache)
-        asyncio.run(_all(engine, reqs))
+        _ask_all(ResponseCache(path), reqs)
     _assert_actionable(caught.value, path)
 
 
-async def _all(engine, reqs):  # type: ignore[no-untyped-def]
-    for r in reqs:
-        await engine.chat(r)
+def _ask_all(cache: ResponseCache, reqs: list[ChatRequest]) -> None:
+    """Ask every request, one after the other, through `cache`: each reads (or writes) a row."""
+    from serving.cache import CachedEngine
+
+    async def ask() -> None:
+        engine = CachedEngine(ScriptedEngine(lambda r: "a" * 300), cache)
+        for r in reqs:
+            await engine.chat(r)
+
+    asyncio.run(ask())
+
+
+def _fill_a_response_cache(path: Path) -> list[ChatRequest]:
+    """A response cache of many pages (400 long rows), so damage can miss its header."""
+    from serving.cache import ResponseCache
+
+    reqs = [
+        ChatRequest.of([{"role": "user", "content": f"q{i}" + "x" * 500}], seed=0)
+        for i in range(400)
+    ]
+    cache = ResponseCache(path)
+    _ask_all(cache, reqs)
+    cache.close()
+    return reqs
 
 
 def test_a_tool_cache_file_that_is_not_sqlite_is_a_clear_config_error(tmp_path):
     from webdancer.tool_cache import ToolCache
 
     path = tmp_path / "tools.sqlite"
-    path.write_text("not a database\n" * 100)
-    with pytest.raises(Exception) as caught:
-        ToolCache(path)
-    _assert_actionable(caught.value, path)
+    _assert_actionable(_opening_junk(ToolCache, path, "not a database\n" * 100), path)
 
 
 def test_the_cli_exits_2_on_a_corrupt_cache(tmp_path):
@@ -169,10 +190,7 @@ def test_the_cli_exits_2_on_a_corrupt_cache(tmp_path):
     from serving.cache import ResponseCache
 
     path = tmp_path / "responses.sqlite"
-    path.write_text("junk\n" * 100)
-    with pytest.raises(Exception) as caught:
-        ResponseCache(path)
-    found = exit_for(caught.value)
+    found = exit_for(_opening_junk(ResponseCache, path, "junk\n" * 100))
     assert found is not None and found[1] == 2
     assert str(path) in found[0]
 
@@ -203,18 +221,12 @@ def _scribble_over_the_middle(path) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_response_cache_corrupt_inside_is_a_clear_config_error(tmp_path):
-    from serving.cache import CachedEngine, ResponseCache
+    from serving.cache import ResponseCache
 
     path = tmp_path / "responses.sqlite"
-    reqs = [
-        ChatRequest.of([{"role": "user", "content": f"q{i}" + "x" * 500}], seed=0)
-        for i in range(400)
-    ]
-    cache = ResponseCache(path)
-    asyncio.run(_all(CachedEngine(ScriptedEngine(lambda r: "a" * 300), cache), reqs))
-    cache.close()
+    reqs = _fill_a_response_cache(path)
     _scribble_over_the_middle(path)
     cache = ResponseCache(path)  # the header is intact: opening succeeds
     with pytest.raises(Exception) as caught:
-        asyncio.run(_all(CachedEngine(ScriptedEngine(lambda r: "a" * 300), cache), reqs))
+        _ask_all(cache, reqs)
     _assert_actionable(caught.value, path)

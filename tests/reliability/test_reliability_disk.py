@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from serving.disk import StorageFull, append_line, write_whole
 from serving.types import ChatResponse
 from tests.eval.run.test_pipeline import context, instances
 from tests.eval.run.test_pipeline import search as search  # the fixture
+from tests.fault_helpers import cts_run_args
 from tests.scripted_cts import ROOT, cts
 from webdancer.tool_cache import ToolCache
 
@@ -93,18 +95,31 @@ class Disk:
         (self.root / "filler").unlink()
 
 
-@pytest.fixture
-def disk(tmp_path: Path) -> Iterator[Disk]:
-    """A 4 MiB tmpfs (the caller has checked that it may mount)."""
-    root = tmp_path / "disk"
+@contextmanager
+def tmpfs(root: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted on the new folder `root` for the block (the caller may mount)."""
     root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(root)], check=True)
     try:
-        yield Disk(root)
+        yield root
     finally:
         # Lazily when a failed test left a file open there.
         if subprocess.run(["umount", str(root)]).returncode:
             subprocess.run(["umount", "-l", str(root)], check=True)
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Disk]:
+    """A 4 MiB tmpfs (the caller has checked that it may mount)."""
+    with tmpfs(tmp_path / "disk", "size=4m") as root:
+        yield Disk(root)
+
+
+def namespaced_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Disk | None:
+    """The `disk` fixture, or None once this very test has run, and passed, in a namespace."""
+    if ran_in_a_namespace(request, tmp_path):
+        return None
+    return request.getfixturevalue("disk")
 
 
 def pages(paths: list[Path], page: int) -> int:
@@ -174,17 +189,9 @@ def check_kept(before: dict[Path, bytes]) -> None:
 
 
 def run_args(run_dir: Path, cache_dir: Path) -> list[str]:
-    return [
-        "run",
-        "--output-dir",
-        str(run_dir),
-        "--limit",
-        str(LIMIT),
-        "--set",
-        f"cache.path={cache_dir / 'responses.sqlite'}",
-        "--set",
-        f"search.tool_cache={cache_dir / 'tools.sqlite'}",
-    ]
+    caches = f"cache.path={cache_dir / 'responses.sqlite'}"
+    tools = f"search.tool_cache={cache_dir / 'tools.sqlite'}"
+    return cts_run_args(run_dir, LIMIT, caches, tools)
 
 
 @dataclass
@@ -236,10 +243,9 @@ SCENARIOS: dict[str, tuple[bool, Leave]] = {
 def test_a_full_disk_stops_the_run_with_a_clear_error_and_it_resumes_once_freed(
     scenario: str, request: pytest.FixtureRequest, tmp_path: Path, reference: Reference
 ) -> None:
-    if ran_in_a_namespace(request, tmp_path):
+    if (mounted := namespaced_disk(request, tmp_path)) is None:
         return
     with_caches, leave = SCENARIOS[scenario]
-    mounted = request.getfixturevalue("disk")
     run_dir = mounted.root / "run"
     cache_dir = (mounted.root if with_caches else tmp_path) / "cache"
     mounted.fill(leave(reference, mounted.page))
@@ -279,9 +285,8 @@ def test_a_full_disk_stops_the_run_with_a_clear_error_and_it_resumes_once_freed(
 def test_a_write_cut_short_by_a_full_disk_leaves_the_old_file_or_none(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if ran_in_a_namespace(request, tmp_path):
+    if (mounted := namespaced_disk(request, tmp_path)) is None:
         return
-    mounted: Disk = request.getfixturevalue("disk")
     old = mounted.root / "old.json"
     write_whole(old, '{"old": true}')
     mounted.fill(mounted.page)  # one page: a larger write starts, then fails
@@ -298,9 +303,8 @@ def test_a_write_cut_short_by_a_full_disk_leaves_the_old_file_or_none(
 def test_an_append_cut_short_by_a_full_disk_leaves_no_torn_line(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if ran_in_a_namespace(request, tmp_path):
+    if (mounted := namespaced_disk(request, tmp_path)) is None:
         return
-    mounted: Disk = request.getfixturevalue("disk")
     path = mounted.root / "lines.jsonl"
     append_line(path, b'{"n": 1}\n')
     mounted.fill(0)
@@ -313,9 +317,8 @@ def test_an_append_cut_short_by_a_full_disk_leaves_no_torn_line(
 def test_every_run_writer_on_a_full_disk_raises_storage_full_naming_its_file(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if ran_in_a_namespace(request, tmp_path):
+    if (mounted := namespaced_disk(request, tmp_path)) is None:
         return
-    mounted: Disk = request.getfixturevalue("disk")
     root = mounted.root
     records = RecordStore(root / "run")
     dialogues = DialogueStore(root / "run" / "dialogues", "shard-0-of-1")
@@ -353,9 +356,8 @@ def test_a_full_disk_inside_a_key_stops_the_run_and_records_nothing_for_it(
 ) -> None:
     """A trace that cannot be written is not the key's `internal` failure: the run stops, the
     key stays unrecorded and runs again on resume."""
-    if ran_in_a_namespace(request, tmp_path):
+    if (mounted := namespaced_disk(request, tmp_path)) is None:
         return
-    mounted: Disk = request.getfixturevalue("disk")
     ctx, _ = context(search, mounted.root / "traces")
     store = RecordStore(tmp_path / "run")  # the records have room, the traces none
     mounted.fill(0)
@@ -378,13 +380,8 @@ def test_a_run_into_a_read_only_file_system_stops_at_its_first_write(
     `internal` failure per key."""
     if ran_in_a_namespace(request, tmp_path):
         return
-    root = tmp_path / "ro"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)], check=True)
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as root:
         stopped = cts(run_args(root / "run", tmp_path / "cache"), tmp_path / "home")
-    finally:
-        subprocess.run(["umount", str(root)], check=True)
     assert stopped.returncode == 1, stopped.stdout[-2000:] + stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stdout + stopped.stderr
     message = stopped.stderr.strip().splitlines()[-1]

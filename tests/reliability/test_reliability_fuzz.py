@@ -77,6 +77,16 @@ class Ran:
     def __call__(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
 
+    def attempt(self, call: Callable[[], object], error: type[Exception], failed: str) -> bool:
+        """Whether `call` passed; if it raised `error` (with a message), it is counted `failed`."""
+        try:
+            call()
+        except error as e:
+            assert str(e)
+            self(failed)
+            return False
+        return True
+
     def report(self) -> None:
         examples = sum(self.outcomes.values())
         ends = ", ".join(f"{n} {outcome}" for outcome, n in self.outcomes.most_common())
@@ -662,12 +672,8 @@ def test_config_loader_and_set_overrides_fuzz(tmp_path):
             return
         assert isinstance(loaded.config, ExperimentConfig)
         # Past validation: every role's model config (a shipped file or inline `models:`).
-        try:
-            load_experiment(path, overrides)
-        except ConfigError as e:
-            assert str(e)
-            ran("valid, ConfigError resolving models")
-        else:
+        failed = "valid, ConfigError resolving models"
+        if ran.attempt(lambda: load_experiment(path, overrides), ConfigError, failed):
             ran("resolved")
 
     prop()
@@ -851,12 +857,8 @@ def test_constrained_answer_validation_fuzz():
             text = data.draw(st.sampled_from(["yes", "no", "Yes", "yes ", ""]))
         else:
             text = data.draw(st.one_of(texts(60), st.sampled_from(RAW_JSON)))
-        try:
-            validate_output(spec, text)
-        except ConstrainedOutputError as e:
-            assert str(e)
-            ran("ConstrainedOutputError")
-        else:
+        failed = "ConstrainedOutputError"
+        if ran.attempt(lambda: validate_output(spec, text), ConstrainedOutputError, failed):
             ran("valid")
 
     prop()

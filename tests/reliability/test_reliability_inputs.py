@@ -42,6 +42,16 @@ def _problems(path: Path, **source: object) -> list[str]:
     return [str(p) for p in checked.problems]
 
 
+def _assert_one_problem(path: Path, content: str | bytes, expected: str) -> None:
+    """Write a dataset file with one fault in it: its one problem is `path` then `expected`."""
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    problems = _problems(path)
+    assert len(problems) == 1 and problems[0].startswith(f"{path}{expected}"), problems
+
+
 # -- A: YAML configs ------------------------------------------------------------------------------
 
 
@@ -136,17 +146,13 @@ def test_ordinary_ids_with_spaces_unicode_and_dots_pass(tmp_path):
 
 
 def test_dataset_jsonl_with_invalid_utf8_is_a_row_problem(tmp_path):
-    data = tmp_path / "d.jsonl"
-    data.write_bytes(_row("a").encode() + b'{"id": "caf\xe9"}\n' + _row("b").encode())
-    problems = _problems(data)
-    assert len(problems) == 1 and problems[0].startswith(f"{data}:2: <row>: not valid UTF-8")
+    jsonl = _row("a").encode() + b'{"id": "caf\xe9"}\n' + _row("b").encode()
+    _assert_one_problem(tmp_path / "d.jsonl", jsonl, ":2: <row>: not valid UTF-8")
 
 
 def test_dataset_csv_with_invalid_utf8_is_a_row_problem(tmp_path):
-    data = tmp_path / "d.csv"
-    data.write_bytes(b"id,blurred_query,fused_query\na,q,q x\nb,caf\xe9,q y\n")
-    problems = _problems(data)
-    assert len(problems) == 1 and problems[0].startswith(f"{data}:3: <row>: not valid UTF-8")
+    csv = b"id,blurred_query,fused_query\na,q,q x\nb,caf\xe9,q y\n"
+    _assert_one_problem(tmp_path / "d.csv", csv, ":3: <row>: not valid UTF-8")
 
 
 def test_gold_table_with_invalid_utf8_is_a_problem(tmp_path):
@@ -159,10 +165,8 @@ def test_gold_table_with_invalid_utf8_is_a_problem(tmp_path):
 
 
 def test_dataset_json_with_invalid_utf8_is_a_problem(tmp_path):
-    data = tmp_path / "d.json"
-    data.write_bytes(b'[\n{"id": "a"},\n{"id": "caf\xe9"}\n]\n')
-    problems = _problems(data)
-    assert len(problems) == 1 and problems[0].startswith(f"{data}:3: <row>: not valid UTF-8")
+    array = b'[\n{"id": "a"},\n{"id": "caf\xe9"}\n]\n'
+    _assert_one_problem(tmp_path / "d.json", array, ":3: <row>: not valid UTF-8")
 
 
 def test_meta_that_is_not_an_object_is_a_row_problem(tmp_path):
@@ -173,44 +177,29 @@ def test_meta_that_is_not_an_object_is_a_row_problem(tmp_path):
 
 
 def test_deeply_nested_json_line_is_a_row_problem(tmp_path):
-    data = tmp_path / "d.jsonl"
     deep = '{"id": "b", "meta": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}\n"
-    data.write_text(_row("a") + deep + _row("c"))
-    problems = _problems(data)
-    assert len(problems) == 1 and problems[0].startswith(f"{data}:2: <row>: ")
+    _assert_one_problem(tmp_path / "d.jsonl", _row("a") + deep + _row("c"), ":2: <row>: ")
 
 
 def test_meta_too_deep_to_serialize_is_a_row_problem(tmp_path):
     # json.loads reads 500 levels, but pydantic cannot serialize them (the dataset digest a
     # run computes at start): validation must say so, not the run.
-    data = tmp_path / "d.jsonl"
-    data.write_text(_row("a", meta={"x": json.loads("[" * 500 + "]" * 500)}))
-    problems = _problems(data)
-    assert len(problems) == 1 and problems[0].startswith(f"{data}:1: meta: ")
+    too_deep = _row("a", meta={"x": json.loads("[" * 500 + "]" * 500)})
+    _assert_one_problem(tmp_path / "d.jsonl", too_deep, ":1: meta: ")
 
 
 def test_deeply_nested_json_in_a_csv_cell_is_a_row_problem(tmp_path):
-    data = tmp_path / "d.csv"
     cell = '"' + "[" * 10_000 + "]" * 10_000 + '"'  # under csv's field size limit
-    data.write_text(f"id,blurred_query,fused_query,removed_constraints\na,q,q x,{cell}\n")
-    problems = _problems(data)
-    assert len(problems) == 1 and problems[0].startswith(f"{data}:2: removed_constraints")
+    csv = f"id,blurred_query,fused_query,removed_constraints\na,q,q x,{cell}\n"
+    _assert_one_problem(tmp_path / "d.csv", csv, ":2: removed_constraints")
 
 
 def test_deeply_nested_json_file_is_a_problem(tmp_path):
-    data = tmp_path / "d.json"
-    data.write_text("[" * 100_000 + "]" * 100_000)
-    problems = _problems(data)
-    assert len(problems) == 1 and problems[0].startswith(f"{data}:1: <row>: ")
+    _assert_one_problem(tmp_path / "d.json", "[" * 100_000 + "]" * 100_000, ":1: <row>: ")
 
 
 def test_parquet_file_that_is_not_parquet_is_a_problem(tmp_path):
-    data = tmp_path / "d.parquet"
-    data.write_text(_row("a"))
-    problems = _problems(data)
-    assert len(problems) == 1 and problems[0].startswith(
-        f"{data}: <file>: not a readable Parquet file"
-    )
+    _assert_one_problem(tmp_path / "d.parquet", _row("a"), ": <file>: not a readable Parquet file")
 
 
 def test_csv_with_a_utf8_bom_reads_its_first_column(tmp_path):

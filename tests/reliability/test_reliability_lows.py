@@ -19,7 +19,7 @@ from serving.cache import CacheFileError, ResponseCache
 from tests.eval.audit.test_nuggetizer import CREATED
 from tests.eval.audit.test_nuggetizer import dataset as dataset  # the fixture
 from tests.eval.viewer.test_view import LOCAL, make_run
-from tests.reliability.test_reliability_disk import ran_in_a_namespace
+from tests.reliability.test_reliability_disk import ran_in_a_namespace, tmpfs
 from tests.scripted_cts import cts
 from webdancer.tool_cache import ToolCache
 
@@ -98,10 +98,7 @@ def test_a_cache_on_a_read_only_file_system_is_a_clear_config_error(request, tmp
     """An existing cache (SQLite needs its -wal and -shm beside it) and a new one."""
     if ran_in_a_namespace(request, tmp_path):
         return
-    root = tmp_path / "ro"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], check=True)
-    try:
+    with tmpfs(tmp_path / "ro", "size=1m") as root:
         ResponseCache(root / "old.sqlite").close()
         subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
         for path in (root / "old.sqlite", root / "new.sqlite"):
@@ -110,8 +107,6 @@ def test_a_cache_on_a_read_only_file_system_is_a_clear_config_error(request, tmp
                     open_cache(path)
                 assert f"cache file {path} cannot be opened for writing" in str(refused.value)
                 assert "cache.enabled=false" in str(refused.value)
-    finally:
-        subprocess.run(["umount", str(root)], check=True)
 
 
 # -- cts run: a missing or bad corpus -----------------------------------------------------------

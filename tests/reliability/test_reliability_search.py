@@ -5,17 +5,17 @@ and the failure is recorded in the tool step (issue 13 §2)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
 from tests.eval.run.test_pipeline import search as search  # the fixture
+from tests.fault_helpers import QuietHandler, loopback_server
 from webdancer.agent import AgentBudget, WebDancerAgent, searcher_sampling
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch
 from webdancer.protocol import FORCE_ANSWER, ToolCall
@@ -41,35 +41,21 @@ class Reply:
 def server() -> Iterator[tuple[str, Reply]]:
     reply = Reply()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             if length:
                 self.rfile.read(length)
             reply.requests += 1
             time.sleep(reply.delay_s)
-            try:
-                self.send_response(reply.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(reply.body)))
-                self.end_headers()
-                self.wfile.write(reply.body)
-            except OSError:
-                pass  # the client gave up (timeout)
+            with contextlib.suppress(OSError):  # the client gave up (timeout)
+                self.send_body(reply.status, reply.body)
 
         do_GET = _answer
         do_POST = _answer
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", reply
-    httpd.shutdown()
-    httpd.server_close()
+    with loopback_server(Handler) as url:
+        yield url, reply
 
 
 def backend(kind: str, url: str):

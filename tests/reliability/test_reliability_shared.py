@@ -27,6 +27,7 @@ from eval.run.config import ALL_CONDITIONS
 from eval.run.dialogue import Dialogue
 from eval.run.runner import RecordStore, parse_records
 from serving.types import ChatResponse
+from tests.fault_helpers import cts_run_args
 from tests.scripted_cts import start
 
 LIMIT = 10
@@ -39,18 +40,8 @@ VARIANTS = {
 
 
 def run_args(run_dir: Path, variant: str, shard: str | None = None) -> list[str]:
-    conditions = f"conditions=[{', '.join(VARIANTS[variant])}]"
-    shard_args = ["--shard", shard] if shard else []
-    return [
-        "run",
-        "--output-dir",
-        str(run_dir),
-        "--limit",
-        str(LIMIT),
-        "--set",
-        conditions,
-        *shard_args,
-    ]
+    args = cts_run_args(run_dir, LIMIT, f"conditions=[{', '.join(VARIANTS[variant])}]")
+    return [*args, "--shard", shard] if shard else args
 
 
 def finish(process: subprocess.Popen[str]) -> None:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -23,6 +21,7 @@ from eval.run.runner import RecordStore, run_keys
 from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, JsonSchemaOutput
 from tests.eval.run.test_pipeline import instances
+from tests.fault_helpers import QuietHandler, loopback_server
 from tests.scripted_cts import scripted_engines
 from webdancer.backends.web_search import SearxngSearch
 
@@ -91,24 +90,13 @@ def test_a_constrained_answers_parsed_value_holds_no_lone_surrogate():
 
 @pytest.fixture
 def searxng_with_a_surrogate() -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
-            data = (
-                b'{"results": [{"title": "T \\ud800", "url": "https://a.example/", "content": ""}]}'
-            )
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            hit = b'{"title": "T \\ud800", "url": "https://a.example/", "content": ""}'
+            self.send_body(200, b'{"results": [' + hit + b"]}")
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with loopback_server(Handler) as url:
+        yield url
 
 
 def test_a_search_backends_lone_surrogate_becomes_u_fffd(searxng_with_a_surrogate):

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from eval.data.dataset import corpus_path
 from serving.files import sha256_file
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling
+from tests.fault_helpers import QuietHandler, corpus_rows, loopback_server, write_jsonl
 from tests.scripted_cts import cts
 from webdancer.backends.local import LocalSearch
 from webdancer.backends.web_search import SearxngSearch
@@ -27,15 +27,10 @@ from webdancer.tool_cache import ToolCache, ToolCacheMiss
 from webdancer.tools import Tools
 from webdancer.visit import LocalPages, Visitor
 
-DOCS = [
-    {
-        "doc_id": f"d{i}",
-        "url": f"https://x.example/{i}",
-        "title": f"Rail pass {i}",
-        "text": f"The monthly rail pass of line {i} costs {10 + i} euros.",
-    }
-    for i in range(5)
-]
+DOCS = corpus_rows(
+    [f"Rail pass {i}" for i in range(5)],
+    [f"The monthly rail pass of line {i} costs {10 + i} euros." for i in range(5)],
+)
 
 
 def _corpus(path: Path, edited: bool = False) -> Path:
@@ -43,8 +38,7 @@ def _corpus(path: Path, edited: bool = False) -> Path:
     docs = [dict(d) for d in DOCS]
     if edited:
         docs[2]["text"] = "The monthly rail pass of line 2 costs 99 euros since May."
-    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    return path
+    return write_jsonl(path, docs)
 
 
 def _echoing_summarizer() -> ScriptedEngine:
@@ -120,30 +114,19 @@ def test_a_search_is_keyed_by_top_k(tmp_path):
 @pytest.fixture
 def two_searxng() -> Iterator[list[str]]:
     """Two SearXNG stand-ins on loopback, each answering one hit of its own."""
-    servers = []
-    for name in ("first", "second"):
+    with ExitStack() as servers:
+        urls = []
+        for name in ("first", "second"):
 
-        class Handler(BaseHTTPRequestHandler):
-            title = name
+            class Handler(QuietHandler):
+                title = name
 
-            def do_GET(self) -> None:
-                hit = {"title": self.title, "url": f"https://{self.title}.example/", "content": ""}
-                data = json.dumps({"results": [hit]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                def do_GET(self) -> None:
+                    hit = {"title": self.title, "url": f"https://{self.title}.example/"}
+                    self.send_json(200, {"results": [{**hit, "content": ""}]})
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        servers.append(httpd)
-    yield [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
-    for httpd in servers:
-        httpd.shutdown()
+            urls.append(servers.enter_context(loopback_server(Handler)))
+        yield urls
 
 
 def test_a_web_search_is_keyed_by_its_endpoint(two_searxng, tmp_path):

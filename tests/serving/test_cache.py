@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import sqlite3
+from collections.abc import Callable
 
 import pytest
 
@@ -18,6 +19,17 @@ def requests(n: int, seed: int | None = 0) -> list[ChatRequest]:
 
 async def run_all(engine, reqs):
     return await asyncio.gather(*(engine.chat(r) for r in reqs))
+
+
+def exit_codes(target: Callable[..., None], args: list[tuple[object, ...]]) -> list[int | None]:
+    """Run `target` once per `args` in processes of their own, as jobs share a cache file."""
+    context = mp.get_context("spawn")
+    workers = [context.Process(target=target, args=a) for a in args]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(300)  # a hang guard
+    return [w.exitcode for w in workers]
 
 
 def test_second_identical_run_makes_zero_model_calls(tmp_path):
@@ -79,13 +91,7 @@ def _writer(path: str, worker: int, n: int) -> None:
 
 def test_processes_sharing_one_cache_file_leave_it_consistent(tmp_path):
     path = str(tmp_path / "shared.sqlite")
-    ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=_writer, args=(path, w, 150)) for w in range(4)]
-    for p in workers:
-        p.start()
-    for p in workers:
-        p.join(timeout=300)
-        assert p.exitcode == 0
+    assert exit_codes(_writer, [(path, w, 150) for w in range(4)]) == [0] * 4
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
@@ -107,18 +113,10 @@ def _open_at_once(path: str, barrier) -> None:  # type: ignore[no-untyped-def]
 def test_processes_opening_a_new_cache_at_once_all_succeed(tmp_path):
     """Slurm array tasks start together and open the same fresh cache file: switching it to
     WAL must wait for the others, not fail with "database is locked"."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
     for attempt in range(3):
         path = str(tmp_path / f"fresh-{attempt}.sqlite")
-        barrier = context.Barrier(8)
-        workers = [context.Process(target=_open_at_once, args=(path, barrier)) for _ in range(8)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(120)
-        assert [w.exitcode for w in workers] == [0] * 8
+        barrier = mp.get_context("spawn").Barrier(8)
+        assert exit_codes(_open_at_once, [(path, barrier)] * 8) == [0] * 8
 
 
 def _network_writer(path: str, worker: int, n: int) -> None:
@@ -157,13 +155,7 @@ def test_processes_sharing_a_cache_on_a_network_file_system_leave_it_consistent(
     """Four processes writing one cache through the rollback-journal path (the detector faked in
     each): every row there, the file intact, never a WAL file."""
     path = str(tmp_path / "shared.sqlite")
-    ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=_network_writer, args=(path, w, 100)) for w in range(4)]
-    for p in workers:
-        p.start()
-    for p in workers:
-        p.join(timeout=300)
-        assert p.exitcode == 0
+    assert exit_codes(_network_writer, [(path, w, 100) for w in range(4)]) == [0] * 4
     assert not (tmp_path / "shared.sqlite-wal").exists()
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)

@@ -7,7 +7,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -20,6 +19,7 @@ from serving.errors import (
 from serving.openai_engine import OpenAIEngine
 from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput
 from serving.vllm_server import free_port
+from tests.fault_helpers import QuietHandler, loopback_server
 
 
 def completion(text: str) -> dict:
@@ -48,7 +48,7 @@ class Scripted:
 def server() -> Iterator[tuple[str, Scripted]]:
     script = Scripted([(200, completion("yes"))])
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with script.lock:
@@ -61,22 +61,10 @@ def server() -> Iterator[tuple[str, Scripted]]:
             time.sleep(script.delay_s)
             with script.lock:
                 script.active -= 1
-            status, payload = script.replies[min(len(script.bodies), len(script.replies)) - 1]
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_json(*script.replies[min(len(script.bodies), len(script.replies)) - 1])
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", script
-    httpd.shutdown()
+    with loopback_server(Handler) as url:
+        yield f"{url}/v1", script
 
 
 YES_NO = ChatRequest.of([{"role": "user", "content": "?"}], ChoiceOutput(choices=("yes", "no")))
@@ -125,22 +113,32 @@ def test_5xx_and_429_are_retried_then_succeed(server):
     assert len(script.bodies) == 3
 
 
-def test_persistent_5xx_gives_up_with_the_last_error(server):
+def _requests_until_it_fails(
+    server: tuple[str, Scripted],
+    reply: tuple[int, dict],
+    max_retries: int,
+    error: type[Exception],
+    match: str,
+) -> int:
+    """Every reply `reply`: the engine must raise `error`; how many requests did it send?"""
     url, script = server
-    script.replies = [(500, {"error": "boom"})]
-    engine = OpenAIEngine("m", url, max_retries=2, backoff_s=0.01)
-    with pytest.raises(EngineUnavailable, match=r"3 attempts failed; last error: HTTP 500"):
+    script.replies = [reply]
+    engine = OpenAIEngine("m", url, max_retries=max_retries, backoff_s=0.01)
+    with pytest.raises(error, match=match):
         asyncio.run(engine.chat(YES_NO))
-    assert len(script.bodies) == 3
+    return len(script.bodies)
+
+
+def test_persistent_5xx_gives_up_with_the_last_error(server):
+    last = r"3 attempts failed; last error: HTTP 500"
+    sent = _requests_until_it_fails(server, (500, {"error": "boom"}), 2, EngineUnavailable, last)
+    assert sent == 3
 
 
 def test_4xx_is_not_retried(server):
-    url, script = server
-    script.replies = [(400, {"error": "bad schema"})]
-    engine = OpenAIEngine("m", url, max_retries=3, backoff_s=0.01)
-    with pytest.raises(EngineError, match=r"refused the request: HTTP 400.*bad schema"):
-        asyncio.run(engine.chat(YES_NO))
-    assert len(script.bodies) == 1
+    refused = r"refused the request: HTTP 400.*bad schema"
+    sent = _requests_until_it_fails(server, (400, {"error": "bad schema"}), 3, EngineError, refused)
+    assert sent == 1
 
 
 def test_unconstrained_answer_to_a_constrained_request_is_a_counted_error(server):

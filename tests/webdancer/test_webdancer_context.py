@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
@@ -22,6 +20,7 @@ from serving.engine import ChatModel, EngineStats
 from serving.errors import ContextLengthExceeded
 from serving.openai_engine import OpenAIEngine, context_length_error
 from serving.types import ChatRequest, ChatResponse, PromptCount, Sampling
+from tests.fault_helpers import QuietHandler, loopback_server
 from webdancer.agent import MAX_OVERFLOWS, AgentBudget, WebDancerAgent, searcher_sampling
 from webdancer.protocol import FORCE_ANSWER, observation
 from webdancer.tools import ToolResult
@@ -182,7 +181,7 @@ async def _count(base_url: str, request: ChatRequest) -> PromptCount:
 # -- GPU vLLM 0.11-0.13's refusal, from a loopback server --------------------------------------
 
 
-class GpuVllm(BaseHTTPRequestHandler):
+class GpuVllm(QuietHandler):
     """Chat completions as GPU vLLM 0.11-0.13 validate them: prompt + max_tokens over the window
     is HTTP 400 with their exact body. Tokens are characters here (its own tokenizer), and it
     has no /tokenize (404), so the agent can only estimate; the refusal's figures are exact."""
@@ -193,7 +192,7 @@ class GpuVllm(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append(body)
         if not self.path.endswith("/chat/completions"):
-            return self._send(404, {"detail": "Not Found"})
+            return self.send_json(404, {"detail": "Not Found"})
         prompt = sum(len(m["content"]) for m in body["messages"])
         completion = body["max_tokens"]
         if prompt + completion > self.window:
@@ -201,22 +200,11 @@ class GpuVllm(BaseHTTPRequestHandler):
                 window=self.window, total=prompt + completion, prompt=prompt, completion=completion
             )
             error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
-            return self._send(400, {"error": error})
+            return self.send_json(400, {"error": error})
         text = "<think>\n够了\n</think>\n<answer>\n北京\n</answer>"
         choice = {"index": 0, "message": {"role": "assistant", "content": text}}
         usage = {"prompt_tokens": prompt, "completion_tokens": 12}
-        self._send(200, {"choices": [{**choice, "finish_reason": "stop"}], "usage": usage})
-
-    def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json(200, {"choices": [{**choice, "finish_reason": "stop"}], "usage": usage})
 
     seen: ClassVar[list[dict]] = []
 
@@ -224,14 +212,8 @@ class GpuVllm(BaseHTTPRequestHandler):
 @pytest.fixture
 def gpu_vllm() -> Iterator[str]:
     GpuVllm.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), GpuVllm)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(GpuVllm) as url:
+        yield f"{url}/v1"
 
 
 def test_the_400_of_gpu_vllm_is_parsed_with_its_figures():

@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from eval.data.dataset import corpus_path
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling
+from tests.fault_helpers import QuietHandler, corpus_rows, loopback_server, write_jsonl
 from webdancer.backends.local import LocalSearch, tokenize
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
 from webdancer.corpus import CorpusDocument
@@ -92,17 +91,8 @@ def test_top_k_and_no_hits(local):
 
 
 def test_the_index_is_reused_when_the_corpus_is_unchanged_and_rebuilt_when_it_changes(tmp_path):
-    corpus = tmp_path / "corpus.jsonl"
-    docs = [
-        {
-            "doc_id": f"d{i}",
-            "url": f"https://x.example/{i}",
-            "title": f"title {i}",
-            "text": f"alpha beta {i}",
-        }
-        for i in range(5)
-    ]
-    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    docs = corpus_rows([f"title {i}" for i in range(5)], [f"alpha beta {i}" for i in range(5)])
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)
     first = LocalSearch(corpus, tmp_path / "idx")
     again = LocalSearch(corpus, tmp_path / "idx")
     assert first.rebuilt and not again.rebuilt and again.index_dir == first.index_dir
@@ -132,29 +122,12 @@ def http_server() -> Iterator[tuple[str, list, dict]]:
     seen: list[dict] = []
     replies: dict = {}
 
-    class Handler(BaseHTTPRequestHandler):
-        def _reply(
-            self, body: dict | None = None, status: int = 200, headers: dict | None = None
-        ) -> None:
-            data = json.dumps(body).encode() if body is not None else b""
-            self.send_response(status)
-            for k, v in (headers or {"Content-Type": "application/json"}).items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             seen.append({"path": self.path, "headers": dict(self.headers)})
             status, body, headers = replies.get(self.path.split("?")[0], (404, {}, None))
             if isinstance(body, str):
-                data = body.encode()
-                self.send_response(status)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_body(status, body.encode(), headers or {})
             else:
                 self._reply(body, status, headers)
 
@@ -164,13 +137,12 @@ def http_server() -> Iterator[tuple[str, list, dict]]:
             status, reply, _ = replies.get(self.path, (404, {}, None))
             self._reply(reply, status)
 
-        def log_message(self, *args) -> None:
-            pass
+        def _reply(self, body: dict | None, status: int, headers: dict | None = None) -> None:
+            data = json.dumps(body).encode() if body is not None else b""
+            self.send_body(status, data, headers or None)  # none given, or empty: JSON
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", seen, replies
-    httpd.shutdown()
+    with loopback_server(Handler) as url:
+        yield url, seen, replies
 
 
 def test_serper_request_key_and_chinese_locale(http_server, monkeypatch):
