@@ -169,6 +169,7 @@ def audit(
     limit: int | None = typer.Option(None, min=1, help="Only the first N instances."),
     config: str | None = typer.Option(
         None,
+        "--config",
         "-c",
         help="Experiment whose judge role's model checks grounding (without one, or with "
         "--lexical: the lexical pre-filter).",

@@ -103,7 +103,7 @@ def _checks_table(checks: list[ModelCheck]) -> Table:
 
 @command(app, "check")
 def models_check(
-    role: str = typer.Option(..., "-r", help="Role whose configured model to check."),
+    role: str = typer.Option(..., "--role", "-r", help="Role whose configured model to check."),
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
     prompt: str = typer.Option(DEFAULT_PROMPT, help="The prompt to send."),

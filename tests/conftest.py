@@ -69,3 +69,9 @@ def vllm_server(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield server.base_url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 columns: rich wraps tables at 80 columns otherwise, cutting the lines tests look for."""
+    monkeypatch.setenv("COLUMNS", "200")

@@ -12,7 +12,6 @@ protocol's grammar, whose longest turn needed 448 tokens (max_tokens 448 → its
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,21 +24,13 @@ from eval.run.config import ResolvedExperiment, Role, load_experiment
 from eval.run.engines import Engines
 from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, Sampling
+from tests.builders import search_then_visit
 
 
 def _search_then_visit(request: ChatRequest) -> str:
-    """Search, visit the first hit (so that the summarizer is asked too), then answer; every
-    turn fits the constrained mode's grammar."""
-    turn = sum(m.role == "assistant" for m in request.messages)
-    if turn == 0:
-        call = {"name": "search", "arguments": {"query": ["battery life"]}}
-    elif turn == 1 and (
-        url := re.search(r"\]\((https?://[^)\s]+)\)", request.messages[-1].content)
-    ):
-        call = {"name": "visit", "arguments": {"url": [url.group(1)], "goal": "the facts"}}
-    else:
-        return "<think>\ndone\n</think>\n<answer>\nan answer\n</answer>"
-    return f"<think>\nnext\n</think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    """Search "battery life", visit the first hit (so that the summarizer is asked too), then
+    answer."""
+    return search_then_visit(request, lambda _: "battery life")
 
 
 def _capture(monkeypatch: pytest.MonkeyPatch) -> dict[str, ScriptedEngine]:
@@ -174,43 +165,28 @@ def _hard518(
     )
 
 
+def _quickstart(fingerprint: str, **changed: list[str]) -> tuple[dict[str, list[str]], set[str]]:
+    """What the quickstart sends: each role's sampling, the `changed` roles' instead where
+    given, and the one dialogue fingerprint."""
+    sent = {
+        "clarifier": [S(max_tokens=96)],
+        "user_answerer": [S(max_tokens=64)],
+        "rewriter": [S(max_tokens=192)],
+        "searcher": [S(max_tokens=256, stop=STOP)],
+        "judge": [S(max_tokens=1024)],
+        "summarizer": [S(max_tokens=512)],
+        "nugget_builder": [S(max_tokens=864)],
+    }
+    return {**sent, **changed}, {fingerprint}
+
+
 EXPECTED: dict[str, tuple[dict[str, list[str]], set[str]]] = {
-    "quickstart": (
-        {
-            "clarifier": [S(max_tokens=96)],
-            "user_answerer": [S(max_tokens=64)],
-            "rewriter": [S(max_tokens=192)],
-            "searcher": [S(max_tokens=256, stop=STOP)],
-            "judge": [S(max_tokens=1024)],
-            "summarizer": [S(max_tokens=512)],
-            "nugget_builder": [S(max_tokens=864)],
-        },
-        {"661b9f29a5d03f4a"},
-    ),
-    "quickstart-llm-types": (
-        {
-            "clarifier": [S(max_tokens=96)],
-            "user_answerer": [S(max_tokens=64)],
-            "rewriter": [S(max_tokens=192)],
-            "searcher": [S(max_tokens=256, stop=STOP)],
-            "judge": [S(max_tokens=1024)],
-            "summarizer": [S(max_tokens=512)],
-            "question_classifier": [S(max_tokens=48)],
-            "nugget_builder": [S(max_tokens=864)],
-        },
-        {"db90fadebe6161bf"},
-    ),
-    "quickstart-overrides": (
-        {
-            "clarifier": [S(max_tokens=96)],
-            "user_answerer": [S(max_tokens=64)],
-            "rewriter": [S(top_p=0.5, max_tokens=192)],
-            "searcher": [S(max_tokens=1000, stop=STOP)],
-            "judge": [S(max_tokens=1024)],
-            "summarizer": [S(max_tokens=512)],
-            "nugget_builder": [S(max_tokens=864)],
-        },
-        {"661b9f29a5d03f4a"},
+    "quickstart": _quickstart("661b9f29a5d03f4a"),
+    "quickstart-llm-types": _quickstart("db90fadebe6161bf", question_classifier=[S(max_tokens=48)]),
+    "quickstart-overrides": _quickstart(
+        "661b9f29a5d03f4a",
+        rewriter=[S(top_p=0.5, max_tokens=192)],
+        searcher=[S(max_tokens=1000, stop=STOP)],
     ),
     "hard518": _hard518([_clarifier(96)], 32768, {"c001df01551f8cd0"}),
     "hard518-constrained": _hard518([_clarifier(96)], 448, {"c001df01551f8cd0"}),

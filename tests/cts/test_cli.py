@@ -9,17 +9,11 @@ import yaml
 from typer.testing import CliRunner
 
 from cts.cli import app
+from tests.builders import cts
 
 runner = CliRunner()
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at 80 columns otherwise
-
-
-def cts(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def test_help_lists_every_command():

@@ -122,29 +122,24 @@ def test_a_resumed_run_counts_the_keys_already_done(piped):
     assert "5 records written, 10 already done" in str(piped["resumed"])
 
 
-def test_lines_are_at_most_one_every_interval(tmp_path):
-    """A run shorter than the interval prints its first and its last line only."""
-    process = start(
-        ["run", "--output-dir", str(tmp_path / "run"), "--limit", "1"],
-        tmp_path / "home",
-        CTS_PROGRESS_EVERY_S="3600",
-    )
+def hourly_counts(args: list[str], home: Path) -> list[tuple[str, str]]:
+    """`cts ARGS` into a pipe with an hour between progress lines, run to its end: each line's
+    (done, total)."""
+    process = start(args, home, CTS_PROGRESS_EVERY_S="3600")
     out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
-    lines = progress_lines(out)
-    assert [(line["done"], line["total"]) for line in lines] == [("0", "5"), ("5", "5")]
+    return [(line["done"], line["total"]) for line in progress_lines(out)]
+
+
+def test_lines_are_at_most_one_every_interval(tmp_path):
+    """A run shorter than the interval prints its first and its last line only."""
+    args = ["run", "--output-dir", str(tmp_path / "run"), "--limit", "1"]
+    assert hourly_counts(args, tmp_path / "home") == [("0", "5"), ("5", "5")]
 
 
 def test_golden_build_in_a_log_prints_the_lines_too(tmp_path):
-    process = start(
-        ["golden", "build", "--output-dir", str(tmp_path / "golden"), "--limit", "2"],
-        tmp_path / "home",
-        CTS_PROGRESS_EVERY_S="3600",
-    )
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err
-    lines = progress_lines(out)
-    assert [(line["done"], line["total"]) for line in lines] == [("0", "2"), ("2", "2")]
+    args = ["golden", "build", "--output-dir", str(tmp_path / "golden"), "--limit", "2"]
+    assert hourly_counts(args, tmp_path / "home") == [("0", "2"), ("2", "2")]
 
 
 def test_failures_are_counted_in_the_lines(tmp_path, monkeypatch):

@@ -14,8 +14,6 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import eval.experiment
-import tests.scripted_cts
 from cts.cli import app
 from eval.data.schema import Record
 from eval.estimate import estimate, search_queries, shards_for, tool_figures
@@ -27,7 +25,7 @@ from eval.run.runner import RecordStore
 from eval.run.usage import charged_to_key, metered, role_usage
 from serving.scripted import ScriptedEngine, scripted_roles
 from serving.types import ChatRequest, ChatResponse, Usage
-from tests.scripted_cts import scripted_engines
+from tests.builders import cts, scripted_cli
 
 runner = CliRunner()
 
@@ -63,16 +61,8 @@ def fixed_cost_roles() -> dict[str, ScriptedEngine]:
 @pytest.fixture
 def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every role on a FixedCost engine, $CTS_HOME in tmp_path; the folder to work in."""
-    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
     monkeypatch.setenv("COLUMNS", "250")
-    monkeypatch.setattr(tests.scripted_cts, "scripted_roles", fixed_cost_roles)
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
-    return tmp_path
-
-
-def cts(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
+    return scripted_cli(tmp_path, monkeypatch, fixed_cost_roles)
 
 
 #: The sweep: the whole sample dev split (24 instances) × 5 conditions × seed 0 = 120 keys.

@@ -11,15 +11,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import eval.experiment
 import tests.scripted_cts
 from cts.cli import app
 from eval.data.dataset import DatasetSource, load_instances
 from eval.pilot import allocate, constraint_stratum, draw_pilot
 from serving.errors import EngineError
 from serving.types import ChatRequest
+from tests.builders import scripted_cli
 from tests.eval.test_estimate import fixed_cost_roles
-from tests.scripted_cts import scripted_engines
 
 runner = CliRunner()
 
@@ -78,12 +77,8 @@ def test_the_pilot_of_five_is_a_stratified_draw_checked_by_hand(dev):
 
 @pytest.fixture
 def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
     monkeypatch.setenv("COLUMNS", "250")
-    monkeypatch.setattr(tests.scripted_cts, "scripted_roles", fixed_cost_roles)
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
-    return tmp_path
+    return scripted_cli(tmp_path, monkeypatch, fixed_cost_roles)
 
 
 SWEEP = ["--set", "dataset.limit=null", "--set", "cache.enabled=false"]

@@ -73,6 +73,37 @@ def cts(*args: str, scripted: bool = False, **more: str) -> subprocess.Completed
     )  # fmt: skip
 
 
+def train_config(tmp_path: Path, name: str, overrides: list[str], **more: object) -> Path:
+    """A training config of two train instances, two candidates each, and one epoch of SFT on
+    the quickstart with `overrides` (its caches in tmp_path), `more` added; its path."""
+    config = tmp_path / "train.yaml"
+    document = {
+        "name": name,
+        "experiment": "quickstart",
+        "experiment_overrides": [
+            *overrides,
+            "search.date=2026-11-30",
+            f"cache.path={tmp_path / 'responses.sqlite'}",
+            f"search.tool_cache={tmp_path / 'tools.sqlite'}",
+        ],
+        "split": "train",
+        "limit": 2,
+        "candidates": 2,
+        # The tiny judge scores every question 0: SFT with a bar below it trains.
+        "method": "sft",
+        "sft_min_score": -1,
+        "reward": {"baseline": "none"},  # no blurred runs: half the searches
+        "epochs": 1,
+        "batch_size": 1,
+        "grad_accum": 1,
+        "max_length": 256,
+        "gradient_checkpointing": False,
+        **more,
+    }
+    config.write_text(yaml.safe_dump(document))
+    return config
+
+
 def overrides(tmp_path: Path, extra: Sequence[str] = ()) -> list[str]:
     args = []
     for item in [*SMALL, f"search.tool_cache={tmp_path / 'tools.sqlite'}", *extra]:
@@ -226,35 +257,8 @@ def test_a_training_job_samples_in_shards_then_merges_pairs_and_fits(tmp_path, t
     """`cts slurm submit --job train`: two sampling tasks, then one job that merges the
     samples, builds the SFT data and trains (on the CPU here: --fit-gpus 0)."""
     cluster_up()
-    config = tmp_path / "train.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "cluster",
-                "experiment": "quickstart",
-                "experiment_overrides": [
-                    "budgets.max_llm_calls=1",
-                    "search.top_k=1",
-                    "search.max_page_tokens=100",
-                    "search.date=2026-11-30",
-                    f"cache.path={tmp_path / 'responses.sqlite'}",
-                    f"search.tool_cache={tmp_path / 'tools.sqlite'}",
-                ],
-                "split": "train",
-                "limit": 2,
-                "candidates": 2,
-                # The tiny judge scores every question 0: SFT with a bar below it trains.
-                "method": "sft",
-                "sft_min_score": -1,
-                "reward": {"baseline": "none"},  # no blurred runs: half the searches
-                "epochs": 1,
-                "batch_size": 1,
-                "grad_accum": 1,
-                "max_length": 256,
-                "gradient_checkpointing": False,
-            }
-        )
-    )
+    overrides = ["budgets.max_llm_calls=1", "search.top_k=1", "search.max_page_tokens=100"]
+    config = train_config(tmp_path, "cluster", overrides)
     run_dir = tmp_path / "train run"
     result = cts(
         "slurm", "submit", "--job", "train", "--config", str(config), "--shards", "2",
@@ -285,32 +289,11 @@ def test_a_train_loop_runs_as_a_chain_of_jobs(tmp_path, tiny_path):
     table of both, each job after the one before; the runs on scripted engines, the fit real
     on the tiny model (--fit-gpus 0: on the CPU)."""
     cluster_up()
-    config = tmp_path / "train.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "chain",
-                "experiment": "quickstart",
-                "experiment_overrides": [
-                    "budgets.max_llm_calls=2",  # the scripted searcher searches, then answers
-                    "search.date=2026-11-30",
-                    f"cache.path={tmp_path / 'responses.sqlite'}",
-                    f"search.tool_cache={tmp_path / 'tools.sqlite'}",
-                ],
-                "split": "train",
-                "limit": 2,
-                "candidates": 2,
-                "method": "sft",
-                "sft_min_score": -1,
-                "reward": {"baseline": "none"},
-                "epochs": 1,
-                "batch_size": 1,
-                "grad_accum": 1,
-                "max_length": 256,
-                "gradient_checkpointing": False,
-                "loop": {"evaluation_overrides": ["dataset.limit=2", "conditions=[clarify@1]"]},
-            }
-        )
+    config = train_config(
+        tmp_path,
+        "chain",
+        ["budgets.max_llm_calls=2"],  # the scripted searcher searches, then answers
+        loop={"evaluation_overrides": ["dataset.limit=2", "conditions=[clarify@1]"]},
     )
     run_dir = tmp_path / "loop run"
     result = cts(

@@ -24,6 +24,7 @@ from cts.cli import app
 from eval.audit.answerer_calibration import SAMPLE_ANSWERER_LABELS, read_answer_labels
 from eval.audit.calibration import labels_path
 from serving.model_config import load_model_config
+from tests.builders import assert_seeded, shipped_adapter
 from train import answerer_data, answerer_fit, judge_fit, lora_sft, rewriter_fit, searcher_fit
 from train.answerer_data import (
     UNKNOWN_QUESTIONS,
@@ -45,9 +46,7 @@ runner = CliRunner()
 
 
 def test_the_generator_is_deterministic_and_its_seed_matters():
-    first = [e.as_row() for e in generate(80, seed=3)]
-    assert first == [e.as_row() for e in generate(80, seed=3)]
-    assert first != [e.as_row() for e in generate(80, seed=4)]
+    assert_seeded(generate, 80)
 
 
 def test_the_removed_spans_of_the_train_split():
@@ -233,11 +232,8 @@ def test_write_data_writes_the_rows_without_training(tmp_path):
 def test_the_answerer_config_names_the_adapter_the_fit_writes():
     config = load_model_config(ANSWERER_CONFIG)
     assert config.engine == "transformers" and config.path == "tiny:smollm2-135m-instruct"
-    assert CONFIG_DIR / config.adapter == answerer_fit.ADAPTER.adapter_dir
-    shipped = CONFIG_DIR / config.adapter
-    assert (shipped / "adapter_config.json").is_file()
-    assert (shipped / "adapter_model.safetensors").stat().st_size < 10_000_000  # a few MB
-    assert json.loads((shipped / "answerer_train.json").read_text())["steps"] == 140
+    record = shipped_adapter(config, answerer_fit.ADAPTER.adapter_dir, "answerer_train.json")
+    assert record["steps"] == 140
 
 
 @pytest.mark.slow

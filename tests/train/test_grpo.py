@@ -25,11 +25,12 @@ from serving.scripted import ScriptedEngine, fused_query, scripted_roles
 from serving.types import ChatRequest
 from serving.yaml_config import ConfigError
 from tests import scripted_cts
-from tests.train.test_train import cts, read_records, tiny_train_config, train_yaml, wide_terminal
+from tests.builders import cts
+from tests.train.test_train import read_records, tiny_train_config, train_yaml
 from train.config import load_train_config
 from train.grpo import GrpoError, downstream_models, experiment, prompt_rows
 
-__all__ = ["wide_terminal"]
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def answers_by_parity() -> dict[str, ScriptedEngine]:

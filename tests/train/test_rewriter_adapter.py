@@ -12,6 +12,7 @@ from agents.prompts import render
 from agents.types import QA, UNKNOWN, history_text
 from configs import CONFIG_DIR
 from serving.model_config import load_model_config
+from tests.builders import assert_seeded, shipped_adapter
 from train import rewriter_fit
 from train.answerer_data import read_instances
 from train.rewriter_data import check_completion, generate, label_counts, with_answers
@@ -21,9 +22,7 @@ runner = CliRunner()
 
 
 def test_the_generator_is_deterministic_and_its_seed_matters():
-    first = [e.as_row() for e in generate(40, seed=3)]
-    assert first == [e.as_row() for e in generate(40, seed=3)]
-    assert first != [e.as_row() for e in generate(40, seed=4)]
+    assert_seeded(generate, 40)
 
 
 def test_the_answers_are_appended_once_in_order_and_unknown_leaves_the_query_alone():
@@ -73,9 +72,5 @@ def test_every_completion_is_the_blurred_query_with_the_dialogues_values():
 def test_the_rewriter_config_names_the_adapter_the_fit_writes():
     config = load_model_config(REWRITER_CONFIG)
     assert config.path == "tiny:smollm2-135m-instruct"
-    assert CONFIG_DIR / config.adapter == rewriter_fit.ADAPTER.adapter_dir
-    shipped = CONFIG_DIR / config.adapter
-    assert (shipped / "adapter_config.json").is_file()
-    assert (shipped / "adapter_model.safetensors").stat().st_size < 10_000_000  # a few MB
-    record = json.loads((shipped / "rewriter_train.json").read_text())
+    record = shipped_adapter(config, rewriter_fit.ADAPTER.adapter_dir, "rewriter_train.json")
     assert record["command"].startswith("cts train rewriter ")

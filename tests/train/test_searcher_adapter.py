@@ -12,6 +12,7 @@ from configs import CONFIG_DIR
 from cts.cli import app
 from eval.run.config import load_experiment
 from serving.model_config import load_model_config
+from tests.builders import assert_seeded, shipped_adapter
 from train import searcher_data, searcher_fit
 from train.searcher_data import generate, label_counts, question, read_instances, variant_counts
 from webdancer.backends.local import LocalSearch
@@ -23,9 +24,7 @@ runner = CliRunner()
 
 
 def test_the_generator_is_deterministic_and_its_seed_matters():
-    first = [e.as_row() for e in generate(24, seed=3)]
-    assert first == [e.as_row() for e in generate(24, seed=3)]
-    assert first != [e.as_row() for e in generate(24, seed=4)]
+    assert_seeded(generate, 24)
 
 
 def test_each_run_is_the_agents_own_messages_and_turns():
@@ -84,11 +83,7 @@ def test_write_data_writes_the_rows_without_training(tmp_path):
 def test_the_searcher_config_names_the_adapter_and_runs_without_the_grammar():
     config = load_model_config(SEARCHER_CONFIG)
     assert config.path == "tiny:smollm2-135m-instruct" and config.knows_webdancer
-    assert CONFIG_DIR / config.adapter == searcher_fit.ADAPTER.adapter_dir
-    shipped = CONFIG_DIR / config.adapter
-    assert (shipped / "adapter_config.json").is_file()
-    assert (shipped / "adapter_model.safetensors").stat().st_size < 10_000_000  # a few MB
-    record = json.loads((shipped / "searcher_train.json").read_text())
+    record = shipped_adapter(config, searcher_fit.ADAPTER.adapter_dir, "searcher_train.json")
     assert record["command"].startswith("cts train searcher ")
     base = load_model_config(CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml")
     assert not base.knows_webdancer  # the tiny model itself still searches under the grammar

@@ -33,6 +33,7 @@ from serving.model_config import ModelConfig, load_model_config
 from serving.scripted import ScriptedEngine
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
+from tests.builders import cts
 from tests.scripted_cts import scripted_engines
 from train.config import RewardSettings, TrainConfig, load_train_config
 from train.fit import fine_tuned_config
@@ -61,14 +62,7 @@ from train.sample import sampling_experiment
 
 runner = CliRunner()
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at 80 columns otherwise
-
-
-def cts(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def rec(

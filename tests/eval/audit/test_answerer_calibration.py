@@ -8,8 +8,7 @@ import fnmatch
 import json
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,18 @@ from eval.audit.answerer_calibration import (
 )
 from eval.data.dataset import DatasetError
 from eval.data.schema import CONSTRAINT_TYPES, Instance
-from eval.run.config import AnswerSpan, ClarificationConfig, ResolvedExperiment, Role
+from eval.run.config import AnswerSpan, ClarificationConfig
 from eval.run.dialogue import Clarification
-from eval.run.engines import Engines
 from serving.errors import EngineError
 from serving.scripted import ScriptedEngine, fused_query
 from serving.types import ChatRequest, Sampling
+from tests.builders import (
+    calibrate_cli,
+    calibration_requests,
+    dataset_problems,
+    sample_instances,
+    scripted_role,
+)
 
 TAX = "How much is the overnight tourist tax for hotel stays in Calvanne in 2025?"
 TV = "What does the Ferrow Lumen 65-inch OLED TV cost, and what refresh rate does it support?"
@@ -233,17 +238,21 @@ def run(
 _OPTIONS = ClarificationConfig()
 
 
-def test_an_answerer_that_over_discloses(small):
-    result = run(over_sharer, read_answer_labels(small))
+def _rates(
+    script: Callable[[ChatRequest], str], small: Path
+) -> tuple[AnswererCalibration, tuple[Rate, ...]]:
+    """The calibration of `script` on the small table, and its figures in the table's order:
+    exact, containment, false unknown, false answer, over-disclosure."""
+    result = run(script, read_answer_labels(small))
     f = result.figures
+    return result, (f.exact, f.containment, f.false_unknown, f.false_answer, f.over_disclosure)
+
+
+def test_an_answerer_that_over_discloses(small):
+    result, rates = _rates(over_sharer, small)
     # a: contains Calvanne, discloses 2025; b: contains 2025, discloses Calvanne; c: a value
     # for an unknown row; d, e, f the same in Chinese. No answer is the exact value.
-    assert (f.exact, f.containment) == (Rate(6, 0), Rate(6, 4))
-    assert (f.false_unknown, f.false_answer, f.over_disclosure) == (
-        Rate(4, 0),
-        Rate(2, 2),
-        Rate(4, 4),
-    )
+    assert rates == (Rate(6, 0), Rate(6, 4), Rate(4, 0), Rate(2, 2), Rate(4, 4))
     assert [v.disclosed for v in result.verdicts] == [
         ("2025",),
         ("Calvanne",),
@@ -255,15 +264,9 @@ def test_an_answerer_that_over_discloses(small):
 
 
 def test_an_answerer_that_says_unknown_too_often(small):
-    result = run(shy, read_answer_labels(small))
-    f = result.figures
+    result, rates = _rates(shy, small)
     # a, d: the city, exact; b, e: unknown for a year that is there; c, f: rightly unknown.
-    assert (f.exact, f.containment) == (Rate(6, 4), Rate(6, 4))
-    assert (f.false_unknown, f.false_answer, f.over_disclosure) == (
-        Rate(4, 2),
-        Rate(2, 0),
-        Rate(2, 0),
-    )
+    assert rates == (Rate(6, 4), Rate(6, 4), Rate(4, 2), Rate(2, 0), Rate(2, 0))
     assert [v.outcome for v in result.verdicts] == [
         "exact",
         "false unknown",
@@ -330,13 +333,7 @@ def shipped() -> AnswerLabelSet:
 
 
 def _instances() -> dict[str, dict[str, Any]]:
-    instances = {}
-    for split in ("dev", "test", "train"):
-        path = SAMPLE_ANSWERER_LABELS.with_name(f"{split}.jsonl")
-        for line in path.read_text().splitlines():
-            instance = json.loads(line)
-            instances[instance["id"]] = instance
-    return instances
+    return sample_instances(SAMPLE_ANSWERER_LABELS)
 
 
 # Counted once from eval/sample_data/answerer_labels.jsonl (the README and answerer_labels.md
@@ -435,10 +432,7 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
         json.dumps({**good, "expected": "未知", "question": ""}),
     ]
     path = tmp_path / "labels.jsonl"
-    path.write_text("\n".join(rows) + "\n")
-    with pytest.raises(DatasetError) as caught:
-        read_answer_labels(path)
-    found = {str(p) for p in caught.value.problems}
+    found = dataset_problems(read_answer_labels, path, rows)
     assert any(p.startswith(f"{path}:2: <row>: malformed JSON: ") for p in found)
     assert (
         f"{path}:3: expected: 'Paris' is not in the fused query: copy a span of it, or write "
@@ -469,44 +463,19 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
 def _scripted_answerer(monkeypatch, script: Callable[[ChatRequest], str]) -> dict[str, object]:
     """`cts answerer calibrate`'s engines replaced by a scripted answerer; what it was opened
     with."""
-    opened: dict[str, object] = {}
-    engine = ScriptedEngine(script, name="user_answerer")
-
-    @asynccontextmanager
-    async def engines(
-        resolved: ResolvedExperiment, roles: list[Role] | None = None, use_cache: bool = True
-    ) -> AsyncIterator[Engines]:
-        opened.update(roles=roles, use_cache=use_cache, engine=engine)
-        yield Engines({"user_answerer": engine}, {"user_answerer": engine}, None)
-
-    monkeypatch.setattr(eval.audit.answerer_calibration, "open_engines", engines)
-    return opened
+    return scripted_role(monkeypatch, eval.audit.answerer_calibration, "user_answerer", script)
 
 
 def test_cts_answerer_calibrate_end_to_end(tmp_path, monkeypatch, small):
     monkeypatch.setenv("COLUMNS", "200")
     opened = _scripted_answerer(monkeypatch, over_sharer)
     out = tmp_path / "figures" / "answerer.json"
-    done = CliRunner().invoke(
-        app,
-        [
-            "answerer",
-            "calibrate",
-            "--labels",
-            str(small),
-            "--out",
-            str(out),
-            "--set",
-            f"cache.path={tmp_path / 'responses.sqlite'}",
-        ],
-    )
+    done = calibrate_cli("answerer", small, out, tmp_path / "responses.sqlite")
     assert done.exit_code == 0, done.output
-    # The user_answerer role alone, never through the response cache.
-    assert opened["roles"] == ["user_answerer"] and opened["use_cache"] is False
-    requests = opened["engine"].requests  # type: ignore[attr-defined]
+    # The user_answerer role alone, never through the response cache, at its own sampling.
+    requests = calibration_requests(opened, "user_answerer")
     assert len(requests) == 6
-    # Its own sampling, as `cts run` sends it (greedy, the first seed) and a span constraint.
-    assert {(r.sampling.temperature, r.sampling.seed) for r in requests} == {(0.0, 0)}
+    # And a span constraint.
     assert {r.output.kind for r in requests} == {"regex"}
     # The over-sharer's figures, worked out in test_an_answerer_that_over_discloses.
     assert "| exact match (normalised) | 0.0% (0) | 6 |" in done.output

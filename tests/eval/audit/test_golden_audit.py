@@ -11,11 +11,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 import eval.audit.golden_audit
 from agents.grounding import grounding_schema
-from cts.cli import app
 from eval.audit.golden_audit import (
     Citations,
     check_nuggets,
@@ -36,19 +34,11 @@ from eval.run.engines import Engines
 from eval.run.pipeline import run_instance
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
+from tests.builders import cts
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
-runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at 80 columns otherwise
-
-
-def cts(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # -- a hand-written dataset and corpus ------------------------------------------------------------

@@ -7,8 +7,7 @@ import asyncio
 import json
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 import pytest
 from typer.testing import CliRunner
@@ -28,11 +27,17 @@ from eval.audit.calibration import (
     read_labels,
 )
 from eval.data.dataset import DatasetError
-from eval.run.config import JudgeConfig, ResolvedExperiment, Role
-from eval.run.engines import Engines
+from eval.run.config import JudgeConfig
 from serving.errors import EngineError
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
+from tests.builders import (
+    calibrate_cli,
+    calibration_requests,
+    dataset_problems,
+    sample_instances,
+    scripted_role,
+)
 
 # -- agreement on tables small enough to check by hand ------------------------------------------
 
@@ -77,12 +82,7 @@ def test_the_shipped_set_has_both_languages_and_every_label(shipped):
     assert all(1 < len(a.nuggets) <= 10 and a.query for a in shipped.answers)
     rows = [json.loads(line) for line in SAMPLE_LABELS.read_text().splitlines()]
     # Every answer is about an instance of the sample benchmark, its nuggets that instance's.
-    instances = {}
-    for split in ("dev", "test", "train"):
-        path = SAMPLE_LABELS.with_name(f"{split}.jsonl")
-        for line in path.read_text().splitlines():
-            instance = json.loads(line)
-            instances[instance["id"]] = instance
+    instances = sample_instances(SAMPLE_LABELS)
     for row in rows:
         gold = {n["id"]: n["text"] for n in instances[row["instance_id"]]["golden"]["nuggets"]}
         assert gold[row["nugget_id"]] == row["nugget"], row["id"]
@@ -280,10 +280,7 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
         json.dumps({**good, "nugget_id": "n1"}),
     ]
     path = tmp_path / "labels.jsonl"
-    path.write_text("\n".join(rows) + "\n")
-    with pytest.raises(DatasetError) as caught:
-        read_labels(path)
-    found = {str(p) for p in caught.value.problems}
+    found = dataset_problems(read_labels, path, rows)
     assert any(p.startswith(f"{path}:2: <row>: malformed JSON: ") for p in found)
     assert f"{path}:3: label: must be one of full, partial, none, got 'Full'" in found
     assert f"{path}:4: nugget: missing" in found
@@ -305,18 +302,7 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
 
 def _scripted_judge(monkeypatch, script) -> dict[str, object]:
     """`cts judge calibrate`'s engines replaced by a scripted judge; what it was opened with."""
-    opened: dict[str, object] = {}
-    engine = ScriptedEngine(script, name="judge")
-
-    @asynccontextmanager
-    async def engines(
-        resolved: ResolvedExperiment, roles: list[Role] | None = None, use_cache: bool = True
-    ) -> AsyncIterator[Engines]:
-        opened.update(roles=roles, use_cache=use_cache, engine=engine)
-        yield Engines({"judge": engine}, {"judge": engine}, None)
-
-    monkeypatch.setattr(eval.audit.calibration, "open_engines", engines)
-    return opened
+    return scripted_role(monkeypatch, eval.audit.calibration, "judge", script)
 
 
 def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):
@@ -325,27 +311,18 @@ def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):
         monkeypatch, people_judge(shipped, lambda x: "full" if x == "partial" else x)
     )
     out = tmp_path / "figures" / "calibration.json"
-    done = CliRunner().invoke(
-        app,
-        [
-            "judge",
-            "calibrate",
-            "--labels",
-            str(SAMPLE_LABELS),
-            "--out",
-            str(out),
-            "--set",
-            f"cache.path={tmp_path / 'responses.sqlite'}",
-            "--set",
-            "roles.judge.model=smollm2-135m-instruct",  # a model judge (scripted here)
-        ],
+    done = calibrate_cli(
+        "judge",
+        SAMPLE_LABELS,
+        out,
+        tmp_path / "responses.sqlite",
+        "--set",
+        "roles.judge.model=smollm2-135m-instruct",  # a model judge (scripted here)
     )
     assert done.exit_code == 0, done.output
-    # The judge role alone, and never through the response cache (a rerun must reach it).
-    assert opened["roles"] == ["judge"] and opened["use_cache"] is False
-    requests = opened["engine"].requests  # type: ignore[attr-defined]
-    # The judge's own sampling, as `cts run` sends it: temperature 0, fixed seed.
-    assert {(r.sampling.temperature, r.sampling.seed) for r in requests} == {(0.0, 0)}
+    # The judge role alone, and never through the response cache (a rerun must reach it), at
+    # the judge's own sampling.
+    requests = calibration_requests(opened, "judge")
     # 22 answers listed + 22 shuffled + 22 again, shown as they go (not a terminal: lines).
     assert len(requests) == 66
     assert "judge calibration (3 passes): 0/66 done (0 already), 0 failed" in done.output

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import Result
 from typer.testing import CliRunner
 
 from cts.cli import app
@@ -546,76 +547,32 @@ def test_assignment_rows_never_invent_labels():
 
 
 def test_golden_import_and_export_commands(tmp_path, dataset):
+    def golden_import(given: Path, out: Path) -> Result:
+        args = ["--from", "nuggetizer", "--dataset", str(dataset), "--out", str(out)]
+        return runner.invoke(app, ["golden", "import", str(given), *args])
+
+    def golden_export(*more: str) -> Result:
+        args = ["--to", "nuggetizer", "--out", str(exported), *more]
+        return runner.invoke(app, ["golden", "export", str(out), *args])
+
     given = write_lines(tmp_path / "n.jsonl", CREATED)
     out = tmp_path / "merged.jsonl"
-    done = runner.invoke(
-        app,
-        [
-            "golden",
-            "import",
-            str(given),
-            "--from",
-            "nuggetizer",
-            "--dataset",
-            str(dataset),
-            "--out",
-            str(out),
-        ],
-    )
+    done = golden_import(given, out)
     assert done.exit_code == 0, done.output
     assert "2 of 3 instances got nuggetizer nuggets: 5 added, 1 matched" in done.output
     assert "5 nugget(s) of the imported instances cite no evidence" in done.output
     exported = tmp_path / "back.jsonl"
-    done = runner.invoke(
-        app,
-        [
-            "golden",
-            "export",
-            str(out),
-            "--to",
-            "nuggetizer",
-            "--out",
-            str(exported),
-            "--vital-from",
-            "2",
-        ],
-    )
+    done = golden_export("--vital-from", "2")
     assert done.exit_code == 0, done.output
     assert "3 instance(s) with golden nuggets written" in done.output
     assert [r["qid"] for r in lines(exported)] == ["q1", "q2", "q3"]
 
     unknown = write_lines(tmp_path / "unknown.jsonl", [{**CREATED[0], "qid": "nope"}])
-    refused = runner.invoke(
-        app,
-        [
-            "golden",
-            "import",
-            str(unknown),
-            "--from",
-            "nuggetizer",
-            "--dataset",
-            str(dataset),
-            "--out",
-            str(tmp_path / "x.jsonl"),
-        ],
-    )
+    refused = golden_import(unknown, tmp_path / "x.jsonl")
     assert refused.exit_code == 2
     assert f"{unknown}:1: qid: unknown qid 'nope'" in refused.output
     assert not (tmp_path / "x.jsonl").exists()
-    bad_map = runner.invoke(
-        app,
-        [
-            "golden",
-            "export",
-            str(out),
-            "--to",
-            "nuggetizer",
-            "--out",
-            str(exported),
-            "--weight-map",
-            "vital=3",
-        ],
-    )
+    bad_map = golden_export("--weight-map", "vital=3")
     assert bad_map.exit_code == 2 and "--weight-map: okay: missing" in bad_map.output
     other = runner.invoke(
         app, ["golden", "export", str(out), "--to", "ragas", "--out", str(exported)]

@@ -43,6 +43,20 @@ def rec(instance: str, condition: str, score: float | None, seed: int = 0, **fie
     return Record(instance_id=instance, condition=condition, seed=seed, scores=scores, **fields)
 
 
+def asked(
+    instance: str, condition: str, score: float, *turns: tuple[str, str, list[str]]
+) -> Record:
+    """A clarify record from its (question, answer, question types) turns, one a line."""
+    return rec(
+        instance,
+        condition,
+        score,
+        questions=[q for q, _, _ in turns],
+        answers=[a for _, a, _ in turns],
+        question_types=[t for _, _, t in turns],
+    )
+
+
 FAILED = {"kind": "engine_unavailable", "stage": "rewrite", "message": "down"}
 
 
@@ -123,32 +137,11 @@ def test_diagnostics_as_the_study_defines_them():
     unknown = "unknown"
     records = [
         # k = 1: one answered, one unknown.
-        rec("a", "clarify@1", 40, questions=["q1"], answers=["2024"], question_types=[["time"]]),
-        rec(
-            "b",
-            "clarify@1",
-            10,
-            questions=["q1"],
-            answers=[unknown],
-            question_types=[["region"]],
-        ),
+        asked("a", "clarify@1", 40, ("q1", "2024", ["time"])),
+        asked("b", "clarify@1", 10, ("q1", unknown, ["region"])),
         # k = 2: dialogue a answered then unknown; dialogue b unknown twice, both region.
-        rec(
-            "a",
-            "clarify@2",
-            50,
-            questions=["q1", "q2"],
-            answers=["2024", unknown],
-            question_types=[["time"], ["region", "time"]],
-        ),
-        rec(
-            "b",
-            "clarify@2",
-            20,
-            questions=["q1", "q2"],
-            answers=[unknown, unknown],
-            question_types=[["region"], ["region"]],
-        ),
+        asked("a", "clarify@2", 50, ("q1", "2024", ["time"]), ("q2", unknown, ["region", "time"])),
+        asked("b", "clarify@2", 20, ("q1", unknown, ["region"]), ("q2", unknown, ["region"])),
     ]
     c = clarification(records, "sequential")
     assert c["answerability_per_k"] == {"1": {"rate": 0.5, "n": 2}, "2": {"rate": 0.25, "n": 4}}
@@ -186,40 +179,12 @@ def test_the_region_figure_is_the_unknown_rate_of_region_only_questions():
     unknown = "unknown"
     region, region_time, time = ["region"], ["time", "region"], ["time"]
     records = [
-        rec(
-            "a",
-            "clarify@2",
-            0,
-            questions=["q1", "q2"],
-            answers=["Lyon", "2024 in Lyon"],
-            question_types=[region, region_time],
-        ),
+        asked("a", "clarify@2", 0, ("q1", "Lyon", region), ("q2", "2024 in Lyon", region_time)),
         # a's clarify@1 is the first turn of the same dialogue: not counted again.
-        rec("a", "clarify@1", 0, questions=["q1"], answers=["Lyon"], question_types=[region]),
-        rec(
-            "b",
-            "clarify@2",
-            0,
-            questions=["q1", "q2"],
-            answers=[unknown, unknown],
-            question_types=[region, region],
-        ),
-        rec(
-            "c",
-            "clarify@2",
-            0,
-            questions=["q1", "q2"],
-            answers=["Oslo", "in Oslo"],
-            question_types=[region, region_time],
-        ),
-        rec(
-            "d",
-            "clarify@2",
-            0,
-            questions=["q1", "q2"],
-            answers=[unknown, "2023"],
-            question_types=[time, time],
-        ),
+        asked("a", "clarify@1", 0, ("q1", "Lyon", region)),
+        asked("b", "clarify@2", 0, ("q1", unknown, region), ("q2", unknown, region)),
+        asked("c", "clarify@2", 0, ("q1", "Oslo", region), ("q2", "in Oslo", region_time)),
+        asked("d", "clarify@2", 0, ("q1", unknown, time), ("q2", "2023", time)),
     ]
     c = clarification(records, "sequential")
     assert c["region_only_unknown_rate"] == {
@@ -244,9 +209,7 @@ def test_the_region_figure_is_the_unknown_rate_of_region_only_questions():
     page = to_html(text, [])
     assert "<li><strong>Unknown rate of region-only questions</strong> (the study" in page
     assert "50% (2 unknown of 4 questions whose only type is region)" in page
-    none_asked = clarification(
-        [rec("d", "clarify@1", 0, questions=["q"], answers=["x"], question_types=[time])]
-    )
+    none_asked = clarification([asked("d", "clarify@1", 0, ("q", "x", time))])
     assert none_asked["region_only_unknown_rate"]["rate"] is None
     lines = markdown([("sys", {**summary, "clarification": none_asked})], [], 1, "exclude")
     assert "no questions whose only type is region asked" in lines
@@ -449,21 +412,9 @@ def test_runs_written_before_multi_label_types_and_new_config_keys_still_report(
 
 def test_records_of_different_dialogues_mixed_are_warned_about():
     records = [
-        rec(
-            "a",
-            "clarify@1",
-            10,
-            questions=["Which year?"],
-            answers=["unknown"],
-            question_types=[["time"]],
-        ),
-        rec(
-            "a",
-            "clarify@2",
-            10,
-            questions=["Which city?", "Which year?"],
-            answers=["x", "y"],
-            question_types=[["region"], ["time"]],
+        asked("a", "clarify@1", 10, ("Which year?", "unknown", ["time"])),
+        asked(
+            "a", "clarify@2", 10, ("Which city?", "x", ["region"]), ("Which year?", "y", ["time"])
         ),
     ]
     scored = score_records(records, ["clarify@1", "clarify@2"], [0], "exclude")

@@ -88,24 +88,27 @@ def test_role_sampling_overrides_model_defaults():
     assert resolved.sampling_for("judge").max_tokens == 1024
 
 
-def test_unknown_key_names_file_line_and_key(project):
-    exp = write(
-        project / "experiments" / "bad.yaml",
-        "name: bad\nroles:\n  clarifier: {model: mine}\nbudgets:\n  max_question: 2\n",
-    )
+def refused(project: Path, text: str) -> tuple[Path, str]:
+    """Experiment `text` written to the project's experiments/bad.yaml and loaded: the file and
+    the ConfigError it must be refused with."""
+    exp = write(project / "experiments" / "bad.yaml", text)
     with pytest.raises(ConfigError) as e:
         load_experiment(exp)
-    assert str(e.value) == f"{exp}:5: budgets.max_question: unknown key"
+    return exp, str(e.value)
+
+
+def test_unknown_key_names_file_line_and_key(project):
+    exp, error = refused(
+        project, "name: bad\nroles:\n  clarifier: {model: mine}\nbudgets:\n  max_question: 2\n"
+    )
+    assert error == f"{exp}:5: budgets.max_question: unknown key"
 
 
 def test_wrong_type_names_file_line_and_key(project):
-    exp = write(
-        project / "experiments" / "bad.yaml",
-        "name: bad\nroles:\n  clarifier: {model: mine}\nconcurrency: lots\n",
+    exp, error = refused(
+        project, "name: bad\nroles:\n  clarifier: {model: mine}\nconcurrency: lots\n"
     )
-    with pytest.raises(ConfigError) as e:
-        load_experiment(exp)
-    assert str(e.value).startswith(f"{exp}:4: concurrency: Input should be a valid integer")
+    assert error.startswith(f"{exp}:4: concurrency: Input should be a valid integer")
 
 
 def test_unknown_role_is_an_error(project):

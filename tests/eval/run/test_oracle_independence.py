@@ -6,21 +6,18 @@ a fresh greedy run decodes the very trajectory the nuggets came from."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-import eval.experiment
-import tests.scripted_cts
 from cts.cli import app
 from eval.data.schema import Golden, GoldenSearcher, Instance, Nugget
 from eval.run.config import load_experiment
 from eval.run.oracle import oracle_independence
 from serving.scripted import scripted_roles
 from serving.types import ChatRequest
-from tests.scripted_cts import scripted_engines
+from tests.builders import scripted_cli, search_then_visit
 
 runner = CliRunner()
 
@@ -37,20 +34,14 @@ GREEDY = [
 ]
 
 
+def _question(request: ChatRequest) -> str:
+    """The start of the question the searcher was asked."""
+    return request.messages[1].content.rsplit("User: ", 1)[1][:60]
+
+
 def _search_then_visit(request: ChatRequest) -> str:
-    """Search, visit the first hit (so that the summarizer and the tool cache's visits are
-    used), then answer; every turn fits the constrained mode's grammar."""
-    turn = sum(m.role == "assistant" for m in request.messages)
-    if turn == 0:
-        question = request.messages[1].content.rsplit("User: ", 1)[1]
-        call = {"name": "search", "arguments": {"query": [question[:60]]}}
-    elif turn == 1 and (
-        url := re.search(r"\]\((https?://[^)\s]+)\)", request.messages[-1].content)
-    ):
-        call = {"name": "visit", "arguments": {"url": [url.group(1)], "goal": "the facts"}}
-    else:
-        return "<think>\ndone\n</think>\n<answer>\nan answer\n</answer>"
-    return f"<think>\nnext\n</think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    """Search the question, visit the first hit, then answer."""
+    return search_then_visit(request, _question)
 
 
 def _visiting_roles():  # type: ignore[no-untyped-def]
@@ -63,11 +54,7 @@ def _visiting_roles():  # type: ignore[no-untyped-def]
 def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The real command line, every role on a scripted engine behind the real response cache
     and tool cache (both shared under $CTS_HOME, as by default)."""
-    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(tests.scripted_cts, "scripted_roles", _visiting_roles)
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
-    return tmp_path
+    return scripted_cli(tmp_path, monkeypatch, _visiting_roles)
 
 
 def _records(run_dir: Path, condition: str) -> list[dict]:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eval.data.dataset import DatasetSource, corpus_path, load_instances
+from eval.data.schema import Instance
 from eval.report.diagnostics import clarification
 from eval.run.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
-from eval.run.pipeline import run_instance
+from eval.run.pipeline import PipelineContext, run_instance
 from eval.run.run_dir import Shard
-from eval.run.runner import RecordFileError, RecordStore, merge, run_keys
+from eval.run.runner import RecordFileError, RecordStore, RunOutcome, merge, run_keys
 from tests.scripted import scripted_context
 from webdancer.backends.local import LocalSearch
 
@@ -170,15 +173,7 @@ def test_a_failing_instance_is_recorded_with_its_error_and_the_run_goes_on(searc
 
     roles["rewriter"].script = lambda r: EngineUnavailable("http://gpu7:8000/v1: down")
     store = RecordStore(tmp_path)
-    outcome = asyncio.run(
-        run_keys(
-            instances(2),
-            ["blurred", "clarify@1"],
-            [0],
-            lambda i, c, s: run_instance(i, c, s, ctx),
-            store,
-        )
-    )
+    outcome = run_through(ctx, (instances(2), ["blurred", "clarify@1"], [0]), store)
     assert outcome.ran == 4 and outcome.failures == {"engine_unavailable": 2}
     failed = [r for r in store.completed().values() if r.error]
     assert {r.condition for r in failed} == {"clarify@1"}
@@ -234,19 +229,21 @@ def test_a_failed_stage_is_the_error_and_what_came_before_it_stays(
         assert record.answer == "an answer" and not record.labels
 
 
+def run_through(
+    ctx: PipelineContext,
+    keys: tuple[list[Instance], list[str], list[int]],
+    store: RecordStore,
+    **options: Any,
+) -> RunOutcome:
+    """run_keys over `keys` (instances, conditions, seeds), each key through the pipeline of
+    `ctx`; what it says it did."""
+    return asyncio.run(run_keys(*keys, partial(run_instance, ctx=ctx), store, **options))
+
+
 def run_all(search, run_dir: Path, shard: Shard | None = None):
     ctx, _ = context(search)
     store = RecordStore(run_dir)
-    asyncio.run(
-        run_keys(
-            instances(),
-            CONDITIONS,
-            [0, 1],
-            lambda i, c, s: run_instance(i, c, s, ctx),
-            store,
-            shard or Shard(),
-        )
-    )
+    run_through(ctx, (instances(), CONDITIONS, [0, 1]), store, shard=shard or Shard())
     return store
 
 
@@ -270,16 +267,7 @@ def test_resume_skips_done_keys_and_merge_finds_gaps_and_duplicates(search, tmp_
     report = merge(store, instances(), CONDITIONS, [0, 1])
     assert len(report.missing) == 20 and not report.duplicates  # shard 1 not run yet
     ctx, roles = context(search)
-    again = asyncio.run(
-        run_keys(
-            instances(),
-            CONDITIONS,
-            [0, 1],
-            lambda i, c, s: run_instance(i, c, s, ctx),
-            store,
-            Shard(0, 2),
-        )
-    )
+    again = run_through(ctx, (instances(), CONDITIONS, [0, 1]), store, shard=Shard(0, 2))
     assert again.ran == 0 and again.skipped == 20 and not roles["searcher"].requests
     path = store.path("blurred", Shard(0, 2))
     path.write_text(path.read_text() + path.read_text().splitlines(keepends=True)[0])
@@ -328,16 +316,7 @@ def test_retry_failed_reruns_only_failures_and_the_success_counts(search, tmp_pa
     roles["searcher"].script = flaky
 
     def run(retry: bool):  # type: ignore[no-untyped-def]
-        return asyncio.run(
-            run_keys(
-                data,
-                ["blurred"],
-                [0],
-                lambda i, c, s: run_instance(i, c, s, ctx),
-                store,
-                retry_failed=retry,
-            )
-        )
+        return run_through(ctx, (data, ["blurred"], [0]), store, retry_failed=retry)
 
     first = run(False)
     assert (first.ran, sum(first.failures.values())) == (2, 1)
@@ -377,9 +356,7 @@ def test_a_dead_server_stops_the_run_and_resume_finishes_it_as_if_uninterrupted(
 
             roles[role].script = dying
         keys = (instances(3), ["blurred", "clarify@1", "clarify@2"], [0])
-        return asyncio.run(
-            run_keys(*keys, lambda i, c, s: run_instance(i, c, s, ctx), RecordStore(root), **kw)
-        )
+        return run_through(ctx, keys, RecordStore(root), **kw)
 
     kw = {"concurrency": 3}
     run(tmp_path / "whole")
