@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 from eval.data.schema import Record
 from eval.run.config import ALL_CONDITIONS
@@ -181,6 +182,22 @@ def _reached_judge(record: Record) -> bool:
 
 
 # -- one pair of judgements ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rate:
+    """`count` of `n` rows (labels that changed between two passes, answers that matched)."""
+
+    n: int
+    count: int
+
+    @property
+    def share(self) -> float | None:
+        return self.count / self.n if self.n else None
+
+    def as_dict(self, count: str = "count") -> dict[str, Any]:
+        """{n, <count>, share}: `count` names the counted rows in a file."""
+        return {"n": self.n, count: self.count, "share": self.share}
 
 
 @dataclass(frozen=True)

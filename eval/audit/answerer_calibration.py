@@ -53,6 +53,7 @@ from typing import Any
 from agents import user_answerer
 from agents.types import UNKNOWN
 from agents.user_answerer import SpanLimits
+from eval.audit.agreement import Rate
 from eval.data.dataset import SAMPLE_DIR, labelled_rows, refuse_labels
 from eval.data.schema import CONSTRAINT_TYPES, known_language
 from eval.run.config import ClarificationConfig, ResolvedExperiment
@@ -324,18 +325,6 @@ def score(item: LabelledQuestion, answer: str, siblings: Sequence[str] = ()) -> 
         contained=contained,
         disclosed=disclosed,
     )
-
-
-@dataclass(frozen=True)
-class Rate:
-    """`count` of `n` rows."""
-
-    n: int
-    count: int
-
-    @property
-    def share(self) -> float | None:
-        return self.count / self.n if self.n else None
 
 
 @dataclass(frozen=True)

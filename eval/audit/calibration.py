@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import judge
-from eval.audit.agreement import STRICT_LABELS, cohen_kappa, confusion, strict
+from eval.audit.agreement import STRICT_LABELS, Rate, cohen_kappa, confusion, strict
 from eval.data.dataset import SAMPLE_DIR, labelled_rows, refuse_labels
 from eval.run.config import JudgeConfig, ResolvedExperiment
 from eval.run.engines import open_engines
@@ -217,18 +217,6 @@ def agreement(people: Sequence[str], judged: Sequence[str]) -> Agreement:
 
 
 @dataclass(frozen=True)
-class Changed:
-    """How many of n labels differ between two judgements of the same pairs."""
-
-    n: int
-    changed: int
-
-    @property
-    def share(self) -> float | None:
-        return self.changed / self.n if self.n else None
-
-
-@dataclass(frozen=True)
 class RateRow:
     """Label rates of the pairs in one bucket (a batch position, an answer length)."""
 
@@ -325,8 +313,8 @@ class Calibration:
     agreement: Agreement
     by_language: dict[str, Agreement]
     #: None when `--passes agreement` skipped the shuffled pass, or the rerun.
-    order_flip: Changed | None
-    rerun: Changed | None
+    order_flip: Rate | None
+    rerun: Rate | None
     #: Label rates by 1-based position in the judge's batch.
     by_position: list[RateRow]
     #: Label rates by answer length (units: words and CJK characters).
@@ -338,10 +326,9 @@ class Calibration:
 
     def as_dict(self) -> dict[str, Any]:
         doc = asdict(self)
-        if self.order_flip is not None:
-            doc["order_flip"]["share"] = self.order_flip.share
-        if self.rerun is not None:
-            doc["rerun"]["share"] = self.rerun.share
+        # The file counts labels that changed under the name it always had.
+        for name, moved in (("order_flip", self.order_flip), ("rerun", self.rerun)):
+            doc[name] = None if moved is None else moved.as_dict("changed")
         return doc
 
 
@@ -387,9 +374,9 @@ async def _pass(
 
 def _changed(
     first: dict[tuple[str, str], str], second: dict[tuple[str, str], str], keys: set[Any]
-) -> Changed:
+) -> Rate:
     both = [k for k in keys if k in first and k in second]
-    return Changed(len(both), sum(first[k] != second[k] for k in both))
+    return Rate(len(both), sum(first[k] != second[k] for k in both))
 
 
 def reorderable(answers: Sequence[LabelledAnswer]) -> list[LabelledAnswer]:
@@ -565,10 +552,10 @@ def _rate_lines(title: str, rows: list[RateRow]) -> list[str]:
     return [*lines, ""]
 
 
-def _changes(changed: Changed | None) -> str:
+def _changes(changed: Rate | None) -> str:
     if changed is None:
         return "not measured (--passes agreement) | 0"
-    return f"{_pct(changed.share)} ({changed.changed}) | {changed.n}"
+    return f"{_pct(changed.share)} ({changed.count}) | {changed.n}"
 
 
 def _ci(ci: tuple[float, float] | None) -> str:

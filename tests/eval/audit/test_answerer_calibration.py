@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 import eval.audit.answerer_calibration
 from agents.user_answerer import is_span
 from cts.cli import app
+from eval.audit.agreement import Rate
 from eval.audit.answerer_calibration import (
     SAMPLE_ANSWERER_LABELS,
     AnswerCall,
     AnswererCalibration,
     AnswerLabelSet,
     LabelledQuestion,
-    Rate,
     answerer_call,
     calibrate,
     contains,

@@ -146,8 +146,8 @@ def test_a_judge_that_calls_every_partial_full(shipped):
     assert a.strict_kappa == pytest.approx(4070 / 7138)
     assert a.confusion == [[55, 0, 0], [26, 0, 0], [0, 0, 37]]
     # It reads content, not places: shuffling and re-asking change nothing.
-    assert (result.order_flip.changed, result.order_flip.n) == (0, 118)
-    assert (result.rerun.changed, result.rerun.n) == (0, 118)
+    assert (result.order_flip.count, result.order_flip.n) == (0, 118)
+    assert (result.rerun.count, result.rerun.n) == (0, 118)
     assert result.failed == {}
     # Per language: the same confusion, split (en: full 34, partial 15, none 30).
     assert result.by_language["en"].confusion == [[34, 0, 0], [15, 0, 0], [0, 0, 30]]
@@ -173,8 +173,8 @@ def test_a_judge_that_labels_by_position_flips_when_the_order_changes(shipped):
         for k, nugget in enumerate(answer.nuggets):
             expected += order.index(nugget) % 3 != k % 3
     assert result.order_flip.n == 118
-    assert result.order_flip.changed == expected > 0
-    assert result.rerun.changed == 0  # the same request, the same labels
+    assert result.order_flip.count == expected > 0
+    assert result.rerun.count == 0  # the same request, the same labels
     # Position bias, measured: place 1 is always full, 2 partial, 3 none, 4 full …; 22
     # answers have places 1-5, the 8 six-nugget answers a 6th.
     table = {row.bucket: row for row in result.by_position}
@@ -224,8 +224,8 @@ def test_rerun_identity_counts_labels_that_change_on_the_same_request(shipped):
     result = run(moody, shipped)
     # One label changes per answer on the rerun: 22 of 118. The shuffled pass sends other
     # requests (another order), so nothing changes there; the listed pass is the people's.
-    assert (result.rerun.changed, result.rerun.n) == (22, 118)
-    assert result.order_flip.changed == 0
+    assert (result.rerun.count, result.rerun.n) == (22, 118)
+    assert result.order_flip.count == 0
     assert result.agreement.kappa == pytest.approx(1.0)
 
 
