@@ -330,7 +330,7 @@ def progress_for(console: Console) -> ShowProgress:
 def run_into(root: Path, retry_failed: bool = False) -> Work:
     """`run_keyed`'s work for an evaluation run: the experiment run into `root`."""
     return lambda ready, part, watch, progress: run_experiment(
-        ready, root, part, progress, watch=watch, retry_failed=retry_failed
+        ready, root, shard=part, show_progress=progress, watch=watch, retry_failed=retry_failed
     )
 
 

@@ -88,7 +88,12 @@ def build(
         part,
         options,
         lambda ready, part, watch, progress: build_golden(
-            ready, run.root, part, progress, watch=watch, retry_failed=retry_failed
+            ready,
+            run.root,
+            shard=part,
+            show_progress=progress,
+            watch=watch,
+            retry_failed=retry_failed,
         ),
         console,
         merge_with=f"cts golden merge {run.root}",

@@ -249,7 +249,7 @@ def rejudge(
             with_judge_from(resolved, ready),
             source,
             run_dir.root,
-            part,
+            shard=part,
             show_progress=progress,
             watch=watch,
             retry_failed=retry_failed,

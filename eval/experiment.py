@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Unpack
 
 from eval.data.dataset import DatasetError, DatasetSource, load_instances
 from eval.data.golden import GOLDEN, GoldenReport, golden_dataset
@@ -27,9 +28,18 @@ from eval.run.engines import open_engines
 from eval.run.fingerprint import fingerprint
 from eval.run.oracle import golden_searcher
 from eval.run.pipeline import PipelineContext, clarify_turns, run_instance
-from eval.run.progress import ShowProgress, key_progress
+from eval.run.progress import key_progress
 from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import MergeReport, RecordStore, RunOutcome, merge, run_keys, write_jsonl
+from eval.run.runner import (
+    MergeReport,
+    RecordStore,
+    RunControl,
+    RunOutcome,
+    already_done,
+    merge,
+    run_keys,
+    write_jsonl,
+)
 from eval.run.search_agent import corpus_digest, open_agent
 from serving.cache import EVALUATION, GOLDEN_CONSTRUCTION
 from serving.engine import EngineStats
@@ -101,14 +111,12 @@ async def _run(
     run: RunDir,
     instances: list[Instance],
     keys: tuple[list[str], list[int]],
-    shard: Shard,
-    show_progress: ShowProgress,
-    watch: Callable[[], None] | None,
-    retry_failed: bool,
+    control: RunControl,
 ) -> tuple[RunOutcome, dict[str, EngineStats], tuple[Counts | None, Counts | None]]:
     """The outcome, each model's engine stats, and the response and tool caches' counts."""
     experiment = resolved.experiment
     conditions, seeds = keys
+    shard, retry_failed = control.get("shard") or Shard(), control.get("retry_failed", False)
     store = RecordStore(run.root)
     # Golden construction's answers are cached apart from every evaluation's (serving/cache.py).
     purpose = GOLDEN_CONSTRUCTION if GOLDEN in conditions else EVALUATION
@@ -135,16 +143,11 @@ async def _run(
             judge=experiment.judge,
             trace_dir=run.traces,
         )
-        total = len(shard.select(instances)) * len(conditions) * len(seeds)
-        # Done in any shard file of the run, as `run_keys` counts them (the shard count may
-        # have changed since).
         mine = {i.id for i in shard.select(instances)}
-        already = sum(
-            not (retry_failed and r.error)
-            for key, r in store.completed_for(shard).items()
-            if key[0] in mine and key[1] in conditions and key[2] in seeds
-        )
-        async with key_progress(experiment.name, total, already, show_progress) as done:
+        total = len(mine) * len(conditions) * len(seeds)
+        already = already_done(store, shard, (mine, conditions, seeds), retry_failed)
+        show = control.get("show_progress", True)
+        async with key_progress(experiment.name, total, already, show) as done:
             try:
                 outcome = await until_signalled(
                     run_keys(
@@ -158,7 +161,7 @@ async def _run(
                         on_done=done,
                         retry_failed=retry_failed,
                     ),
-                    watch,
+                    control.get("watch"),
                 )
             finally:
                 await ctx.clarification.aclose()
@@ -206,11 +209,8 @@ def _run_into(
     resolved: ResolvedExperiment,
     run_dir: Path,
     keys: tuple[list[str], list[int]],
-    shard: Shard,
-    show_progress: ShowProgress,
-    watch: Callable[[], None] | None,
-    retry_failed: bool,
     report: bool,
+    control: RunControl,
 ) -> RunResult:
     """Record `keys` (conditions, seeds) for the shard's instances into `run_dir`; with
     `report`, a whole finished run also gets its summary and report."""
@@ -218,11 +218,10 @@ def _run_into(
     run = RunDir(run_dir)
     run.write_config(resolved, fingerprint(everything, corpus_digest(resolved)))
     started = time.perf_counter()
-    outcome, stats, (cache, tool_cache) = asyncio.run(
-        _run(resolved, run, instances, keys, shard, show_progress, watch, retry_failed)
-    )
+    outcome, stats, (cache, tool_cache) = asyncio.run(_run(resolved, run, instances, keys, control))
     written = None
-    if report and shard.count == 1 and not outcome.interrupted:
+    whole = (control.get("shard") or Shard()).count == 1
+    if report and whole and not outcome.interrupted:
         written = write_report([run_dir], run_dir)
     seconds = time.perf_counter() - started
     return RunResult(run_dir, outcome, seconds, cache, stats, written, tool_cache)
@@ -256,21 +255,15 @@ def require_roles(resolved: ResolvedExperiment, needed: Sequence[Role] = ()) -> 
 
 
 def run_experiment(
-    resolved: ResolvedExperiment,
-    run_dir: Path,
-    shard: Shard | None = None,
-    show_progress: ShowProgress = True,
-    watch: Callable[[], None] | None = None,
-    retry_failed: bool = False,
+    resolved: ResolvedExperiment, run_dir: Path, **control: Unpack[RunControl]
 ) -> RunResult:
-    """Run (a shard of) an experiment into `run_dir`. `watch` is polled during the run; what it
-    raises (a dead model server) stops the run, keeping every finished record. With
-    `retry_failed`, keys whose record is a failure run again (the new record counts)."""
+    """Run (a shard of) an experiment into `run_dir`, resuming what is recorded there;
+    `control` (eval/run/runner.py RunControl): `shard`, `show_progress`, `watch` (what it
+    raises stops the run, keeping every finished record), `retry_failed`. A whole run that
+    finishes gets its report."""
     require_roles(resolved)
     keys = ([str(c) for c in resolved.experiment.conditions], list(resolved.experiment.seeds))
-    return _run_into(
-        resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, True
-    )
+    return _run_into(resolved, run_dir, keys, True, control)
 
 
 @dataclass(frozen=True)
@@ -321,12 +314,7 @@ def _check_golden_seeds(resolved: ResolvedExperiment, instances: list[Instance])
 
 
 def build_golden(
-    resolved: ResolvedExperiment,
-    run_dir: Path,
-    shard: Shard | None = None,
-    show_progress: ShowProgress = True,
-    watch: Callable[[], None] | None = None,
-    retry_failed: bool = False,
+    resolved: ResolvedExperiment, run_dir: Path, **control: Unpack[RunControl]
 ) -> RunResult:
     """Golden construction for (a shard of) the experiment's dataset into `run_dir`: one
     `golden` record per instance (search on the fused query with `golden.seed`, disjoint from
@@ -335,10 +323,7 @@ def build_golden(
     require_roles(resolved, GOLDEN_ROLES)
     seed = resolved.experiment.golden.seed
     _refuse_other_golden_seeds(RecordStore(run_dir), seed)
-    keys = ([GOLDEN], [seed])
-    return _run_into(
-        resolved, run_dir, keys, shard or Shard(), show_progress, watch, retry_failed, False
-    )
+    return _run_into(resolved, run_dir, ([GOLDEN], [seed]), False, control)
 
 
 def _refuse_other_golden_seeds(store: RecordStore, seed: int) -> None:

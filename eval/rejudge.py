@@ -37,10 +37,10 @@ import hashlib
 import json
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import yaml
 
@@ -54,9 +54,9 @@ from eval.run.dialogue import Clarification
 from eval.run.engines import open_engines
 from eval.run.fingerprint import changes, fingerprint, results_view
 from eval.run.pipeline import PipelineContext, StageFailed, judge_record
-from eval.run.progress import ShowProgress, key_progress
+from eval.run.progress import key_progress
 from eval.run.run_dir import RunDir, RunDirError, Shard, frozen_experiment
-from eval.run.runner import Key, RecordStore, RunOutcome, run_keys
+from eval.run.runner import Key, RecordStore, RunControl, RunOutcome, already_done, run_keys
 from serving.disk import write_whole
 from serving.engine import ChatModel, EngineStats
 from serving.model_config import model_label
@@ -341,14 +341,11 @@ def rejudge_run(
     resolved: ResolvedExperiment,
     source_dir: Path,
     output_dir: Path,
-    shard: Shard | None = None,
-    show_progress: ShowProgress = True,
-    watch: Callable[[], None] | None = None,
-    retry_failed: bool = False,
+    **control: Unpack[RunControl],
 ) -> RejudgeResult:
     """Judge (a shard of) the source run's answers again into `output_dir` with `resolved`
     (from `rejudge_experiment`); resumes, shards, stops and reports like `run_experiment`."""
-    shard = shard or Shard()
+    shard = control.get("shard") or Shard()
     require_roles(resolved, ["judge"])
     source = load_source(source_dir)
     # Also here, not only in rejudge_experiment: whoever built `resolved`, the records of NEW
@@ -365,17 +362,7 @@ def rejudge_run(
     _write_provenance(run, source, resolved)
     started = time.perf_counter()
     outcome, stats, cache, copied = asyncio.run(
-        _rejudge(
-            resolved,
-            run,
-            recorded,
-            instances,
-            (conditions, seeds),
-            shard,
-            show_progress,
-            watch,
-            retry_failed,
-        )
+        _rejudge(resolved, run, recorded, instances, (conditions, seeds), control)
     )
     written = against = None
     if shard.count == 1 and not outcome.interrupted:
@@ -400,12 +387,10 @@ async def _rejudge(
     recorded: dict[Key, Record],
     instances: list[Instance],
     keys: tuple[list[str], list[int]],
-    shard: Shard,
-    show_progress: ShowProgress,
-    watch: Callable[[], None] | None,
-    retry_failed: bool,
+    control: RunControl,
 ) -> tuple[RunOutcome, dict[str, EngineStats], dict[str, int] | None, int]:
     conditions, seeds = keys
+    shard, retry_failed = control.get("shard") or Shard(), control.get("retry_failed", False)
     store = RecordStore(run.root)
     by_id = {i.id: i for i in instances}
     # The judge alone: no other role's engine is even built.
@@ -413,14 +398,10 @@ async def _rejudge(
         ctx = judge_context(engines.roles["judge"], resolved)
         mine = {i.id for i in shard.select(instances)}
         total = len(mine) * len(conditions) * len(seeds)
-        # Done in any shard file that can hold this shard's keys, as `run_keys` counts them.
-        already = sum(
-            not (retry_failed and r.error)
-            for key, r in store.completed_for(shard).items()
-            if key[0] in mine and key[1] in conditions and key[2] in seeds
-        )
+        already = already_done(store, shard, (mine, conditions, seeds), retry_failed)
         title = f"rejudge {resolved.experiment.name}"
-        async with key_progress(title, total, already, show_progress) as advance:
+        show = control.get("show_progress", True)
+        async with key_progress(title, total, already, show) as advance:
             copied = 0
 
             def done(record: Record) -> None:
@@ -443,7 +424,7 @@ async def _rejudge(
                     on_done=done,
                     retry_failed=retry_failed,
                 ),
-                watch,
+                control.get("watch"),
             )
         stats = {name: e.stats for name, e in engines.by_model.items()}
         # `is not None`: an empty cache is falsy (it has a length).

@@ -92,7 +92,9 @@ def _run(
     logs = RunDir(run_dir).serve_logs(shard)
     starting = lambda n: notify(f"starting {n} vLLM server(s)")  # noqa: E731
     with serving_for(resolved, options or ServeOptions(), logs, starting) as ready:
-        return run_experiment(ready.resolved, run_dir, shard, show_progress, watch=ready.watch)
+        return run_experiment(
+            ready.resolved, run_dir, shard=shard, show_progress=show_progress, watch=ready.watch
+        )
 
 
 def sample(

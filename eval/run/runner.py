@@ -21,12 +21,14 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from eval.data.schema import Instance, Record
 from eval.run.bulk import collector_paused
+from eval.run.progress import ShowProgress
 from eval.run.run_dir import RunDir, Shard
 from eval.run.slots import KeySlots
 from serving.disk import append_line, storage_errors, write_whole
@@ -154,6 +156,38 @@ class RecordStore:
                 for record in self.read(path):
                     done[record.key] = counts_over(done.get(record.key), record)
         return done
+
+
+class RunControl(TypedDict, total=False):
+    """How a run goes over its keys, each part optional: the keywords `run_experiment`,
+    `build_golden` and `rejudge_run` take."""
+
+    #: Only this shard's instances (default: all of them).
+    shard: Shard | None
+    #: A progress bar (True), a line every N seconds where there is no terminal, or nothing.
+    show_progress: ShowProgress
+    #: Polled during the run: what it raises (a dead model server) stops the run, keeping
+    #: every finished record.
+    watch: Callable[[], None] | None
+    #: Keys whose record is a failure run again (the new record counts).
+    retry_failed: bool
+
+
+def already_done(
+    store: RecordStore,
+    shard: Shard,
+    keys: tuple[set[str], list[str], list[int]],
+    retry_failed: bool,
+) -> int:
+    """Of `keys` (instance ids, conditions, seeds), those recorded in any shard file of the run
+    that can hold the shard's keys, as `run_keys` counts them (the shard count may have changed
+    since); with `retry_failed` a failure is not done."""
+    ids, conditions, seeds = keys
+    return sum(
+        not (retry_failed and r.error)
+        for key, r in store.completed_for(shard).items()
+        if key[0] in ids and key[1] in conditions and key[2] in seeds
+    )
 
 
 def counts_over(earlier: Record | None, record: Record) -> Record:

@@ -147,7 +147,7 @@ def rejudge(
     asked: list[list[Role]] = []
     monkeypatch.setattr(eval.rejudge, "open_engines", engines_of(roles, asked))
     resolved = rejudge_experiment(source, out, None, overrides)
-    result = rejudge_run(resolved, source, out, shard, show_progress=False)
+    result = rejudge_run(resolved, source, out, shard=shard, show_progress=False)
     return result, roles, asked
 
 
@@ -392,7 +392,7 @@ def test_a_slurm_rejudge_job_renders_and_its_frozen_config_rejudges(source, tmp_
     resolved = rejudge_experiment(source, out.resolve(), str(frozen), [])
     assert resolved.experiment.roles["judge"].model == "qwen3-8b"
     for index in (0, 1):
-        rejudge_run(resolved, source, out.resolve(), Shard(index, 2), show_progress=False)
+        rejudge_run(resolved, source, out.resolve(), shard=Shard(index, 2), show_progress=False)
     assert merge_run(out.resolve()).ok and set(requests(roles)) == {"judge"}
 
     with pytest.raises(SlurmOptionError, match="--output-dir"):
