@@ -54,7 +54,7 @@ from agents import user_answerer
 from agents.types import UNKNOWN
 from agents.user_answerer import SpanLimits
 from eval.audit.agreement import Rate
-from eval.data.dataset import SAMPLE_DIR, labelled_rows, refuse_labels
+from eval.data.dataset import SAMPLE_DIR, field_problems, labelled_rows, refuse_labels
 from eval.data.schema import CONSTRAINT_TYPES, known_language
 from eval.run.config import ClarificationConfig, ResolvedExperiment
 from eval.run.engines import open_engines
@@ -206,12 +206,7 @@ def read_answer_labels(labels: str | Path) -> AnswerLabelSet:
 
 
 def _row_problems(data: dict[str, Any], ids: dict[str, int], line: int) -> list[Found]:
-    problems: list[Found] = [
-        (k, f"unknown field (expected one of {', '.join((*_REQUIRED, *_OPTIONAL))})")
-        for k in data
-        if k not in _REQUIRED and k not in _OPTIONAL
-    ]
-    problems += [(k, "missing") for k in _REQUIRED if k not in data]
+    problems = field_problems(data, _REQUIRED, _OPTIONAL)
     for key in data:
         if key in _REQUIRED or (key in _OPTIONAL and data[key] is not None):
             problems += _text(data, key)

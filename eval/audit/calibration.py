@@ -30,7 +30,7 @@ from typing import Any
 
 from agents import judge
 from eval.audit.agreement import STRICT_LABELS, Rate, cohen_kappa, confusion, strict
-from eval.data.dataset import SAMPLE_DIR, labelled_rows, refuse_labels
+from eval.data.dataset import SAMPLE_DIR, field_problems, labelled_rows, refuse_labels
 from eval.run.config import JudgeConfig, ResolvedExperiment
 from eval.run.engines import open_engines
 from eval.run.progress import ShowProgress, progress
@@ -116,12 +116,7 @@ def read_labels(labels: str | Path) -> LabelSet:
 
 
 def _row_problems(data: dict[str, Any], ids: dict[str, int], line: int) -> list[Found]:
-    problems: list[Found] = [
-        (k, f"unknown field (expected one of {', '.join((*_REQUIRED, *_OPTIONAL))})")
-        for k in data
-        if k not in _REQUIRED and k not in _OPTIONAL
-    ]
-    problems += [(k, "missing") for k in _REQUIRED if k not in data]
+    problems = field_problems(data, _REQUIRED, _OPTIONAL)
     if "answer" in data:
         _text(data, "answer", problems, empty=True)  # an empty answer is one a run can give
     if "nugget" in data:

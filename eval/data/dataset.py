@@ -12,7 +12,7 @@ import csv
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,6 +319,17 @@ def read_rows(source: str | Path, split: str | None = None) -> Iterator[Row]:
 #: A labels file's check of one row: its problems as (field, message), given the row's data,
 #: the ids of the rows before it (id -> line; the check records the row's) and its line.
 RowCheck = Callable[[dict[str, Any], dict[str, int], int], list[tuple[str, str]]]
+
+
+def field_problems(
+    data: dict[str, Any], required: Sequence[str], optional: Sequence[str]
+) -> list[tuple[str, str]]:
+    """A labels row's fields that are unknown or missing, as (field, message)."""
+    known = (*required, *optional)
+    problems = [
+        (k, f"unknown field (expected one of {', '.join(known)})") for k in data if k not in known
+    ]
+    return problems + [(k, "missing") for k in required if k not in data]
 
 
 def labelled_rows(
