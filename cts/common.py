@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from eval.build.blur import BlurError
+from eval.build.store import BuildFileError
 from eval.data.dataset import DatasetError
 from eval.experiment import RunResult, require_roles, run_experiment, serving_for
 from eval.report.comparability import IncomparableRuns
@@ -76,7 +78,9 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (RunDirError, "", 2),
     (IncomparableRuns, "", 2),
     (NotAFile, "", 2),
+    (BlurError, "blur error: ", 2),
     (RecordFileError, "records error: ", 1),
+    (BuildFileError, "build rows error: ", 1),
     (SummaryError, "summary error: ", 1),
     (DialogueFileError, "dialogues error: ", 1),
     (PairsError, "pairs error: ", 1),

@@ -1,4 +1,5 @@
-"""`cts data validate|stats`: datasets and corpora checked and described."""
+"""`cts data validate|stats`: datasets and corpora checked and described; `cts data fuse|blur`
+(cts/build.py): a benchmark built from your own queries."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from cts import build
 from cts.common import SET_OPTION, command, output_console, usage_error
 from eval.data.data_stats import dataset_stats
 from eval.data.dataset import (
@@ -24,7 +26,11 @@ from eval.experiment import no_nuggets
 from eval.run.config import ResolvedExperiment, load_experiment
 from webdancer.corpus import CorpusError, check_corpus
 
-app = typer.Typer(help="Validate and describe datasets and corpora.", no_args_is_help=True)
+app = typer.Typer(
+    help="Validate and describe datasets and corpora; build a benchmark from your own queries "
+    "(fuse, blur).",
+    no_args_is_help=True,
+)
 
 PATH_HELP = (
     "A dataset (JSONL, JSON, CSV, TSV, Parquet, a folder or hub id for `datasets`), a corpus "
@@ -239,3 +245,7 @@ def data_stats(
         for key, value in stats.items():
             table.add_row(key, json.dumps(value, ensure_ascii=False))
         output_console().print(table)
+
+
+command(app, "fuse")(build.fuse)
+command(app, "blur")(build.blur)

@@ -86,6 +86,36 @@ def nugget_builder_rule(request: ChatRequest) -> str:
     return json.dumps({"nuggets": nuggets})
 
 
+_YEAR = re.compile(r"(?<!\d)(?:19|20)\d\d(?:年)?(?!\d)")
+_NAME = re.compile(r"\b[A-Z][\w-]+(?: [A-Z][\w-]+)+")
+
+
+def fuser_rule(request: ChatRequest) -> str:
+    """The scripted fuser: the longest raw query, a year in it as its `time` constraint and a
+    run of capitalised words as its `entity` one (agents/prompts/fuser.yaml lists the queries
+    as `- ` lines)."""
+    raw = [line[2:] for line in request.messages[-1].content.splitlines() if line.startswith("- ")]
+    query = max(raw, key=len)
+    constraints = [{"type": "time", "span": m.group()} for m in _YEAR.finditer(query)][:1]
+    constraints += [{"type": "entity", "span": m.group()} for m in _NAME.finditer(query)][:1]
+    return json.dumps({"query": query, "constraints": constraints}, ensure_ascii=False)
+
+
+def blurrer_rule(request: ChatRequest) -> str:
+    """The scripted blurrer: the fused query without every constraint it is given, and without
+    a preposition that stood right before one (agents/prompts/blurrer.yaml: the query on the
+    first line, the constraints as `- type: span` lines)."""
+    lines = request.messages[-1].content.splitlines()
+    fused = re.split(r": |：", lines[0], maxsplit=1)[-1]
+    targets = [line[2:].split(": ", 1) for line in lines if line.startswith("- ")]
+    blurred = fused
+    for _, span in targets:
+        blurred = re.sub(rf"(?:\b(?:in|during|of|for) )?{re.escape(span)}", "", blurred)
+    blurred = re.sub(r"\s+([?,.])", r"\1", " ".join(blurred.split()))
+    removed = [{"type": t, "span": span} for t, span in targets]
+    return json.dumps({"blurred_query": blurred, "removed": removed}, ensure_ascii=False)
+
+
 def scripted_roles() -> dict[str, ScriptedEngine]:
     """Deterministic stand-ins for every role of the pipeline (answers depend only on the
     request), for logic tests of the pipeline and runner."""
@@ -106,7 +136,7 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
             return json.dumps({"answer": "probably Sweden"})
         fused = fused_query(request)
         question = request.messages[-1].content
-        if "year" in question:
+        if "year" in question or "time or date" in question or "时间" in question:
             year = re.search(r"(?<!\d)(19|20)\d\d(?!\d)", fused)
             return year.group(0) if year else "unknown"
         if "city" in question:
@@ -144,6 +174,8 @@ def scripted_roles() -> dict[str, ScriptedEngine]:
         "summarizer": summarizer,
         "question_classifier": question_classifier,
         "nugget_builder": nugget_builder_rule,
+        "fuser": fuser_rule,
+        "blurrer": blurrer_rule,
     }
     return {role: ScriptedEngine(script, name=role) for role, script in scripts.items()}
 
@@ -158,6 +190,8 @@ SCRIPTED_ROLES = (
     "summarizer",
     "question_classifier",
     "nugget_builder",
+    "fuser",
+    "blurrer",
 )
 
 

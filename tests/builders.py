@@ -15,6 +15,8 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
+import eval.build.blur
+import eval.build.fuse
 import eval.experiment
 import tests.scripted_cts
 from configs import CONFIG_DIR
@@ -43,7 +45,8 @@ def scripted_cli(
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", roles)
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    for module in (eval.experiment, eval.build.fuse, eval.build.blur):
+        monkeypatch.setattr(module, "open_engines", scripted_engines)
     return tmp_path
 
 

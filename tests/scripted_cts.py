@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import eval.build.blur
+import eval.build.fuse
 import eval.experiment
 import slurm.submit
 from cts.cli import app
@@ -83,7 +85,8 @@ async def scripted_engines(
 
 
 if __name__ == "__main__":
-    eval.experiment.open_engines = scripted_engines  # type: ignore[assignment]
+    for module in (eval.experiment, eval.build.fuse, eval.build.blur):
+        module.open_engines = scripted_engines  # type: ignore[attr-defined]
     # Slurm jobs submitted from here run this wrapper too, so their roles are scripted as well.
     slurm.submit.cts_command = lambda: [sys.executable, "-m", "tests.scripted_cts"]
     app(prog_name="cts")

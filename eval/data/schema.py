@@ -108,6 +108,12 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def normal_form(text: str) -> str:
+    """`text` for comparing spans: width folded (NFKC: full-width Ｐｒｏ is Pro), case folded,
+    whitespace runs as one space."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
 def _typed_span(item: Any) -> bool:
     return (
         isinstance(item, dict)
@@ -124,8 +130,9 @@ class Instance(_Data):
     fused_query: str = Field(min_length=1)
     language: str = "en"
     #: The types of the constraints blurring removed. A dataset may give each as
-    #: `{type, span}`, `span` being the removed text, verbatim in the fused query and absent
-    #: from the blurred query: the types land here and the spans in `removed_spans`.
+    #: `{type, span}`, `span` being the removed text, in the fused query and absent from the
+    #: blurred query (compared in `normal_form`): the types land here, the spans in
+    #: `removed_spans`.
     removed_constraints: list[ConstraintType] = []
     #: Per removed constraint, its span ("" where the dataset gave a type only); empty when
     #: it gave types only.
@@ -158,9 +165,9 @@ class Instance(_Data):
         for n, span in enumerate(self.removed_spans):
             # `field` names the input's field in a dataset problem (eval/data/dataset.py).
             where = {"field": f"removed_constraints[{n}].span", "span": repr(span)}
-            if span and span not in self.fused_query:
+            if span and normal_form(span) not in normal_form(self.fused_query):
                 raise PydanticCustomError("removed_span", "{span} is not in fused_query", where)
-            if span and span in self.blurred_query:
+            if span and normal_form(span) in normal_form(self.blurred_query):
                 raise PydanticCustomError("removed_span", "{span} is still in blurred_query", where)
         return self
 
@@ -287,4 +294,5 @@ __all__ = [
     "Nugget",
     "Record",
     "known_language",
+    "normal_form",
 ]

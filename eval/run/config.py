@@ -22,7 +22,16 @@ from pydantic import (
     model_validator,
 )
 
-from agents import clarifier, judge, nugget_builder, question_type, rewriter, user_answerer
+from agents import (
+    blurrer,
+    clarifier,
+    fuser,
+    judge,
+    nugget_builder,
+    question_type,
+    rewriter,
+    user_answerer,
+)
 from configs import CONFIG_DIR, DEFAULT_EXPERIMENT
 from eval.data.dataset import DatasetSource
 from serving.files import cts_home
@@ -48,6 +57,8 @@ Role = Literal[
     "judge",
     "nugget_builder",
     "question_classifier",
+    "fuser",
+    "blurrer",
 ]
 Condition = Literal["blurred", "clarify@1", "clarify@2", "clarify@3", "oracle"]
 #: In the order of the study's main table.
@@ -367,6 +378,8 @@ class ResolvedExperiment(BaseModel):
             "judge": judge.SAMPLING,
             "question_classifier": question_type.SAMPLING,
             "summarizer": SUMMARIZER_SAMPLING,
+            "fuser": fuser.SAMPLING,
+            "blurrer": blurrer.SAMPLING,
         }[role]
 
     def constrained_search(self) -> bool:

@@ -137,9 +137,9 @@ def dataset_digest(instances: Sequence[Instance]) -> str:
     return h.hexdigest()
 
 
-#: Prompts no record is made with (audits of the gold): adding or editing one must not make
-#: every earlier run directory refuse to resume.
-NOT_IN_RECORDS = frozenset({"grounding.yaml"})
+#: Prompts no record is made with (the audit of the gold, building a benchmark's queries):
+#: adding or editing one must not make every earlier run directory refuse to resume.
+NOT_IN_RECORDS = frozenset({"grounding.yaml", "fuser.yaml", "blurrer.yaml"})
 
 
 def _prompt_files() -> list[tuple[str, bytes]]:

@@ -13,19 +13,21 @@ frozen config.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel
 
-from eval.data.schema import Instance
 from eval.run.config import ExperimentConfig, ResolvedExperiment
 from eval.run.fingerprint import changes, results_view
 from serving.disk import write_whole
 from serving.model_config import ModelConfig
 from serving.yaml_config import ConfigError, load_config, read_yaml
+
+T = TypeVar("T")
 
 
 class RunDirError(FileNotFoundError):
@@ -51,8 +53,10 @@ class Shard:
     def name(self) -> str:
         return f"shard-{self.index}-of-{self.count}"
 
-    def select(self, instances: list[Instance]) -> list[Instance]:
-        return [inst for i, inst in enumerate(instances) if i % self.count == self.index]
+    def select(self, items: Sequence[T]) -> list[T]:
+        """This shard's share of `items` (instances, or a benchmark build's rows): every
+        count-th from its index."""
+        return [item for i, item in enumerate(items) if i % self.count == self.index]
 
 
 class ShardError(ValueError):

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agents", "cts", "eval", "serving", "slurm", "train", "webdancer", "configs")
 #: eval's sub-packages by layer; a module directly under eval/ is layer 4.
-EVAL_LAYERS = {"data": 0, "score": 1, "run": 2, "report": 3, "audit": 3, "viewer": 3}
+EVAL_LAYERS = {"data": 0, "score": 1, "run": 2, "report": 3, "audit": 3, "viewer": 3, "build": 3}
 
 
 def _modules() -> dict[str, Path]:

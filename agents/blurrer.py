@@ -1,0 +1,84 @@
+"""The Blurrer (building a benchmark, `cts data blur`): from a fused query and the constraints
+chosen for removal, writes the vague query a user might have typed instead, the
+`blurred_query`, and says which constraints it removed. Its schema admits only the chosen
+constraints, so a removed span is always one the fused query states; whether it is really gone
+from the blurred query, and whether a user could still ask it, is checked afterwards
+(eval/build/checks.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from agents.fuser import FUSED_MAX_CHARS, StatedConstraint
+from agents.prompts import render
+from serving.engine import ChatModel
+from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
+
+
+class Blurred(BaseModel):
+    blurred_query: str
+    removed: list[StatedConstraint]
+
+
+def blurred_schema(targets: Sequence[StatedConstraint]) -> dict[str, Any]:
+    """The blurred query and the removed constraints, each one of `targets` (type and span
+    enumerated), at least one."""
+    return {
+        "type": "object",
+        "properties": {
+            "blurred_query": {"type": "string", "minLength": 5, "maxLength": FUSED_MAX_CHARS},
+            "removed": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": len(targets),
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "type": {"enum": list(dict.fromkeys(t.type for t in targets))},
+                        "span": {"enum": list(dict.fromkeys(t.span for t in targets))},
+                    },
+                    "required": ["type", "span"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["blurred_query", "removed"],
+        "additionalProperties": False,
+    }
+
+
+#: Room for the longest valid answer as JSON.
+SAMPLING = RoleSampling(max_tokens=64 + FUSED_MAX_CHARS + 3 * 120)
+
+
+def constraint_list(targets: Sequence[StatedConstraint]) -> str:
+    return "\n".join(f"- {t.type}: {t.span}" for t in targets)
+
+
+async def blur(
+    engine: ChatModel,
+    fused_query: str,
+    targets: Sequence[StatedConstraint],
+    language: str,
+    sampling: Sampling,
+) -> Blurred:
+    """`fused_query` with `targets` removed, as the model wrote it (whitespace normalised),
+    and the constraints it says it removed (each one of `targets`, duplicates dropped)."""
+    if not targets:
+        raise ValueError("blurring needs at least one constraint to remove")
+    system, user = render(
+        "blurrer", language, fused_query=fused_query, constraints=constraint_list(targets)
+    )
+    response = await engine.chat(
+        ChatRequest(
+            messages=(system, user),
+            sampling=sampling,
+            output=JsonSchemaOutput(name="blurred_query", json_schema=blurred_schema(targets)),
+        )
+    )
+    found = Blurred.model_validate(response.parsed)
+    removed = {(c.type, c.span): c for c in found.removed}
+    return Blurred(blurred_query=" ".join(found.blurred_query.split()), removed=[*removed.values()])
