@@ -1,0 +1,215 @@
+"""`cts data fuse`: a raw search log's query groups (one user's session: fragments and
+reformulations) into one intent query each, the `fused_query` of a benchmark instance, by the
+experiment's `fuser` role (agents/fuser.py), with the constraints it states and where the row
+came from (model, prompt digest, seed).
+
+The raw file is JSONL, a query a line: `{"query": ..., "group": ..., "language": ...}`. Lines
+of one `group` form one session (in file order); a line without `group` is a session of its
+own. Other fields (a timestamp, the shipped sample's `intent`) are kept out of the fuser's
+sight."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from agents import fuser
+from agents.fuser import StatedConstraint
+from agents.prompts import prompt_language
+from eval.build.store import BuildControl, BuildOutcome, BuildRow, RowStore, run_rows
+from eval.data.dataset import DatasetError
+from eval.data.schema import known_language, normal_form
+from eval.run.config import ResolvedExperiment, Role
+from eval.run.engines import open_engines
+from serving.errors import EngineError
+from serving.model_config import model_label
+from webdancer.corpus import Problem
+
+
+@dataclass(frozen=True)
+class RawGroup:
+    id: str
+    language: str
+    queries: tuple[str, ...]
+    #: The file's line of each query.
+    lines: tuple[int, ...]
+
+
+class _RawLine(BaseModel):
+    query: str
+    group: str | None = None
+    language: str = "en"
+
+
+def read_raw(path: Path) -> list[RawGroup]:
+    """The sessions of a raw query file, in the order they first appear; DatasetError naming
+    `file:line: field` for every bad line (not JSON, no query, a group of two languages)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DatasetError([Problem(str(path), None, "<file>", f"cannot read: {e}")]) from e
+    groups: dict[str, list[tuple[int, _RawLine]]] = {}
+    problems: list[Problem] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        found = _raw_line(path, n, line, problems)
+        if found is not None:
+            groups.setdefault(found.group or f"line-{n}", []).append((n, found))
+    for gid, rows in groups.items():
+        languages = {prompt_language(r.language) for _, r in rows}
+        if len(languages) > 1:
+            problems.append(
+                Problem(str(path), rows[-1][0], "language", f"group {gid!r} mixes languages")
+            )
+    if not groups and not problems:
+        problems.append(Problem(str(path), None, "<file>", "no raw query"))
+    if problems:
+        raise DatasetError(problems)
+    return [
+        RawGroup(
+            gid, rows[0][1].language, tuple(r.query for _, r in rows), tuple(n for n, _ in rows)
+        )
+        for gid, rows in groups.items()
+    ]
+
+
+def _raw_line(path: Path, n: int, line: str, problems: list[Problem]) -> _RawLine | None:
+    try:
+        data = json.loads(line)
+    except ValueError as e:
+        problems.append(Problem(str(path), n, "<line>", f"not JSON: {e}"))
+        return None
+    if not isinstance(data, dict):
+        problems.append(Problem(str(path), n, "<line>", "not a JSON object"))
+        return None
+    try:
+        raw = _RawLine.model_validate(
+            {k: data[k] for k in ("query", "group", "language") if k in data}
+        )
+    except ValidationError as e:
+        error = e.errors()[0]
+        problems.append(Problem(str(path), n, str(error["loc"][0]), error["msg"]))
+        return None
+    if not raw.query.strip():
+        problems.append(Problem(str(path), n, "query", "empty"))
+    elif not known_language(raw.language):
+        problems.append(Problem(str(path), n, "language", f"unknown language {raw.language!r}"))
+    else:
+        return raw
+    return None
+
+
+class Provenance(BaseModel):
+    """Where a built row came from."""
+
+    role: str
+    #: The role's model, as reports name it.
+    model: str
+    #: sha256 of the role's prompt file (both languages), as this version ships it.
+    prompt: str
+    seed: int
+
+
+class FusedRow(BuildRow):
+    """One line of `cts data fuse`'s output: the key is the raw group's id."""
+
+    language: str
+    raw_queries: list[str]
+    fused_query: str = ""
+    #: The constraints the fused query states, each span in it.
+    constraints: list[StatedConstraint] = Field(default_factory=list)
+    #: Constraints the model listed whose span is not in its query (dropped, kept for review).
+    dropped: list[StatedConstraint] = Field(default_factory=list)
+    provenance: Provenance
+
+
+def prompt_digest(role: str) -> str:
+    text = resources.files("agents").joinpath("prompts", f"{role}.yaml").read_bytes()
+    return hashlib.sha256(text).hexdigest()
+
+
+def provenance(resolved: ResolvedExperiment, role: Role, seed: int) -> Provenance:
+    model = model_label(resolved.experiment.roles[role].model, resolved.model_for(role).name)
+    return Provenance(role=role, model=model, prompt=prompt_digest(role), seed=seed)
+
+
+def stated(
+    query: str, constraints: list[StatedConstraint]
+) -> tuple[list[StatedConstraint], list[StatedConstraint]]:
+    """The constraints whose span is in `query` (in `normal_form`; duplicates once), and the
+    others."""
+    kept: dict[str, StatedConstraint] = {}
+    dropped = []
+    for c in constraints:
+        if normal_form(c.span) in normal_form(query):
+            kept.setdefault(normal_form(c.span), c)
+        else:
+            dropped.append(c)
+    return list(kept.values()), dropped
+
+
+async def fuse_group(
+    engine: Any, group: RawGroup, resolved: ResolvedExperiment, seed: int
+) -> FusedRow:
+    """One session fused (a failed model call is the row's error)."""
+    made = provenance(resolved, "fuser", seed)
+    row = FusedRow(
+        key=group.id, language=group.language, raw_queries=list(group.queries), provenance=made
+    )
+    sampling = resolved.sampling_for("fuser").with_seed(seed)
+    try:
+        intent = await fuser.fuse(engine, group.queries, group.language, sampling)
+    except (EngineError, ValidationError) as e:
+        return row.model_copy(update={"error": f"{type(e).__name__}: {e}"[:500]})
+    kept, dropped = stated(intent.query, intent.constraints)
+    return row.model_copy(
+        update={"fused_query": intent.query, "constraints": kept, "dropped": dropped}
+    )
+
+
+def fuse_file(
+    resolved: ResolvedExperiment, raw: Path, out: Path, control: BuildControl, seed: int = 0
+) -> tuple[BuildOutcome, int | None]:
+    """Fuse (the shard's share of) `raw`'s groups, resuming from the rows under `<out>.parts/`;
+    when every group has a row, `out` gets them all, in the file's order. Returns the outcome
+    and how many rows `out` got (None: not written yet, rows are missing)."""
+    groups = read_raw(raw)
+    store = RowStore(parts_dir(out), FusedRow)
+    by_id = {g.id: g for g in groups}
+
+    async def work() -> BuildOutcome:
+        async with open_engines(resolved, ["fuser"]) as engines:
+            engine = engines.roles["fuser"]
+            return await run_rows(
+                store,
+                list(by_id),
+                lambda key: fuse_group(engine, by_id[key], resolved, seed),
+                control,
+            )
+
+    outcome = asyncio.run(work())
+    return outcome, write_rows(store, list(by_id), out)
+
+
+def parts_dir(out: Path) -> Path:
+    """Where a step writing `out` keeps its shard files."""
+    return out.with_name(out.name + ".parts")
+
+
+def write_rows(store: RowStore[Any], keys: list[str], out: Path) -> int | None:
+    """Every key's row, in `keys`' order, into `out` once all have one (else None)."""
+    rows = store.rows()
+    if any(k not in rows for k in keys):
+        return None
+    text = "".join(rows[k].model_dump_json() + "\n" for k in keys)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return len(keys)

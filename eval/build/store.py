@@ -1,0 +1,148 @@
+"""The rows of one benchmark-building step (`cts data fuse`, `cts data blur`), kept as golden
+construction keeps its records: one JSONL file per shard under the step's folder, a line
+fsync'd as each row is done, so that a killed or preempted run resumes where it stopped and
+shards of a Slurm array write side by side. A row that failed (a model call) is kept with its
+error; `retry_failed` runs it again, and the later row counts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from eval.run.progress import ShowProgress, progress
+from eval.run.run_dir import Shard
+from serving.disk import append_line
+
+
+class BuildFileError(ValueError):
+    """A shard file line that is not a row (not a torn last line: an edited or corrupt file)."""
+
+
+class BuildRow(BaseModel):
+    """What every step's row has: its key and, when a model call failed, why."""
+
+    key: str
+    error: str | None = None
+
+
+R = TypeVar("R", bound=BuildRow)
+
+
+@dataclass(frozen=True)
+class BuildControl:
+    """How a building step goes over its rows."""
+
+    #: The progress bar's title.
+    name: str
+    shard: Shard = field(default_factory=Shard)
+    show_progress: ShowProgress = True
+    retry_failed: bool = False
+    #: Rows in flight at once.
+    concurrency: int = 4
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    #: The shard's keys, those run now (the others had rows), and of those the failed.
+    keys: int
+    ran: int
+    failed: int
+
+
+class RowStore(Generic[R]):
+    def __init__(self, root: Path, row: type[R]) -> None:
+        self.root = root
+        self.row = row
+        self._lock = threading.Lock()
+
+    def path(self, shard: Shard) -> Path:
+        return self.root / f"{shard.name}.jsonl"
+
+    def append(self, row: R, shard: Shard) -> None:
+        with self._lock:
+            append_line(self.path(shard), (row.model_dump_json() + "\n").encode())
+
+    def _read(self, path: Path) -> tuple[list[R], int]:
+        """The rows of one file and the bytes its complete lines take (a torn last line, a
+        crash mid-write, is left out)."""
+        data = path.read_bytes()
+        rows, complete = [], len(data)
+        for n, line in enumerate(data.splitlines(keepends=True), 1):
+            if not line.endswith(b"\n"):
+                complete -= len(line)
+                break
+            try:
+                rows.append(self.row.model_validate_json(line))
+            except ValidationError as e:
+                problem = e.errors()[0]
+                where = ".".join(str(x) for x in problem["loc"])
+                raise BuildFileError(
+                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — not a row; "
+                    "fix or remove the line, then run again"
+                ) from None
+        return rows, complete
+
+    def repair(self, shard: Shard) -> None:
+        """Cut a torn last line off the shard's own file before appending to it."""
+        path = self.path(shard)
+        if path.is_file():
+            complete = self._read(path)[1]
+            if complete < path.stat().st_size:
+                with self._lock, path.open("r+b") as f:
+                    f.truncate(complete)
+
+    def rows(self) -> dict[str, R]:
+        """The row that counts for each key, over every shard file: a later row over an
+        earlier failure, never a failure over a finished row."""
+        done: dict[str, R] = {}
+        for path in sorted(self.root.glob("shard-*.jsonl")):
+            for row in self._read(path)[0]:
+                earlier = done.get(row.key)
+                if earlier is None or earlier.error is not None or row.error is None:
+                    done[row.key] = row
+        return done
+
+    def to_run(self, keys: list[str], shard: Shard, retry_failed: bool) -> list[str]:
+        """The shard's keys that have no row yet (with `retry_failed`, also those that failed)."""
+        done = self.rows()
+        return [
+            k
+            for k in shard.select(keys)
+            if k not in done or (retry_failed and done[k].error is not None)
+        ]
+
+
+async def run_rows(
+    store: RowStore[R],
+    keys: list[str],
+    work: Callable[[str], Awaitable[R]],
+    control: BuildControl,
+) -> BuildOutcome:
+    """Run `work` for each of the shard's keys still to run, `concurrency` at a time, each row
+    appended as it is done; a progress bar or log lines as `show_progress` says."""
+    shard = control.shard
+    store.repair(shard)
+    todo = store.to_run(keys, shard, control.retry_failed)
+    mine = len(shard.select(keys))
+    gate = asyncio.Semaphore(control.concurrency)
+    failed = 0
+    async with progress(
+        control.name, mine, mine - len(todo), control.show_progress, "rows"
+    ) as done:
+
+        async def one(key: str) -> None:
+            nonlocal failed
+            async with gate:
+                row = await work(key)
+            store.append(row, shard)
+            failed += row.error is not None
+            done(row.error is not None)
+
+        await asyncio.gather(*(one(k) for k in todo))
+    return BuildOutcome(keys=mine, ran=len(todo), failed=failed)

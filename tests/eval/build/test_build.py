@@ -1,0 +1,213 @@
+"""`cts data fuse` and `cts data blur` on scripted engines: the shipped raw queries through
+fuse → blur → golden build → `cts run`, shards and resume, bad input, and the plan's draw."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agents.fuser import StatedConstraint
+from eval.build.blur import BlurError, BlurPlan, FusedQuery, draw_targets, parse_mix
+from eval.build.checks import overlaps
+from eval.build.fuse import read_raw
+from eval.data.dataset import SAMPLE_DIR, DatasetError, DatasetSource, load_instances
+from serving.errors import EngineError
+from serving.scripted import ScriptedEngine, scripted_roles
+from tests.builders import cts, scripted_cli
+
+RAW = SAMPLE_DIR / "raw_queries.jsonl"
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return scripted_cli(tmp_path, monkeypatch, scripted_roles)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def fuse_and_blur(root: Path, *blur_args: str) -> Path:
+    fused, blurred = root / "fused.jsonl", root / "blurred.jsonl"
+    result = cts("data", "fuse", str(RAW), "--out", str(fused))
+    assert result.exit_code == 0, result.output
+    assert f"32 fused queries in {fused}" in result.output
+    result = cts("data", "blur", str(fused), "--out", str(blurred), *blur_args)
+    assert result.exit_code == 0, result.output
+    return blurred
+
+
+def test_the_shipped_raw_queries_become_a_benchmark_that_runs(cli: Path) -> None:
+    blurred = fuse_and_blur(cli, "--per-query", "2")
+    fused = lines(cli / "fused.jsonl")
+    assert [f["key"] for f in fused][:2] == ["raw-en-01", "raw-en-02"]
+    assert all(
+        f["provenance"]["role"] == "fuser" and len(f["provenance"]["prompt"]) == 64 for f in fused
+    )
+    for f in fused:  # every stated span is in its fused query
+        assert all(c["span"] in f["fused_query"] for c in f["constraints"])
+    summary = json.loads((cli / "blurred.summary.json").read_text())
+    accepted, rejects = lines(blurred), lines(cli / "blurred.rejects.jsonl")
+    v = summary["variants"]
+    assert v["accepted"] == len(accepted) > 0 and v["rejected"] == len(rejects) > 0
+    assert v["n"] == len(accepted) + len(rejects) and v["failed"] == 0
+    assert sum(summary["reasons"].values()) >= len(rejects)
+    assert all(r["rejected"] for r in rejects)
+    # Accepted rows are instances whose spans were removed and recovered.
+    instances = load_instances(DatasetSource(path=str(blurred)))
+    assert len(instances) == len(accepted)
+    for row, instance in zip(accepted, instances, strict=True):
+        assert instance.removed_spans and instance.removed_spans[0] not in instance.blurred_query
+        recovery = row["meta"]["recovery"][0]
+        assert recovery["from_blurred"] == "unknown"
+        assert overlaps(recovery["from_fused"], recovery["span"])
+    assert summary["mix"]["n_removed"] == len(accepted)
+    assert summary["mix"]["asked"]["time"] == 0.3
+    # Then golden construction and a run, as on any dataset.
+    golden, run = cli / "golden", cli / "run"
+    result = cts(
+        "golden",
+        "build",
+        "--set",
+        f"dataset.path={blurred}",
+        "--set",
+        "dataset.split=null",
+        "--output-dir",
+        str(golden),
+    )
+    assert result.exit_code == 0, result.output
+    result = cts(
+        "run",
+        "--set",
+        f"dataset.path={golden / 'dataset.jsonl'}",
+        "--set",
+        "dataset.split=null",
+        "--output-dir",
+        str(run),
+    )
+    assert result.exit_code == 0, result.output
+    assert (run / "summary.json").is_file()
+
+
+def test_shards_write_side_by_side_and_the_last_writes_what_one_run_writes(
+    cli: Path, tmp_path: Path
+) -> None:
+    whole = fuse_and_blur(cli)
+    sharded = tmp_path / "sharded"
+    fused = cli / "fused.jsonl"
+    out = sharded / "blurred.jsonl"
+    first = cts("data", "blur", str(fused), "--out", str(out), "--shard", "0/2")
+    assert first.exit_code == 0 and "rows of other shards are missing" in first.output
+    assert not out.exists()
+    second = cts("data", "blur", str(fused), "--out", str(out), "--shard", "1/2")
+    assert second.exit_code == 0, second.output
+    assert out.read_text() == whole.read_text()
+    again = cts("data", "blur", str(fused), "--out", str(out))
+    assert "0 rows done now" in again.output
+    assert out.read_text() == whole.read_text()
+
+
+def test_a_resume_with_other_settings_is_refused(cli: Path) -> None:
+    fuse_and_blur(cli)
+    result = cts(
+        "data",
+        "blur",
+        str(cli / "fused.jsonl"),
+        "--out",
+        str(cli / "blurred.jsonl"),
+        "--mix",
+        "time=1",
+    )
+    assert result.exit_code == 2
+    assert "blurred before with other mix" in result.output
+
+
+def test_a_failed_model_call_is_kept_and_retried(
+    cli: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    roles = scripted_roles()
+    good = roles["blurrer"].script
+    failing = {"on": True}
+
+    def flaky(request):  # type: ignore[no-untyped-def]
+        return EngineError("the blurrer timed out") if failing["on"] else good(request)
+
+    roles["blurrer"] = ScriptedEngine(flaky, name="blurrer")
+    monkeypatch.setattr("tests.scripted_cts.scripted_roles", lambda: roles)
+    fused, out = cli / "fused.jsonl", cli / "blurred.jsonl"
+    assert cts("data", "fuse", str(RAW), "--out", str(fused)).exit_code == 0
+    first = cts("data", "blur", str(fused), "--out", str(out))
+    assert first.exit_code == 0 and "failed 0" not in first.output
+    summary = json.loads((cli / "blurred.summary.json").read_text())
+    assert summary["variants"]["failed"] == summary["variants"]["n"] > 0
+    assert summary["reasons"] == {"model_error": summary["variants"]["n"]}
+    failing["on"] = False
+    again = cts("data", "blur", str(fused), "--out", str(out), "--retry-failed")
+    assert again.exit_code == 0, again.output
+    assert json.loads((cli / "blurred.summary.json").read_text())["variants"]["failed"] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('{"query": "a"}\nnot json\n', ":2: <line>: not JSON"),
+        ('{"group": "g"}\n', ":1: query: Field required"),
+        ('{"query": "  "}\n', ":1: query: empty"),
+        ('{"query": "a", "language": "xx-bad-"}\n', ":1: language: unknown language"),
+        (
+            '{"query": "a", "group": "g"}\n{"query": "乙", "group": "g", "language": "zh"}\n',
+            ":2: language: group 'g' mixes languages",
+        ),
+        ("\n", ": <file>: no raw query"),
+    ],
+)
+def test_a_bad_raw_file_names_the_line_and_field(tmp_path: Path, text: str, where: str) -> None:
+    path = tmp_path / "raw.jsonl"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DatasetError) as raised:
+        read_raw(path)
+    assert any(str(p).startswith(str(path)) and where in str(p) for p in raised.value.problems), (
+        raised.value
+    )
+
+
+def test_raw_groups_keep_their_order_and_a_line_without_group_is_its_own() -> None:
+    groups = read_raw(RAW)
+    assert len(groups) == 32 and sum(g.language == "zh" for g in groups) == 16
+    assert groups[0].id == "raw-en-01" and len(groups[0].queries) == 3
+    assert groups[0].lines == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("time=x", "not a number"),
+        ("when=1", "unknown type"),
+        ("time=0", "no type"),
+        ("time=-1", "at least 0"),
+    ],
+)
+def test_a_bad_mix_is_refused(text: str, message: str) -> None:
+    with pytest.raises(BlurError, match=message):
+        parse_mix(text)
+
+
+def test_the_draw_follows_the_mix_and_never_removes_one_constraint_twice() -> None:
+    row = FusedQuery(
+        key="q",
+        fused_query="Ostreby grant 2024 for two-bedroom homes",
+        constraints=[
+            StatedConstraint(type="time", span="2024"),
+            StatedConstraint(type="region", span="Ostreby"),
+            StatedConstraint(type="scope", span="two-bedroom"),
+        ],
+    )
+    plan = BlurPlan(mix={"time": 1.0, "region": 1.0}, per_query=3)
+    variants = draw_targets(row, plan)
+    assert len(variants) == 2  # scope has no weight: two variants, not three
+    assert {v[0].type for v in variants} == {"time", "region"}
+    assert draw_targets(row, plan) == variants  # the same plan draws the same
+    assert draw_targets(row, BlurPlan(mix={"time": 1.0, "region": 1.0}, remove=2))[0] != []
+    assert draw_targets(row, BlurPlan(mix={"scope": 1.0}, remove=2)) == []
