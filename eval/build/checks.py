@@ -6,6 +6,8 @@ User Answerer:
 - `span_still_in_blurred`: a removed span is still in the blurred query;
 - `empty`, `unchanged`, `too_short`: no query, the fused query itself, under three units (words,
   or CJK characters);
+- `rewritten`: under half of its units are the fused query's (blurring removes, it does not
+  write another query);
 - `dangling`: words left where a span was: a preposition or particle at the end ("…during?",
   "…在？"), one that now runs into what followed the span ("in for students"), a leading 的,
   space before punctuation or doubled punctuation;
@@ -35,6 +37,7 @@ REASONS: dict[str, str] = {
     "empty": "the blurred query is empty",
     "unchanged": "the blurred query is the fused query",
     "too_short": "the blurred query has under three words (CJK: characters)",
+    "rewritten": "under half the blurred query's words are the fused query's",
     "dangling": "words are left where a removed span was",
     "not_recoverable": "the User Answerer, knowing the fused query, does not give the span",
     "leaks": "the User Answerer, knowing only the blurred query, still answers",
@@ -88,8 +91,12 @@ def question_rejections(
     if normal_form(text) == normal_form(fused_query):
         return [Rejection("unchanged", text)]
     found = []
-    if len(_units(text)) < 3:
+    units = _units(normal_form(text))
+    if len(units) < 3:
         found.append(Rejection("too_short", text))
+    kept = set(_units(normal_form(fused_query)))
+    if units and sum(u in kept for u in units) < len(units) / 2:
+        found.append(Rejection("rewritten", text))
     found += [Rejection("dangling", why) for why in _dangling(fused_query, text, removed)]
     return found
 

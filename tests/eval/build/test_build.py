@@ -10,7 +10,7 @@ import pytest
 
 from agents.fuser import StatedConstraint
 from eval.build.blur import BlurError, BlurPlan, FusedQuery, draw_targets, parse_mix
-from eval.build.checks import overlaps
+from eval.build.checks import REASONS, overlaps
 from eval.build.fuse import read_raw
 from eval.data.dataset import SAMPLE_DIR, DatasetError, DatasetSource, load_instances
 from serving.errors import EngineError
@@ -211,3 +211,42 @@ def test_the_draw_follows_the_mix_and_never_removes_one_constraint_twice() -> No
     assert draw_targets(row, plan) == variants  # the same plan draws the same
     assert draw_targets(row, BlurPlan(mix={"time": 1.0, "region": 1.0}, remove=2))[0] != []
     assert draw_targets(row, BlurPlan(mix={"scope": 1.0}, remove=2)) == []
+
+
+@pytest.mark.slow
+def test_the_tiny_model_fuses_and_blurs_and_every_row_is_accounted_for(tmp_path: Path) -> None:
+    """On the real tiny model (configs/experiments/build.yaml): it cannot do either task well,
+    so this checks the path, not the quality: every row ends fused, accepted or rejected with
+    a known reason, never lost."""
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(RAW.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
+    result = cts("data", "fuse", str(raw), "--out", str(tmp_path / "fused.jsonl"))
+    assert result.exit_code == 0, result.output
+    [row] = lines(tmp_path / "fused.jsonl")
+    assert row["error"] is None and row["fused_query"]
+    assert row["provenance"]["model"] == "smollm2-135m-instruct"
+    fused = tmp_path / "given.jsonl"
+    fused.write_text(
+        json.dumps(
+            {
+                "key": "q-zh",
+                "language": "zh",
+                "fused_query": "溪川市2025年公租房申请的收入标准是多少？",
+                "constraints": [
+                    {"type": "time", "span": "2025年"},
+                    {"type": "region", "span": "溪川市"},
+                ],
+            },
+            ensure_ascii=False,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "blurred.jsonl"
+    result = cts("data", "blur", str(fused), "--out", str(out), "--per-query", "2")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "blurred.summary.json").read_text())
+    v = summary["variants"]
+    assert v["n"] == 2 and v["accepted"] + v["rejected"] + v["failed"] == 2
+    assert set(summary["reasons"]) <= set(REASONS)
+    assert len(lines(out)) == v["accepted"]

@@ -82,6 +82,8 @@ def test_spans_compare_folded_for_width_case_and_whitespace() -> None:
         (FUSED + "  ", "unchanged"),
         ("Night trains?", "too_short"),
         ("夜车？", "too_short"),
+        ("2025, 2022, 2023, 2024, 2026, 2027, 2028?", "rewritten"),
+        ("How do I cook pasta at home tonight?", "rewritten"),
     ],
 )
 def test_a_blurred_query_that_is_no_question_is_rejected(blurred: str, reason: str) -> None:
