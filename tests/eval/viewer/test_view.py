@@ -728,7 +728,16 @@ def test_the_viewer_in_chromium(driver, viewer_url, browsed_run, tmp_path):
     assert text_of(driver, "section.part h3").count("Search trace") == 1
     driver.save_screenshot(str(tmp_path / "sample.png"))
 
-    # Side by side: the same key in the other run (the default), then another condition.
+    compare_side_by_side(driver, tmp_path)
+    failure_and_markup(driver, viewer_url, records, tmp_path)
+    assert all((tmp_path / f).stat().st_size > 1000 for f in ("index.png", "sample.png"))
+
+
+def compare_side_by_side(driver: Any, tmp_path: Path) -> None:
+    """From a sample: the same key in the other run (the default), then another condition."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
     sample_url = driver.current_url
     driver.execute_script("document.body.dataset.rendered = ''")
     driver.find_element(By.ID, "compare-go").click()
@@ -750,6 +759,11 @@ def test_the_viewer_in_chromium(driver, viewer_url, browsed_run, tmp_path):
     assert len(driver.find_elements(By.CSS_SELECTOR, ".side-by-side .column .dialogue")) == 1
     driver.save_screenshot(str(tmp_path / "compare-conditions.png"))
 
+
+def failure_and_markup(driver: Any, viewer_url: str, records: dict, tmp_path: Path) -> None:
+    """A failed key's page, and markup in a record shown as text."""
+    from selenium.webdriver.common.by import By
+
     # A failure, with its stage and message.
     key = next(r for r in records.values() if r.error is not None)
     navigate(driver, viewer_url + sample_hash(key), "sample")
@@ -768,7 +782,6 @@ def test_the_viewer_in_chromium(driver, viewer_url, browsed_run, tmp_path):
     assert text_of(driver, "#answer mark") == "It lasts 7.5 hours per charge"
     assert "7.5 hours quoted" in text_of(driver, ".page .evidence")
     driver.save_screenshot(str(tmp_path / "sample-markup.png"))
-    assert all((tmp_path / f).stat().st_size > 1000 for f in ("index.png", "sample.png"))
 
 
 def sample_hash(record: Record) -> str:
