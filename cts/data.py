@@ -241,10 +241,46 @@ def data_stats(
         typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
         return
     for name, stats in report.items():
-        table = Table("statistic", "value", title=f"{path} · {name}")
-        for key, value in stats.items():
-            table.add_row(key, json.dumps(value, ensure_ascii=False))
-        output_console().print(table)
+        _print_stats(f"{path} · {name}", stats)
+
+
+def _print_stats(title: str, stats: dict[str, Any]) -> None:
+    """One dataset's statistics as a table, then its removed spans' lengths when it records
+    spans (a row of JSON would hide which n each figure stands on)."""
+    table = Table("statistic", "value", title=title)
+    for key, value in stats.items():
+        table.add_row(key, _spans_cell(value) if key == "removed_spans" else _json(value))
+    output_console().print(table)
+    lengths = stats.get("removed_spans", {}).get("span_units", {})
+    if lengths:
+        spans = Table(
+            "language",
+            "spans (n)",
+            "min",
+            "median",
+            "mean",
+            "max",
+            title=f"{title} · removed span length (units: a word, or one CJK character)",
+        )
+        for language, found in lengths.items():
+            cells = (found[k] for k in ("n", "min", "median", "mean", "max"))
+            spans.add_row(language, *(f"{c:g}" for c in cells))
+        output_console().print(spans)
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _spans_cell(spans: dict[str, Any]) -> str:
+    """How many removed constraints record their span, of all of them."""
+    with_span = spans["with_span"]
+    if not with_span["count"]:
+        return f"no spans recorded (0 of {with_span['n']} removed constraints)"
+    return (
+        f"{with_span['count']} of {with_span['n']} removed constraints have a span "
+        f"({100 * with_span['share']:.0f}%; lengths below)"
+    )
 
 
 command(app, "fuse")(build.fuse)

@@ -39,7 +39,9 @@ JOB_HELP = (
     "then pairs and fit on --fit-gpus GPUs (--config is then a train config). train-loop: `cts "
     "train loop` as a chain of jobs, each after the one before succeeded: the base clarifier's "
     "evaluation per shard and its table, then per iteration the sampling per shard, the fit "
-    "(--fit-gpus), the evaluation per shard and the table so far."
+    "(--fit-gpus), the evaluation per shard and the table so far. fuse, blur: `cts data fuse` or "
+    "`cts data blur` per shard with the arguments after -- (e.g. -- FUSED --out F --per-query 2; "
+    "--config defaults to `build`), then the same command once more, which writes F."
 )
 
 
@@ -122,6 +124,9 @@ def submit_command(
     ready_timeout: float | None = _SUBMIT_READY_TIMEOUT,
     sbatch_arg: list[str] = _SUBMIT_SBATCH_ARG,
     dry_run: bool = _SUBMIT_DRY_RUN,
+    build_args: list[str] = typer.Argument(
+        None, help="--job fuse|blur: that command's arguments, after --.", show_default=False
+    ),
 ) -> None:
     """Submit an array job and a final job that waits for it (afterok).
 
@@ -145,7 +150,9 @@ def submit_command(
         fit_gpus=fit_gpus,
         ready_timeout_s=ready_timeout,
     )
-    planned, name = plan_job(job, config, set_, output_dir, options, source, iterations)
+    planned, name = plan_job(
+        job, config, set_, output_dir, options, source, iterations, build_args or ()
+    )
     chain = submit_chain(planned, name, options, dry_run=dry_run)
     for done in chain:
         for which, line in done.commands.items():

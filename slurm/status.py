@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.build.store import BUILD_STEPS, BuildFileError, BuildRow, RowStore
 from eval.data.dataset import load_instances
 from eval.run.config import load_experiment
 from eval.run.run_dir import RunDir, Shard
@@ -76,6 +77,8 @@ class ShardProgress:
 
 def shard_progress(submission: dict[str, Any]) -> list[ShardProgress]:
     """Records done, expected and failed for each shard (job states are filled in later)."""
+    if submission["kind"] in BUILD_STEPS:
+        return _build_progress(submission)
     # The frozen experiment of the submission (RunDir.freeze): the dataset the shards cover.
     if submission["keys_per_instance"] is None:
         # A chain's step: the run's own config, written when its run starts.
@@ -103,6 +106,27 @@ def shard_progress(submission: dict[str, Any]) -> list[ShardProgress]:
         failed = sum(1 for r in records.values() if r.error is not None)
         rows.append(ShardProgress(shard, len(records), expected, failed, None))
     return rows
+
+
+def _build_progress(submission: dict[str, Any]) -> list[ShardProgress]:
+    """A fuse or blur job's rows per shard, against the keys its first task wrote (none
+    before that)."""
+    store = RowStore(Path(str(submission["records_dir"])), BuildRow)
+    keys = store.read_keys()
+    if keys is None:
+        return []
+    try:
+        rows = store.rows()
+    except BuildFileError as e:
+        return [ShardProgress(Shard(0, 1), 0, len(keys), 0, None, str(e))]
+    shards = int(submission["shards"])
+    found = []
+    for index in range(shards):
+        shard = Shard(index, shards)
+        mine = [rows[k] for k in shard.select(keys) if k in rows]
+        failed = sum(r.error is not None for r in mine)
+        found.append(ShardProgress(shard, len(mine), len(shard.select(keys)), failed, None))
+    return found
 
 
 def status(run_dir: Path) -> tuple[dict[str, Any], list[ShardProgress], JobState | None]:

@@ -22,13 +22,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import yaml
 
+from eval.build.fuse import parts_dir
+from eval.build.store import BUILD_STEPS
 from eval.rejudge import rejudge_experiment
 from eval.run.config import ResolvedExperiment, load_experiment
 from eval.run.run_dir import RunDir, frozen_experiment
@@ -196,7 +199,7 @@ class Job:
     $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`), then final commands that start only when
     every task succeeded (afterok)."""
 
-    kind: Literal["eval", "golden", "rejudge", "train", "train-loop"]
+    kind: Literal["eval", "golden", "rejudge", "train", "train-loop", "fuse", "blur"]
     run_dir: Path
     #: What the array and the final job are called in messages and job names.
     array_title: str
@@ -329,6 +332,60 @@ def rejudge_job(
     )
 
 
+#: What a building job (`cts data fuse|blur`, with the arguments given after `--`) sets itself.
+_SET_BY_SUBMIT = ("--shard", "--config", "-c", "--set", "--serve", "--endpoints")
+
+
+def _build_out(kind: str, args: Sequence[str]) -> Path:
+    """The `--out` of a `cts data fuse|blur` argument list; SlurmOptionError without one, or
+    with an option the job sets itself."""
+    taken = [a for a in args if a.split("=", 1)[0] in _SET_BY_SUBMIT]
+    if taken:
+        raise SlurmOptionError(
+            f"--job {kind}: {', '.join(taken)} after -- : the job sets it (give --config and "
+            "--set to cts slurm submit)"
+        )
+    for i, arg in enumerate(args):
+        if arg.startswith("--out="):
+            return Path(arg.split("=", 1)[1]).resolve()
+        if arg == "--out" and i + 1 < len(args):
+            return Path(args[i + 1]).resolve()
+    raise SlurmOptionError(
+        f"--job {kind}: give the command's arguments after --, e.g. -- FILE --out OUT"
+    )
+
+
+def build_job(
+    kind: Literal["fuse", "blur"],
+    resolved: ResolvedExperiment,
+    args: Sequence[str],
+    options: SlurmOptions,
+    slurm_dir: Path | None = None,
+) -> Job:
+    """`cts data fuse|blur ARGS` per shard (rows into OUT.parts/), then the same command
+    unsharded: nothing is left to run, so it serves nothing and writes OUT (and, for blur, the
+    rejects and the summary)."""
+    run_dir = parts_dir(_build_out(kind, args))
+    slurm_dir = slurm_dir or RunDir(run_dir).slurm
+    frozen = slurm_dir / "experiment.yaml"
+    command = ["data", kind, *args, "--config", str(frozen)]
+    return Job(
+        kind=kind,
+        run_dir=run_dir,
+        array_title=f"{kind} rows",
+        final_title=f"{kind} output",
+        array_args=[*command, *_serve_args(options)],
+        final_args=[command],
+        final_template="merge.sbatch",
+        records_dir=run_dir,
+        experiment_file=frozen,
+        keys_per_instance=1,
+        slurm_dir=slurm_dir,
+        frozen={frozen.name: _frozen_text(resolved, run_dir)},
+        relocate=lambda d: build_job(kind, resolved, args, options, d),
+    )
+
+
 def _freeze_train(
     train: TrainConfig, run_dir: Path, slurm_dir: Path
 ) -> tuple[TrainConfig, dict[str, str], ResolvedExperiment]:
@@ -452,7 +509,7 @@ def train_loop_jobs(
     return jobs, train.name
 
 
-KINDS = ("eval", "golden", "rejudge", "train", "train-loop")
+KINDS = ("eval", "golden", "rejudge", "train", "train-loop", *BUILD_STEPS)
 
 
 def plan_job(
@@ -463,12 +520,24 @@ def plan_job(
     options: SlurmOptions,
     source: Path | None = None,
     iterations: int | None = None,
+    build_args: Sequence[str] = (),
 ) -> tuple[list[Job], str]:
     """The jobs to submit (one, or a train loop's chain) and their name;
     SlurmOptionError/ConfigError for a bad kind or config. `source` is the run a `rejudge` job
-    judges again (its --output-dir is required); `iterations` a train loop's count."""
+    judges again (its --output-dir is required); `iterations` a train loop's count;
+    `build_args` a fuse or blur job's command arguments."""
     if kind not in KINDS:
         raise SlurmOptionError(f"--job {kind!r}: expected {', '.join(KINDS)}")
+    if bool(build_args) != (kind in BUILD_STEPS):
+        raise SlurmOptionError(
+            "arguments after -- are a --job fuse or blur command's own (e.g. -- FILE --out OUT)"
+        )
+    if kind == "fuse" or kind == "blur":
+        kind = cast(Literal["fuse", "blur"], kind)
+        if output_dir is not None:
+            raise SlurmOptionError(f"--job {kind}: its output is the --out after --")
+        resolved = load_experiment(config or "build", overrides)
+        return [build_job(kind, resolved, build_args, options)], resolved.experiment.name
     if (source is not None) != (kind == "rejudge"):
         raise SlurmOptionError(
             "--source names the run a rejudge job judges again: give it with --job rejudge only"

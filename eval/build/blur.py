@@ -12,7 +12,8 @@ import asyncio
 import json
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -327,16 +328,15 @@ def blur_file(
     rows = planned_rows(resolved, fused, plan)
     store = RowStore(folder, BlurredRow)
 
-    async def work() -> BuildOutcome:
+    @asynccontextmanager
+    async def blurring() -> AsyncIterator[Callable[[str], Awaitable[BlurredRow]]]:
         async with open_engines(resolved, ["blurrer", "user_answerer"]) as engines:
             roles = BlurRoles(
                 engines.roles["blurrer"], engines.roles["user_answerer"], resolved, plan.seed
             )
-            return await run_rows(
-                store, list(rows), lambda key: blur_one(roles, rows[key]), control
-            )
+            yield lambda key: blur_one(roles, rows[key])
 
-    outcome = asyncio.run(work())
+    outcome = asyncio.run(run_rows(store, list(rows), blurring, control))
     done = store.rows()
     if any(k not in done for k in rows):
         return BlurResult(outcome, None)

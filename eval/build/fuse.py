@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -185,17 +187,13 @@ def fuse_file(
     store = RowStore(parts_dir(out), FusedRow)
     by_id = {g.id: g for g in groups}
 
-    async def work() -> BuildOutcome:
+    @asynccontextmanager
+    async def fusing() -> AsyncIterator[Callable[[str], Awaitable[FusedRow]]]:
         async with open_engines(resolved, ["fuser"]) as engines:
             engine = engines.roles["fuser"]
-            return await run_rows(
-                store,
-                list(by_id),
-                lambda key: fuse_group(engine, by_id[key], resolved, seed),
-                control,
-            )
+            yield lambda key: fuse_group(engine, by_id[key], resolved, seed)
 
-    outcome = asyncio.run(work())
+    outcome = asyncio.run(run_rows(store, list(by_id), fusing, control))
     return outcome, write_rows(store, list(by_id), out)
 
 

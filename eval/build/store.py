@@ -7,8 +7,10 @@ error; `retry_failed` runs it again, and the later row counts."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -17,7 +19,10 @@ from pydantic import BaseModel, ValidationError
 
 from eval.run.progress import ShowProgress, progress
 from eval.run.run_dir import Shard
-from serving.disk import append_line
+from serving.disk import append_line, write_whole
+
+#: The building steps, as `cts data` and `cts slurm submit --job` name them.
+BUILD_STEPS = ("fuse", "blur")
 
 
 class BuildFileError(ValueError):
@@ -108,6 +113,18 @@ class RowStore(Generic[R]):
                     done[row.key] = row
         return done
 
+    @property
+    def keys_file(self) -> Path:
+        """Every key of the step, in order: what `cts slurm status` counts shards against."""
+        return self.root / "keys.json"
+
+    def write_keys(self, keys: list[str]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_whole(self.keys_file, json.dumps(keys, ensure_ascii=False))
+
+    def read_keys(self) -> list[str] | None:
+        return json.loads(self.keys_file.read_text("utf-8")) if self.keys_file.is_file() else None
+
     def to_run(self, keys: list[str], shard: Shard, retry_failed: bool) -> list[str]:
         """The shard's keys that have no row yet (with `retry_failed`, also those that failed)."""
         done = self.rows()
@@ -118,23 +135,31 @@ class RowStore(Generic[R]):
         ]
 
 
+#: Opens what the rows need (the engines) for a block, and gives the function that makes a key's
+#: row.
+OpenWork = Callable[[], AbstractAsyncContextManager[Callable[[str], Awaitable[R]]]]
+
+
 async def run_rows(
-    store: RowStore[R],
-    keys: list[str],
-    work: Callable[[str], Awaitable[R]],
-    control: BuildControl,
+    store: RowStore[R], keys: list[str], open_work: OpenWork[R], control: BuildControl
 ) -> BuildOutcome:
-    """Run `work` for each of the shard's keys still to run, `concurrency` at a time, each row
-    appended as it is done; a progress bar or log lines as `show_progress` says."""
+    """Run the shard's keys that have no row yet, `concurrency` at a time, each row appended
+    as it is done; a progress bar or log lines as `show_progress` says. Nothing is opened when
+    nothing is left to run: the unsharded pass after a Slurm array only writes the output."""
     shard = control.shard
     store.repair(shard)
+    store.write_keys(keys)
     todo = store.to_run(keys, shard, control.retry_failed)
     mine = len(shard.select(keys))
+    if not todo:
+        return BuildOutcome(keys=mine, ran=0, failed=0)
     gate = asyncio.Semaphore(control.concurrency)
     failed = 0
-    async with progress(
-        control.name, mine, mine - len(todo), control.show_progress, "rows"
-    ) as done:
+    show = control.show_progress
+    async with (
+        open_work() as work,
+        progress(control.name, mine, mine - len(todo), show, "rows") as done,
+    ):
 
         async def one(key: str) -> None:
             nonlocal failed

@@ -327,3 +327,37 @@ def test_a_train_loop_runs_as_a_chain_of_jobs(tmp_path, tiny_path):
     )
     table = cts("slurm", "status", str(run_dir))
     assert "iteration 1 sampling → iteration 1 fit" in table.stdout, table.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_blur_job_blurs_in_shards_then_writes_what_one_run_writes(tmp_path):
+    """`cts slurm submit --job blur -- FUSED --out OUT`: two array tasks write their rows, the
+    final job writes the instances, rejects and summary (serving and running nothing); equal
+    to an unsharded `cts data blur`; `cts slurm status` counts the rows. Scripted engines."""
+    cluster_up()
+    fused = tmp_path / "fused.jsonl"
+    raw = ROOT / "eval" / "sample_data" / "raw_queries.jsonl"
+    home = {"CTS_HOME": str(tmp_path / "home")}
+    assert cts("data", "fuse", str(raw), "--out", str(fused), scripted=True, **home).returncode == 0
+    whole = tmp_path / "whole" / "blurred.jsonl"
+    blur = ["--per-query", "2", "--seed", "3"]
+    done = cts("data", "blur", str(fused), "--out", str(whole), *blur, scripted=True, **home)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "sharded" / "blurred.jsonl"
+    result = cts(
+        "slurm", "submit", "--job", "blur", "--shards", "2", *TASK, "--",
+        str(fused), "--out", str(out), *blur, scripted=True, **home,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("submitted blur rows job"))
+    wait_for(re.findall(r"job (\d+)", line), 600)
+    for name in ("blurred.jsonl", "blurred.rejects.jsonl", "blurred.summary.json"):
+        assert (out.parent / name).read_text() == (whole.parent / name).read_text(), name
+    status = slurm_status(out.with_name(out.name + ".parts"))
+    rows = sum(1 for _ in whole.open()) + sum(
+        1 for _ in whole.with_name("blurred.rejects.jsonl").open()
+    )
+    assert status["kind"] == "blur"
+    assert sum(s["records"] for s in status["shards"]) == rows, status
+    assert all(s["records"] == s["expected"] for s in status["shards"]), status
