@@ -14,7 +14,7 @@ import random
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +89,7 @@ class BlurPlan:
     seed: int = 0
 
     def document(self) -> dict[str, Any]:
-        return {
-            "mix": self.mix,
-            "per_query": self.per_query,
-            "remove": self.remove,
-            "seed": self.seed,
-        }
+        return asdict(self)
 
 
 class FusedQuery(BaseModel):

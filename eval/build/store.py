@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from eval.run.progress import ShowProgress, progress
 from eval.run.run_dir import Shard
+from eval.run.runner import parse_jsonl
 from serving.disk import append_line, write_whole
 
 #: The building steps, as `cts data` and `cts slurm submit --job` name them.
@@ -74,24 +75,8 @@ class RowStore(Generic[R]):
             append_line(self.path(shard), (row.model_dump_json() + "\n").encode())
 
     def _read(self, path: Path) -> tuple[list[R], int]:
-        """The rows of one file and the bytes its complete lines take (a torn last line, a
-        crash mid-write, is left out)."""
-        data = path.read_bytes()
-        rows, complete = [], len(data)
-        for n, line in enumerate(data.splitlines(keepends=True), 1):
-            if not line.endswith(b"\n"):
-                complete -= len(line)
-                break
-            try:
-                rows.append(self.row.model_validate_json(line))
-            except ValidationError as e:
-                problem = e.errors()[0]
-                where = ".".join(str(x) for x in problem["loc"])
-                raise BuildFileError(
-                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — not a row; "
-                    "fix or remove the line, then run again"
-                ) from None
-        return rows, complete
+        """The rows of one file and the bytes its complete lines take."""
+        return parse_jsonl(path, path.read_bytes(), self.row, "a row", BuildFileError)
 
     def repair(self, shard: Shard) -> None:
         """Cut a torn last line off the shard's own file before appending to it."""

@@ -21,9 +21,9 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from eval.data.schema import Instance, Record
@@ -76,10 +76,17 @@ def shard_lock(root: Path, shard: Shard) -> Iterator[None]:
         handle.close()  # releases the lock
 
 
-def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
-    """The records of a file's bytes, and how many bytes the complete lines take (a torn last
-    line, a crash mid-write, is left out). Any other line that is not a record is an error."""
-    records: list[Record] = []
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_jsonl(
+    path: Path, data: bytes, model: type[M], what: str, error: type[ValueError]
+) -> tuple[list[M], int]:
+    """The `model` rows of a JSONL file's bytes, and how many bytes the complete lines take (a
+    torn last line, a crash mid-write, is left out). Any other line that is not a row is
+    `error`, naming the file, line and field: someone edited or corrupted the file, and a run
+    must stop rather than silently re-run or drop keys."""
+    rows: list[M] = []
     complete = len(data)
     with collector_paused():  # thousands of acyclic records: see eval/run/bulk.py
         for n, line in enumerate(data.splitlines(keepends=True), 1):
@@ -87,17 +94,20 @@ def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
                 complete -= len(line)
                 break
             try:
-                records.append(Record.model_validate_json(line))
+                rows.append(model.model_validate_json(line))
             except ValidationError as e:
-                # Not a torn write (that is only ever the last line): someone edited or
-                # corrupted the file. Stop rather than silently re-running or dropping keys.
                 problem = e.errors()[0]
                 where = ".".join(str(x) for x in problem["loc"])
-                raise RecordFileError(
+                raise error(
                     f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — "
-                    "not a record; fix or remove the line, then run again"
+                    f"not {what}; fix or remove the line, then run again"
                 ) from None
-    return records, complete
+    return rows, complete
+
+
+def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
+    """A records file's records (see `parse_jsonl`)."""
+    return parse_jsonl(path, data, Record, "a record", RecordFileError)
 
 
 class RecordStore:

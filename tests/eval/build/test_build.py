@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from agents.fuser import StatedConstraint
+from cts.cli import app
 from eval.build.blur import BlurError, BlurPlan, FusedQuery, draw_targets, parse_mix
 from eval.build.checks import REASONS, overlaps
 from eval.build.fuse import read_raw
@@ -250,3 +252,21 @@ def test_the_tiny_model_fuses_and_blurs_and_every_row_is_accounted_for(tmp_path:
     assert v["n"] == 2 and v["accepted"] + v["rejected"] + v["failed"] == 2
     assert set(summary["reasons"]) <= set(REASONS)
     assert len(lines(out)) == v["accepted"]
+
+
+def test_a_torn_last_row_is_cut_and_an_edited_one_stops_the_step(cli: Path) -> None:
+    blurred = fuse_and_blur(cli)
+    shard = cli / "blurred.jsonl.parts" / "shard-0-of-1.jsonl"
+    rows = shard.read_text().splitlines()
+    # A crash mid-write: the last row is torn; the resume cuts it and makes it again.
+    shard.write_text("\n".join(rows[:-1]) + "\n" + rows[-1][:20])
+    again = cts("data", "blur", str(cli / "fused.jsonl"), "--out", str(blurred))
+    assert again.exit_code == 0 and "1 rows done now" in again.output, again.output
+    assert len(shard.read_text().splitlines()) == len(rows)
+    # A line someone edited is not a row: the step stops and names it.
+    shard.write_text('{"key": 3}\n' + shard.read_text())
+    broken = CliRunner().invoke(
+        app, ["data", "blur", str(cli / "fused.jsonl"), "--out", str(blurred)]
+    )
+    assert broken.exit_code == 1
+    assert f"build rows error: {shard}:1: key: " in broken.output and "not a row" in broken.output
