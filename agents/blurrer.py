@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from agents.fuser import FUSED_MAX_CHARS, StatedConstraint
 from agents.prompts import render
 from serving.engine import ChatModel
-from serving.types import ChatRequest, JsonSchemaOutput, RoleSampling, Sampling
+from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RoleSampling, Sampling
 
 
 class Blurred(BaseModel):
@@ -82,3 +82,21 @@ async def blur(
     found = Blurred.model_validate(response.parsed)
     removed = {(c.type, c.span): c for c in found.removed}
     return Blurred(blurred_query=" ".join(found.blurred_query.split()), removed=[*removed.values()])
+
+
+#: A yes or no (the judge's check of a blurred query, `cts data blur --question-check judge`).
+QUESTION_SAMPLING = RoleSampling(max_tokens=4, temperature=0.0)
+
+
+async def is_question(
+    engine: ChatModel, blurred_query: str, language: str, sampling: Sampling
+) -> bool:
+    """Whether the judge's model reads `blurred_query` as a whole question a user could type
+    into a search box (not a fragment, not broken by a removal)."""
+    system, user = render("question_check", language, blurred_query=blurred_query)
+    response = await engine.chat(
+        ChatRequest(
+            messages=(system, user), sampling=sampling, output=ChoiceOutput(choices=("yes", "no"))
+        )
+    )
+    return response.text.strip() == "yes"

@@ -4,10 +4,11 @@ registers them on the `cts data` group."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, cast
 
 import typer
 
-from cts.common import SERVING, SET_OPTION, SHARD_OPTION, output_console, shard_of
+from cts.common import SERVING, SET_OPTION, SHARD_OPTION, output_console, shard_of, usage_error
 from eval.build.blur import DEFAULT_MIX, BlurPlan, blur_file, parse_mix
 from eval.build.fuse import fuse_file, parts_dir
 from eval.build.store import BuildControl, BuildOutcome
@@ -101,6 +102,11 @@ def blur(
     ),
     per_query: int = typer.Option(1, min=1, help="Blurred variants of each fused query."),
     remove: int = typer.Option(1, min=1, help="Constraints each variant removes."),
+    question_check: str = typer.Option(
+        "rules",
+        help="Whether a blurred query is still a question: by `rules` (no model), or also by "
+        "the `judge` role's model (a yes/no; give the role with --set roles.judge.model=...).",
+    ),
     config: str = BUILD_CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
     seed: int = SEED_OPTION,
@@ -118,8 +124,11 @@ def blur(
     removed constraints as {type, span}), OUT-stem.rejects.jsonl (each with its reasons) and
     OUT-stem.summary.json (counts by reason, the removed types against --mix). Resumable and
     sharded like `cts data fuse`."""
-    resolved = _experiment(config, set_, ["blurrer", "user_answerer"])
-    plan = BlurPlan(mix=parse_mix(mix), per_query=per_query, remove=remove, seed=seed)
+    if question_check not in ("rules", "judge"):
+        raise usage_error(f"--question-check {question_check!r}: rules or judge")
+    checked = cast(Literal["rules", "judge"], question_check)
+    plan = BlurPlan(parse_mix(mix), per_query, remove, seed, checked)
+    resolved = _experiment(config, set_, plan.roles)
     control = _control(f"blur {fused.name}", shard, retry_failed, resolved.experiment.concurrency)
     with serving_for(resolved, serving, parts_dir(out) / "logs") as ready:
         result = blur_file(ready.resolved, fused, out, plan, control)

@@ -61,7 +61,11 @@ def fused_query(request: ChatRequest) -> str:
 
 
 def judge_rule(request: ChatRequest) -> str:
-    """The scripted judge: full, partial, none in turn over the nugget ids it is asked about."""
+    """The scripted judge: full, partial, none in turn over the nugget ids it is asked about;
+    asked yes or no (a blurred query's check), yes for a query of four words or more."""
+    if request.output is not None and request.output.kind == "choice":
+        query = request.messages[-1].content.splitlines()[-1].split(": ", 1)[-1]
+        return "yes" if len(query.split()) >= 4 else "no"
     assert request.output is not None and request.output.kind == "json"
     ids = request.output.json_schema["required"]
     return json.dumps(

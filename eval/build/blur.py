@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -36,7 +36,7 @@ from eval.build.fuse import Provenance, parts_dir, provenance
 from eval.build.store import BuildControl, BuildOutcome, BuildRow, RowStore, run_rows
 from eval.data.dataset import DatasetError
 from eval.data.schema import Instance, known_language
-from eval.run.config import ResolvedExperiment
+from eval.run.config import ResolvedExperiment, Role
 from eval.run.engines import open_engines
 from serving.disk import write_whole
 from serving.engine import ChatModel
@@ -87,6 +87,15 @@ class BlurPlan:
     per_query: int = 1
     remove: int = 1
     seed: int = 0
+    #: Whether the blurred query is still a question: by `rules` alone, or also asking the
+    #: `judge` role's model.
+    question_check: Literal["rules", "judge"] = "rules"
+
+    @property
+    def roles(self) -> list[Role]:
+        """The roles a blur with this plan asks."""
+        judge: list[Role] = ["judge"] if self.question_check == "judge" else []
+        return ["blurrer", "user_answerer", *judge]
 
     def document(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,6 +216,8 @@ class BlurRoles:
     user_answerer: ChatModel
     resolved: ResolvedExperiment
     seed: int
+    #: The judge's model, for `question_check: judge` (None: rules only).
+    judge: ChatModel | None = None
 
 
 async def blur_one(roles: BlurRoles, row: BlurredRow) -> BlurredRow:
@@ -219,6 +230,8 @@ async def blur_one(roles: BlurRoles, row: BlurredRow) -> BlurredRow:
         )
         rejections = span_rejections(row.fused_query, found.blurred_query, found.removed)
         rejections += question_rejections(row.fused_query, found.blurred_query, found.removed)
+        if not rejections and roles.judge is not None:
+            rejections += await _judged_question(roles, found.blurred_query, row.language)
         recovery: list[Recovery] = []
         if not rejections:
             recovery = await _recover(roles, row, found.blurred_query, found.removed)
@@ -233,6 +246,14 @@ async def blur_one(roles: BlurRoles, row: BlurredRow) -> BlurredRow:
             "rejected": [vars(r) for r in _once(rejections)],
         }
     )
+
+
+async def _judged_question(roles: BlurRoles, blurred_query: str, language: str) -> list[Rejection]:
+    assert roles.judge is not None
+    sampling = blurrer.QUESTION_SAMPLING.apply(roles.resolved.configured_sampling("judge"))
+    if await blurrer.is_question(roles.judge, blurred_query, language, sampling):
+        return []
+    return [Rejection("not_a_question", f"the judge: no ({blurred_query!r})")]
 
 
 def _once(rejections: Sequence[Rejection]) -> list[Rejection]:
@@ -268,6 +289,8 @@ def planned_rows(
         "blurrer": provenance(resolved, "blurrer", plan.seed),
         "user_answerer": provenance(resolved, "user_answerer", plan.seed),
     }
+    if plan.question_check == "judge":
+        made["judge"] = provenance(resolved, "judge", plan.seed, "question_check")
     rows = {}
     for f in fused:
         for v, targets in enumerate(draw_targets(f, plan)):
@@ -325,9 +348,13 @@ def blur_file(
 
     @asynccontextmanager
     async def blurring() -> AsyncIterator[Callable[[str], Awaitable[BlurredRow]]]:
-        async with open_engines(resolved, ["blurrer", "user_answerer"]) as engines:
+        async with open_engines(resolved, plan.roles) as engines:
             roles = BlurRoles(
-                engines.roles["blurrer"], engines.roles["user_answerer"], resolved, plan.seed
+                engines.roles["blurrer"],
+                engines.roles["user_answerer"],
+                resolved,
+                plan.seed,
+                engines.roles.get("judge"),
             )
             yield lambda key: blur_one(roles, rows[key])
 

@@ -1,6 +1,7 @@
 """The rules a blurred query must pass before `cts data blur` writes it (the others go to the
-rejects file with their reasons). By rules only, no model, except recoverability, which asks the
-User Answerer:
+rejects file with their reasons). By rules, no model, except recoverability, which asks the User
+Answerer, and, with `--question-check judge`, `not_a_question`, which asks the judge's model
+whether the query is still a whole question (eval/build/blur.py):
 
 - `span_not_in_fused`: a removed span is not in the fused query;
 - `span_still_in_blurred`: a removed span is still in the blurred query;
@@ -39,6 +40,7 @@ REASONS: dict[str, str] = {
     "too_short": "the blurred query has under three words (CJK: characters)",
     "rewritten": "under half the blurred query's words are the fused query's",
     "dangling": "words are left where a removed span was",
+    "not_a_question": "the judge's model reads no whole question (--question-check judge)",
     "not_recoverable": "the User Answerer, knowing the fused query, does not give the span",
     "leaks": "the User Answerer, knowing only the blurred query, still answers",
     "model_error": "a model call failed (the row can be retried)",

@@ -138,9 +138,12 @@ def prompt_digest(role: str) -> str:
     return hashlib.sha256(text).hexdigest()
 
 
-def provenance(resolved: ResolvedExperiment, role: Role, seed: int) -> Provenance:
+def provenance(
+    resolved: ResolvedExperiment, role: Role, seed: int, prompt: str | None = None
+) -> Provenance:
+    """`role`'s model and its prompt (`prompt`: another prompt file the role is asked with)."""
     model = model_label(resolved.experiment.roles[role].model, resolved.model_for(role).name)
-    return Provenance(role=role, model=model, prompt=prompt_digest(role), seed=seed)
+    return Provenance(role=role, model=model, prompt=prompt_digest(prompt or role), seed=seed)
 
 
 def stated(

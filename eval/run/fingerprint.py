@@ -139,7 +139,7 @@ def dataset_digest(instances: Sequence[Instance]) -> str:
 
 #: Prompts no record is made with (the audit of the gold, building a benchmark's queries):
 #: adding or editing one must not make every earlier run directory refuse to resume.
-NOT_IN_RECORDS = frozenset({"grounding.yaml", "fuser.yaml", "blurrer.yaml"})
+NOT_IN_RECORDS = frozenset({"grounding.yaml", "fuser.yaml", "blurrer.yaml", "question_check.yaml"})
 
 
 def _prompt_files() -> list[tuple[str, bytes]]:

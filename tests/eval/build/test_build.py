@@ -270,3 +270,26 @@ def test_a_torn_last_row_is_cut_and_an_edited_one_stops_the_step(cli: Path) -> N
     )
     assert broken.exit_code == 1
     assert f"build rows error: {shard}:1: key: " in broken.output and "not a row" in broken.output
+
+
+def test_the_judge_can_check_that_a_blurred_query_is_still_a_question(cli: Path) -> None:
+    fused = cli / "fused.jsonl"
+    assert cts("data", "fuse", str(RAW), "--out", str(fused)).exit_code == 0
+    out = cli / "judged.jsonl"
+    refused = CliRunner().invoke(
+        app, ["data", "blur", str(fused), "--out", str(out), "--question-check", "judge"]
+    )
+    assert refused.exit_code == 2 and "missing judge" in refused.output
+    result = cts(
+        "data", "blur", str(fused), "--out", str(out), "--question-check", "judge",
+        "--set", "roles.judge.model=smollm2-135m-instruct",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((cli / "judged.summary.json").read_text())
+    assert summary["plan"]["question_check"] == "judge"
+    # The scripted judge says no to a query under four words (the zh ones, unspaced).
+    assert summary["reasons"].get("not_a_question", 0) > 0
+    rejected = [r for r in lines(cli / "judged.rejects.jsonl") if r["rejected"]]
+    judged = [r for r in rejected if r["rejected"][0]["reason"] == "not_a_question"]
+    assert all(len(r["blurred_query"].split()) < 4 for r in judged)
+    assert all(r["provenance"]["judge"]["role"] == "judge" for r in rejected)
