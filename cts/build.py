@@ -95,6 +95,8 @@ def fuse(
 def blur(
     fused: Path = typer.Argument(..., help="Fused queries: `cts data fuse`'s output."),
     out: Path = OUT_OPTION,
+    config: str = BUILD_CONFIG_OPTION,
+    set_: list[str] = SET_OPTION,
     mix: str = typer.Option(
         _MIX_TEXT,
         help="The removed types' weights, TYPE=W comma-separated (types without a weight are "
@@ -107,8 +109,6 @@ def blur(
         help="Whether a blurred query is still a question: by `rules` (no model), or also by "
         "the `judge` role's model (a yes/no; give the role with --set roles.judge.model=...).",
     ),
-    config: str = BUILD_CONFIG_OPTION,
-    set_: list[str] = SET_OPTION,
     seed: int = SEED_OPTION,
     shard: str | None = SHARD_OPTION,
     retry_failed: bool = RETRY_OPTION,
@@ -119,11 +119,11 @@ def blur(
     For each fused query, --per-query variants removing --remove of its constraints (types
     drawn by --mix), written by the `blurrer` role under a JSON schema. A variant is kept when
     the removed span is in the fused query and gone from the blurred one, the blurred query is
-    still a question (rules, no model), and the User Answerer recovers the span from the fused
-    query but answers `unknown` from the blurred one. Once every row is done: OUT (instances,
-    removed constraints as {type, span}), OUT-stem.rejects.jsonl (each with its reasons) and
-    OUT-stem.summary.json (counts by reason, the removed types against --mix). Resumable and
-    sharded like `cts data fuse`."""
+    still a question (rules; with --question-check judge also the judge's model), and the User
+    Answerer recovers the span from the fused query but answers `unknown` from the blurred
+    one. Once every row is done: OUT (instances, removed constraints as {type, span}),
+    OUT-stem.rejects.jsonl (each with its reasons) and OUT-stem.summary.json (counts by
+    reason, the removed types against --mix). Resumable and sharded like `cts data fuse`."""
     if question_check not in ("rules", "judge"):
         raise usage_error(f"--question-check {question_check!r}: rules or judge")
     checked = cast(Literal["rules", "judge"], question_check)
