@@ -29,8 +29,9 @@ def calibrate(
     labels: str = labels_option(
         "Labelled JSONL, one {fused_query, question, expected} per line (`expected`: the "
         "value copied from the fused query, or `unknown`; optional id, language, "
-        "constraint_type, blurred_query, instance_id, note); `sample`: the set shipped with "
-        "the toolkit."
+        "constraint_type, blurred_query, removed_constraints (with spans: an answer revealing "
+        "another removed span over-discloses), instance_id, note); `sample`: the set shipped "
+        "with the toolkit."
     ),
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,

@@ -241,15 +241,16 @@ def data_stats(
         typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
         return
     for name, stats in report.items():
-        _print_stats(f"{path} · {name}", stats)
+        _print_stats(path, name, stats)
 
 
-def _print_stats(title: str, stats: dict[str, Any]) -> None:
+def _print_stats(path: str, name: str, stats: dict[str, Any]) -> None:
     """One dataset's statistics as a table, then its removed spans' lengths when it records
     spans (a row of JSON would hide which n each figure stands on)."""
-    table = Table("statistic", "value", title=title)
+    table = Table("statistic", "value", title=f"{path} · {name}")
+    cells = {"removed_spans": _spans_cell, "removed_constraint_shares": _shares_cell}
     for key, value in stats.items():
-        table.add_row(key, _spans_cell(value) if key == "removed_spans" else _json(value))
+        table.add_row(key, cells.get(key, _json)(value))
     output_console().print(table)
     lengths = stats.get("removed_spans", {}).get("span_units", {})
     if lengths:
@@ -260,16 +261,25 @@ def _print_stats(title: str, stats: dict[str, Any]) -> None:
             "median",
             "mean",
             "max",
-            title=f"{title} · removed span length (units: a word, or one CJK character)",
+            title=f"{name}: removed span length",
+            caption="in units: a word, or one CJK character",
         )
         for language, found in lengths.items():
-            cells = (found[k] for k in ("n", "min", "median", "mean", "max"))
-            spans.add_row(language, *(f"{c:g}" for c in cells))
+            figures = (found[k] for k in ("n", "min", "median", "mean", "max"))
+            spans.add_row(language, *(f"{f:g}" for f in figures))
         output_console().print(spans)
 
 
-def _json(value: object) -> str:
+def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def _shares_cell(mix: dict[str, Any]) -> str:
+    """The removed-type mix as percentages of the n removed constraints they stand on."""
+    if not mix["n"]:
+        return "no removed constraints"
+    shares = ", ".join(f"{kind} {100 * share:.0f}%" for kind, share in mix["shares"].items())
+    return f"of {mix['n']}: {shares}"
 
 
 def _spans_cell(spans: dict[str, Any]) -> str:

@@ -20,7 +20,21 @@ The figures, each over the rows it can be computed on (its n):
 - **over-disclosure**: of the rows with a value answered with a value, the share whose answer
   contains a *disclosure value* of the fused query that is contained neither in the expected
   answer, nor in the question, nor (when the row gives it) in the blurred query — the answer
-  told the clarifier something it did not ask for and did not already know.
+  told the clarifier something it did not ask for and did not already know — or, on a row
+  that records its instance's removed spans, *reveals a removed span* it was not asked for.
+
+A row may record its instance's removed constraints as a dataset gives them
+(`removed_constraints`: types, or `{type, span}` objects; each span in the fused query and
+not in the blurred query, compared in `normal_form`). Where at least one span is recorded,
+the row asks about the removed constraints of its `constraint_type` (none, for a type not
+removed or an untyped row); every other removed constraint with a span is one the question did
+not ask about, and the answer **reveals** it when it holds one of the span's units (the User
+Answerer's: a word, or one CJK character; case- and width-folded) that is neither a function
+word (the, of, in …; 的, 在 …) nor a unit of the expected answer, the question, the blurred
+query or an asked span. Units are found by position where the answer is a substring of the
+fused query (of several occurrences, the one revealing fewest spans), by value otherwise (an
+abstractive answer). A row without spans is scored by the disclosure values alone, exactly as
+before spans existed.
 
 The disclosure values of a fused query are (after NFKC, so full-width digits are digits):
 
@@ -52,12 +66,13 @@ from typing import Any
 
 from agents import user_answerer
 from agents.types import UNKNOWN
-from agents.user_answerer import SpanLimits
+from agents.user_answerer import SpanLimits, unit_spans
 from eval.audit.agreement import Rate
 from eval.data.dataset import SAMPLE_DIR, field_problems, labelled_rows, refuse_labels
-from eval.data.schema import CONSTRAINT_TYPES, known_language
+from eval.data.schema import CONSTRAINT_TYPES, known_language, normal_form
 from eval.run.config import ClarificationConfig, ResolvedExperiment
 from eval.run.engines import open_engines
+from eval.score.over_answer import FUNCTION_WORDS
 from serving.engine import ChatModel
 from serving.errors import EngineError
 from serving.types import Sampling
@@ -68,7 +83,17 @@ SAMPLE_ANSWERER_LABELS = SAMPLE_DIR / "answerer_labels.jsonl"
 UNTYPED = "untyped"
 
 _REQUIRED = ("fused_query", "question", "expected")
-_OPTIONAL = ("id", "language", "constraint_type", "blurred_query", "instance_id", "note")
+_OPTIONAL = (
+    "id",
+    "language",
+    "constraint_type",
+    "blurred_query",
+    "instance_id",
+    "note",
+    "removed_constraints",
+)
+#: Optional fields that are not text.
+_NOT_TEXT = ("removed_constraints",)
 
 
 # -- normalising and matching -----------------------------------------------------------------
@@ -142,6 +167,65 @@ def disclosure_values(fused_query: str) -> list[str]:
     return [v for v in dict.fromkeys(found) if tokens(v)]
 
 
+# -- removed spans ----------------------------------------------------------------------------
+
+
+def _unit_texts(text: str) -> list[str]:
+    """The User Answerer's units of `text`, folded as spans are compared (`normal_form`)."""
+    folded = normal_form(text)
+    return [folded[a:b] for a, b in unit_spans(folded)]
+
+
+def _occurrences(text: str, part: str) -> list[int]:
+    found, at = [], text.find(part)
+    while part and at >= 0:
+        found.append(at)
+        at = text.find(part, at + 1)
+    return found
+
+
+def _held(answer: str, fused: str, units: Sequence[tuple[int, int]]) -> list[frozenset[int]]:
+    """The sets of the fused query's units the answer may hold (both folded): one per
+    occurrence of the answer in it; where it is none (an abstractive answer), the units whose
+    text the answer has."""
+    held = [_inside(units, at, at + len(answer)) for at in _occurrences(fused, answer)]
+    if held:
+        return held
+    words = set(_unit_texts(answer))
+    return [frozenset(i for i, (a, b) in enumerate(units) if fused[a:b] in words)]
+
+
+def _inside(units: Sequence[tuple[int, int]], start: int, end: int) -> frozenset[int]:
+    """Indices of the units that overlap text[start:end]."""
+    return frozenset(i for i, (a, b) in enumerate(units) if a < end and b > start)
+
+
+def revealed_spans(item: LabelledQuestion, answer: str) -> tuple[str, ...]:
+    """The removed spans of constraints the row does not ask about that `answer` reveals
+    (the rule in the module's docstring); () for a row that records no span."""
+    others = [span for kind, span in item.removed if span and kind != item.constraint_type]
+    if not others:
+        return ()
+    asked = [span for kind, span in item.removed if span and kind == item.constraint_type]
+    known_texts = [item.expected, item.question, item.blurred_query or "", *asked]
+    # A unit the clarifier already has, or one that carries no information, reveals nothing.
+    known = FUNCTION_WORDS | {u for text in known_texts for u in _unit_texts(text)}
+    fused = normal_form(item.fused_query)
+    units = unit_spans(fused)
+    pieces: list[tuple[str, frozenset[int]]] = []
+    for span in others:
+        folded = normal_form(span)
+        # Every occurrence: blurring removed the span's text wherever it stood.
+        where = [_inside(units, at, at + len(folded)) for at in _occurrences(fused, folded)]
+        telling = {i for found in where for i in found if fused[slice(*units[i])] not in known}
+        pieces.append((span, frozenset(telling)))
+    fewest = min(
+        _held(normal_form(answer), fused, units),
+        key=lambda held: sum(bool(piece & held) for _, piece in pieces),
+    )
+    return tuple(span for span, piece in pieces if piece & fewest)
+
+
 # -- the labelled set -------------------------------------------------------------------------
 
 
@@ -157,6 +241,9 @@ class LabelledQuestion:
     constraint_type: str
     blurred_query: str | None = None
     note: str | None = None
+    #: (type, span) of each removed constraint of the row's instance, when the row records
+    #: them; span "" where it gives a type only.
+    removed: tuple[tuple[str, str], ...] = ()
 
     @property
     def expects_value(self) -> bool:
@@ -208,8 +295,11 @@ def read_answer_labels(labels: str | Path) -> AnswerLabelSet:
 def _row_problems(data: dict[str, Any], ids: dict[str, int], line: int) -> list[Found]:
     problems = field_problems(data, _REQUIRED, _OPTIONAL)
     for key in data:
-        if key in _REQUIRED or (key in _OPTIONAL and data[key] is not None):
+        if key in _REQUIRED or (
+            key in _OPTIONAL and key not in _NOT_TEXT and data[key] is not None
+        ):
             problems += _text(data, key)
+    problems += _removed_problems(data)
     bad = {key for key, _ in problems}
     expected, fused = data.get("expected"), data.get("fused_query")
     if (
@@ -244,6 +334,41 @@ def _row_problems(data: dict[str, Any], ids: dict[str, int], line: int) -> list[
     return problems
 
 
+def _removed_item(item: Any) -> tuple[Any, Any] | None:
+    """(type, span) of one `removed_constraints` item, or None for an item of another shape."""
+    if isinstance(item, str):
+        return item, ""
+    if isinstance(item, dict) and set(item) == {"type", "span"}:
+        return item["type"], item["span"]
+    return None
+
+
+def _removed_problems(data: dict[str, Any]) -> list[Found]:
+    """What is wrong with a row's `removed_constraints`, checked as a dataset's are
+    (eval/data/schema.Instance): a span must be what blurring removed."""
+    items = data.get("removed_constraints")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        return [("removed_constraints", f"must be a list, got {type(items).__name__}")]
+    fused, blurred = data.get("fused_query"), data.get("blurred_query")
+    problems: list[Found] = []
+    for n, item in enumerate(items):
+        where = f"removed_constraints[{n}]"
+        found = _removed_item(item)
+        if found is None or not isinstance(found[1], str):
+            problems.append((where, "must be a type or a {type, span} object (span a string)"))
+            continue
+        kind, span = found
+        if kind not in CONSTRAINT_TYPES:
+            problems.append((where, f"must be one of {', '.join(CONSTRAINT_TYPES)}, got {kind!r}"))
+        if span and isinstance(fused, str) and normal_form(span) not in normal_form(fused):
+            problems.append((f"{where}.span", f"{span!r} is not in fused_query"))
+        if span and isinstance(blurred, str) and normal_form(span) in normal_form(blurred):
+            problems.append((f"{where}.span", f"{span!r} is still in blurred_query"))
+    return problems
+
+
 def _item(data: dict[str, Any], line: int) -> LabelledQuestion:
     return LabelledQuestion(
         id=data.get("id") or f"line {line}",
@@ -255,6 +380,12 @@ def _item(data: dict[str, Any], line: int) -> LabelledQuestion:
         constraint_type=data.get("constraint_type") or UNTYPED,
         blurred_query=data.get("blurred_query"),
         note=data.get("note"),
+        removed=tuple(
+            (str(kind), str(span))
+            for kind, span in filter(
+                None, map(_removed_item, data.get("removed_constraints") or [])
+            )
+        ),
     )
 
 
@@ -277,6 +408,13 @@ class Verdict:
     #: blurred query (checked only on rows with a value answered with a value); one inside
     #: another is named by the longer.
     disclosed: tuple[str, ...]
+    #: Removed spans of constraints the question did not ask about that the answer reveals
+    #: (rows that record their instance's spans only; checked where `disclosed` is).
+    revealed: tuple[str, ...] = ()
+
+    @property
+    def over_discloses(self) -> bool:
+        return bool(self.disclosed or self.revealed)
 
     @property
     def outcome(self) -> str:
@@ -295,6 +433,7 @@ def score(item: LabelledQuestion, answer: str, siblings: Sequence[str] = ()) -> 
     """`answer` against `item`; `siblings`: the expected values of the other rows about the
     same fused query (disclosure rule 5)."""
     disclosed: tuple[str, ...] = ()
+    revealed: tuple[str, ...] = ()
     if not item.expects_value or is_unknown(answer):
         # `unknown` is right exactly when it was expected.
         exact = contained = not item.expects_value and is_unknown(answer)
@@ -309,6 +448,7 @@ def score(item: LabelledQuestion, answer: str, siblings: Sequence[str] = ()) -> 
         ]
         # A value inside another one given (`2025` in `2025年`) is named once, by the longer.
         disclosed = tuple(v for v in given if not any(o != v and contains(o, v) for o in given))
+        revealed = revealed_spans(item, answer)
     return Verdict(
         id=item.id,
         language=item.language,
@@ -319,6 +459,7 @@ def score(item: LabelledQuestion, answer: str, siblings: Sequence[str] = ()) -> 
         exact=exact,
         contained=contained,
         disclosed=disclosed,
+        revealed=revealed,
     )
 
 
@@ -346,7 +487,7 @@ def figures(verdicts: Sequence[Verdict]) -> Figures:
         containment=Rate(len(verdicts), sum(v.contained for v in verdicts)),
         false_unknown=Rate(len(values), sum(is_unknown(v.answer) for v in values)),
         false_answer=Rate(len(unknowns), sum(not is_unknown(v.answer) for v in unknowns)),
-        over_disclosure=Rate(len(answered), sum(bool(v.disclosed) for v in answered)),
+        over_disclosure=Rate(len(answered), sum(v.over_discloses for v in answered)),
     )
 
 
@@ -393,7 +534,7 @@ class AnswererCalibration:
     def cases(self) -> list[Verdict]:
         """The answers a person should look at: every one not an exact match, and every one
         that over-discloses."""
-        return [v for v in self.verdicts if not v.exact or v.disclosed]
+        return [v for v in self.verdicts if not v.exact or v.over_discloses]
 
 
 #: One User Answerer call per row: its answer.
@@ -539,6 +680,8 @@ def render(result: AnswererCalibration, answerer_name: str = "", cases: int = 40
     ]
     for v in listed[:cases]:
         extra = f"; discloses {', '.join(_quote(d) for d in v.disclosed)}" if v.disclosed else ""
+        if v.revealed:
+            extra += f"; reveals removed {', '.join(_quote(r) for r in v.revealed)}"
         lines.append(
             f"- {v.id} [{v.language}, {v.constraint_type}] {v.outcome}: {_quote(v.question)} "
             f"expected {_quote(v.expected)}, answered {_quote(v.answer)}{extra}"

@@ -9,6 +9,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,136 @@ def test_the_figures_per_language_and_constraint_type():
         text
     )
     assert "| zh | 2 | 50% (1/2) | 100% (2/2) | 0% (0/2) | – | 50% (1/2) |" in text
+
+
+# -- removed spans: an answer that reveals a removed constraint not asked about ---------------
+
+# Blurring removed two lower-case qualifiers, neither a number, a name nor a quote: the
+# disclosure values cannot see them, the spans can.
+TAX_BLURRED = "How much is the tourist tax in Calvanne in 2025?"
+TAX_REMOVED = [{"type": "time", "span": "overnight"}, {"type": "scope", "span": "for hotel stays"}]
+STAY = {
+    "fused_query": TAX,
+    "blurred_query": TAX_BLURRED,
+    "question": "Which kind of stay is it?",
+    "expected": "hotel stays",
+    "constraint_type": "scope",
+}
+
+
+def _spanned(tmp_path: Path, rows: list[dict[str, Any]]) -> AnswerLabelSet:
+    path = tmp_path / "spans.jsonl"
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return read_answer_labels(path)
+
+
+def test_an_answer_revealing_another_removed_span_over_discloses(tmp_path):
+    labels = _spanned(
+        tmp_path,
+        [
+            {**STAY, "id": "s1", "removed_constraints": TAX_REMOVED},
+            {**STAY, "id": "s2", "removed_constraints": ["time", "scope"]},  # types only
+            {**STAY, "id": "s3"},  # nothing recorded
+        ],
+    )
+    assert labels.items[0].removed == (("time", "overnight"), ("scope", "for hotel stays"))
+    assert labels.items[1].removed == (("time", ""), ("scope", ""))
+    with_span, types_only, bare = labels.items
+    # The whole sentence around the asked span: `overnight` is the other removed span.
+    answer = "overnight tourist tax for hotel stays"
+    verdict = score(with_span, answer)
+    assert (verdict.disclosed, verdict.revealed, verdict.over_discloses) == (
+        (),
+        ("overnight",),
+        True,
+    )
+    # Without spans the rule is not applied: the disclosure values alone, which see nothing.
+    for item in (types_only, bare):
+        assert (score(item, answer).revealed, score(item, answer).over_discloses) == ((), False)
+    # The asked span whole, its function word included, reveals nothing; nor does a reply in
+    # other words that holds no unit of the other span.
+    for answer in ("for hotel stays", "hotel stays", "stays"):
+        assert score(with_span, answer).over_discloses is False, answer
+    # An abstractive answer (not a substring of the fused query) is matched by value.
+    assert score(with_span, "hotel stays, overnight").revealed == ("overnight",)
+    # Asked about the time, the scope span is the one not asked for.
+    time_row = LabelledQuestion(
+        "t", 0, TAX, "Day trip or overnight?", "overnight", "en", "time", TAX_BLURRED,
+        removed=with_span.removed,
+    )  # fmt: skip
+    assert score(time_row, "overnight").revealed == ()
+    assert score(time_row, "overnight tourist tax for hotel stays").revealed == ("for hotel stays",)
+
+
+def test_spans_in_chinese_and_units_the_clarifier_already_has():
+    blurred = "公租房申请的收入标准是多少？"
+    removed = (("region", "溪川市"), ("time", "2025年"))
+    year = LabelledQuestion(
+        "z", 0, RENT, "是哪一年的标准？", "2025年", "zh", "time", blurred, None, removed
+    )
+    # One CJK character of the other span is enough; the asked span alone is not.
+    assert score(year, "川市2025年").revealed == ("溪川市",)
+    assert score(year, "２０２５年").revealed == ()  # full width folded: the asked span
+    # A unit the question already says is not revealed by the answer repeating it.
+    told = LabelledQuestion(
+        "z", 0, RENT, "是溪川市哪一年的标准？", "2025年", "zh", "time", blurred, None, removed
+    )
+    assert score(told, "溪川市2025年").revealed == ()
+    # An untyped row asks about no removed constraint: any span beyond the expected answer.
+    untyped = LabelledQuestion(
+        "u", 0, RENT, "是哪一年？", "2025年", "zh", "untyped", blurred, None, removed
+    )
+    assert score(untyped, "2025年").revealed == ()
+    assert score(untyped, "溪川市2025年").revealed == ("溪川市",)
+
+
+def test_spans_change_the_figures_only_where_recorded(tmp_path):
+    rows = [
+        {**STAY, "id": "s1", "removed_constraints": TAX_REMOVED},
+        {**STAY, "id": "s2", "removed_constraints": TAX_REMOVED},
+        {**STAY, "id": "s3"},
+    ]
+    answers = {"s1": "overnight tourist tax for hotel stays", "s2": "hotel stays"}
+    answers["s3"] = answers["s1"]
+    result = asyncio.run(calibrate(_lookup(answers), _spanned(tmp_path, rows)))
+    # s1 reveals `overnight`; s2 gives the asked value only; s3 records no span: as before.
+    assert result.figures.over_disclosure == Rate(3, 1)
+    assert [v.id for v in result.cases] == ["s1", "s3"]  # s2 is exact and tells nothing more
+    document = json.loads(json.dumps(result.as_dict()))
+    assert document["verdicts"][0]["revealed"] == ["overnight"]
+    text = eval.audit.answerer_calibration.render(result)
+    assert "answered `overnight tourist tax for hotel stays`; reveals removed `overnight`" in text
+    # The hand table again, every row recording its instance's types only: the same figures.
+    typed = AnswerLabelSet(
+        "typed", tuple(replace(q, removed=((q.constraint_type, ""),)) for q in HAND.items)
+    )
+    before = asyncio.run(calibrate(_lookup(HAND_ANSWERS), HAND))
+    after = asyncio.run(calibrate(_lookup(HAND_ANSWERS), typed))
+    assert after.figures == before.figures and after.verdicts == before.verdicts
+
+
+def test_a_bad_removed_constraint_is_named_with_its_field(tmp_path):
+    rows = [
+        json.dumps({**STAY, "removed_constraints": TAX_REMOVED}),
+        json.dumps({**STAY, "removed_constraints": "scope"}),
+        json.dumps({**STAY, "removed_constraints": [{"type": "place", "span": "overnight"}]}),
+        json.dumps({**STAY, "removed_constraints": [{"type": "time", "span": "weekly"}]}),
+        json.dumps({**STAY, "removed_constraints": [{"type": "time", "span": "tourist tax"}]}),
+        json.dumps({**STAY, "removed_constraints": [{"type": "time"}, 3]}),
+    ]
+    path = tmp_path / "labels.jsonl"
+    found = dataset_problems(read_answer_labels, path, rows)
+    assert found == {
+        f"{path}:2: removed_constraints: must be a list, got str",
+        f"{path}:3: removed_constraints[0]: must be one of {', '.join(CONSTRAINT_TYPES)}, "
+        "got 'place'",
+        f"{path}:4: removed_constraints[0].span: 'weekly' is not in fused_query",
+        f"{path}:5: removed_constraints[0].span: 'tourist tax' is still in blurred_query",
+        f"{path}:6: removed_constraints[0]: must be a type or a {{type, span}} object "
+        "(span a string)",
+        f"{path}:6: removed_constraints[1]: must be a type or a {{type, span}} object "
+        "(span a string)",
+    }
 
 
 def _lookup(answers: dict[str, str]) -> AnswerCall:
@@ -408,6 +539,9 @@ def test_an_answerer_that_copies_the_labels_scores_full_marks(shipped):
         Rate(64, 0),
         Rate(106, 0),
     )
+    # The shipped rows record no removed spans: their figures are the disclosure values'.
+    assert not any(q.removed for q in shipped.items)
+    assert not any(v.revealed for v in result.verdicts)
 
 
 # -- bad labels files --------------------------------------------------------------------------
