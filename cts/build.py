@@ -8,7 +8,15 @@ from typing import Literal, cast
 
 import typer
 
-from cts.common import SERVING, SET_OPTION, SHARD_OPTION, output_console, shard_of, usage_error
+from cts.common import (
+    SERVING,
+    SET_OPTION,
+    SHARD_OPTION,
+    output_console,
+    progress_for,
+    shard_of,
+    usage_error,
+)
 from eval.build.blur import DEFAULT_MIX, BlurPlan, blur_file, parse_mix
 from eval.build.fuse import fuse_file, parts_dir
 from eval.build.store import BuildControl, BuildOutcome
@@ -33,8 +41,13 @@ _MIX_TEXT = ",".join(f"{t}={w:g}" for t, w in DEFAULT_MIX.items())
 
 
 def _control(name: str, shard: str | None, retry_failed: bool, concurrency: int) -> BuildControl:
+    """A progress bar on a terminal, else a line every $CTS_PROGRESS_EVERY_S seconds (a log)."""
     return BuildControl(
-        name=name, shard=shard_of(shard), retry_failed=retry_failed, concurrency=concurrency
+        name=name,
+        shard=shard_of(shard),
+        show_progress=progress_for(output_console()),
+        retry_failed=retry_failed,
+        concurrency=concurrency,
     )
 
 
@@ -135,11 +148,12 @@ def blur(
     summary = result.summary
     written = None
     if summary is not None:
-        v, reasons = summary["variants"], summary["reasons"]
+        v, reasons, mix = summary["variants"], summary["reasons"], summary["mix"]
         why = ", ".join(f"{r} {n}" for r, n in reasons.items()) or "none"
         written = (
             f"{v['accepted']} of {v['n']} blurred queries accepted into {out}; rejected "
-            f"{v['rejected']}, failed {v['failed']} (reasons: {why}); mix asked "
-            f"{summary['mix']['asked']}, got {summary['mix']['got']}"
+            f"{v['rejected']}, failed {v['failed']} (reasons: {why}); removed types asked "
+            f"{mix['asked']}, drawn {mix['drawn']} (n {mix['n_drawn']}), kept {mix['got']} "
+            f"(n {mix['n_removed']})"
         )
     _account(result.outcome, control.shard, written, f"run without --shard to write {out}")

@@ -395,6 +395,7 @@ def blur_summary(
     reasons = Counter(x["reason"] for r in rows for x in r.rejected)
     reasons.update("model_error" for r in rows if r.error is not None)
     removed: Counter[str] = Counter(c.type for r in accepted for c in r.removed)
+    drawn_types = [c.type for r in rows for c in r.targets]
     total_weight = sum(plan.mix.values())
     n_removed = sum(removed.values())
     return {
@@ -409,10 +410,19 @@ def blur_summary(
         },
         #: A row may have several reasons: each is counted once per row.
         "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+        # Drawn: what the variants were asked to remove (the draw against the fused queries'
+        # constraints); got: what the accepted instances removed (after the checks).
         "mix": {
-            "n_removed": n_removed,
             "asked": {t: round(w / total_weight, 3) for t, w in plan.mix.items()},
-            "got": {t: round(removed[t] / n_removed, 3) if n_removed else None for t in plan.mix},
+            "n_drawn": len(drawn_types),
+            "drawn": _shares(drawn_types, plan.mix),
+            "n_removed": n_removed,
+            "got": _shares(list(removed.elements()), plan.mix),
             "counts": dict(removed),
         },
     }
+
+
+def _shares(types: Sequence[str], mix: dict[str, float]) -> dict[str, float | None]:
+    """Each of the mix's types' share of `types` (None: there are none)."""
+    return {t: round(types.count(t) / len(types), 3) if types else None for t in mix}

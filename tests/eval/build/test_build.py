@@ -66,6 +66,8 @@ def test_the_shipped_raw_queries_become_a_benchmark_that_runs(cli: Path) -> None
         assert recovery["from_blurred"] == "unknown"
         assert overlaps(recovery["from_fused"], recovery["span"])
     assert summary["mix"]["n_removed"] == len(accepted)
+    assert summary["mix"]["n_drawn"] == v["n"]  # one removed constraint a variant
+    assert sum(summary["mix"]["drawn"].values()) == pytest.approx(1.0)
     assert summary["mix"]["asked"]["time"] == 0.3
     # Then golden construction and a run, as on any dataset.
     golden, run = cli / "golden", cli / "run"
