@@ -148,12 +148,12 @@ def blur(
     summary = result.summary
     written = None
     if summary is not None:
-        v, reasons, mix = summary["variants"], summary["reasons"], summary["mix"]
+        v, reasons, removed = summary["variants"], summary["reasons"], summary["mix"]
         why = ", ".join(f"{r} {n}" for r, n in reasons.items()) or "none"
         written = (
             f"{v['accepted']} of {v['n']} blurred queries accepted into {out}; rejected "
             f"{v['rejected']}, failed {v['failed']} (reasons: {why}); removed types asked "
-            f"{mix['asked']}, drawn {mix['drawn']} (n {mix['n_drawn']}), kept {mix['got']} "
-            f"(n {mix['n_removed']})"
+            f"{removed['asked']}, drawn {removed['drawn']} (n {removed['n_drawn']}), kept "
+            f"{removed['got']} (n {removed['n_removed']})"
         )
     _account(result.outcome, control.shard, written, f"run without --shard to write {out}")

@@ -29,14 +29,7 @@ class EngineStats:
     retried: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "calls": self.calls,
-            "constrained": self.constrained,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "errors": dict(self.errors),
-            "retried": dict(self.retried),
-        }
+        return {**vars(self), "errors": dict(self.errors), "retried": dict(self.retried)}
 
 
 class ChatModel(Protocol):

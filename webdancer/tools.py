@@ -52,13 +52,8 @@ class ToolResult:
         return cls(**_Stored.model_validate_json(row).model_dump(), cached=True)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "doc_ids": self.doc_ids,
-            "urls": self.urls,
-            "errors": self.errors,
-            "evidence": self.evidence,
-        }
+        """What a trace and the tool cache keep: all but whether it was replayed."""
+        return {k: v for k, v in vars(self).items() if k != "cached"}
 
 
 def _strings(value: Any) -> list[str] | None:

@@ -114,23 +114,8 @@ class Row:
     answer: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "run": self.run,
-            "instance_id": self.instance_id,
-            "condition": self.condition,
-            "seed": self.seed,
-            "language": self.language,
-            "removed_constraints": self.removed_constraints,
-            "score": self.score,
-            "failed": self.failed,
-            "stage": self.stage,
-            "kind": self.kind,
-            "questions": self.questions,
-            "unknown_answers": self.unknown_answers,
-            "all_unknown": self.all_unknown,
-            "termination": self.termination,
-            "answer": self.answer,
-        }
+        # Shallow, unlike dataclasses.asdict: the index makes one per record of every run.
+        return dict(vars(self))
 
 
 def row_of(run: int, record: Record) -> Row:
