@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -71,8 +72,8 @@ def parse_mix(text: str) -> dict[str, float]:
             weight = float(value)
         except ValueError:
             raise BlurError(f"--mix {part!r}: the weight is not a number") from None
-        if not weight >= 0:
-            raise BlurError(f"--mix {part!r}: a weight is at least 0")
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise BlurError(f"--mix {part!r}: a weight is a finite number, at least 0")
         mix[name.strip()] = weight
     if not any(w > 0 for w in mix.values()):
         raise BlurError(f"--mix {text!r}: no type has a positive weight")

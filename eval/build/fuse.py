@@ -27,7 +27,7 @@ from agents.fuser import StatedConstraint
 from agents.prompts import prompt_language
 from eval.build.store import BuildControl, BuildOutcome, BuildRow, RowStore, run_rows
 from eval.data.dataset import DatasetError
-from eval.data.schema import known_language, normal_form
+from eval.data.schema import known_language, normal_form, unsafe_id
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.engines import open_engines
 from serving.errors import EngineError
@@ -66,6 +66,10 @@ def read_raw(path: Path) -> list[RawGroup]:
         if found is not None:
             groups.setdefault(found.group or f"line-{n}", []).append((n, found))
     for gid, rows in groups.items():
+        # The group names its instances (`<group>-b<variant>`): refused here, not at the end.
+        why = unsafe_id(f"{gid}-b0")
+        if why is not None:
+            problems.append(Problem(str(path), rows[0][0], "group", f"{gid!r} {why}"))
         languages = {prompt_language(r.language) for _, r in rows}
         if len(languages) > 1:
             problems.append(

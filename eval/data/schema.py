@@ -73,7 +73,7 @@ class Golden(_Data):
 MAX_ID_BYTES = 200
 
 
-def _unsafe_id(value: str) -> str | None:
+def unsafe_id(value: str) -> str | None:
     """Why `value` is not a usable instance id, or None. Ids reach file names (traces, hashed
     there) and every printed table, so separators, `.`/`..`, NUL and control characters are
     refused at the door rather than escaped everywhere after it."""
@@ -187,7 +187,7 @@ class Instance(_Data):
     @field_validator("id")
     @classmethod
     def _safe_id(cls, value: str) -> str:
-        reason = _unsafe_id(value)
+        reason = unsafe_id(value)
         if reason is not None:
             # A custom error keeps the message free of pydantic's "Value error, " prefix.
             raise PydanticCustomError("unsafe_id", reason)
@@ -295,4 +295,5 @@ __all__ = [
     "Record",
     "known_language",
     "normal_form",
+    "unsafe_id",
 ]

@@ -165,6 +165,7 @@ def test_a_failed_model_call_is_kept_and_retried(
             ":2: language: group 'g' mixes languages",
         ),
         ("\n", ": <file>: no raw query"),
+        ('{"query": "a", "group": "a/b"}\n', ":1: group: 'a/b' must not contain a path separator"),
     ],
 )
 def test_a_bad_raw_file_names_the_line_and_field(tmp_path: Path, text: str, where: str) -> None:
@@ -191,6 +192,7 @@ def test_raw_groups_keep_their_order_and_a_line_without_group_is_its_own() -> No
         ("when=1", "unknown type"),
         ("time=0", "no type"),
         ("time=-1", "at least 0"),
+        ("time=inf", "finite"),
     ],
 )
 def test_a_bad_mix_is_refused(text: str, message: str) -> None:
