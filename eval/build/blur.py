@@ -36,7 +36,7 @@ from eval.build.checks import (
 from eval.build.fuse import Provenance, parts_dir, provenance
 from eval.build.store import BuildControl, BuildOutcome, BuildRow, RowStore, run_rows
 from eval.data.dataset import DatasetError
-from eval.data.schema import Instance, known_language
+from eval.data.schema import Instance, known_language, unsafe_id
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.engines import open_engines
 from serving.disk import write_whole
@@ -136,6 +136,9 @@ def read_fused(path: Path) -> tuple[list[FusedQuery], int]:
             continue
         if not known_language(row.language):
             problems.append(Problem(str(path), n, "language", f"unknown {row.language!r}"))
+        why = unsafe_id(f"{row.key}-b0")  # the key names its instances
+        if why is not None:
+            problems.append(Problem(str(path), n, "key", f"{row.key!r} {why}"))
         found.append(row)
     if problems:
         raise DatasetError(problems)

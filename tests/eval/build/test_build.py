@@ -11,7 +11,14 @@ from typer.testing import CliRunner
 
 from agents.fuser import StatedConstraint
 from cts.cli import app
-from eval.build.blur import BlurError, BlurPlan, FusedQuery, draw_targets, parse_mix
+from eval.build.blur import (
+    BlurError,
+    BlurPlan,
+    FusedQuery,
+    draw_targets,
+    parse_mix,
+    read_fused,
+)
 from eval.build.checks import REASONS, overlaps
 from eval.build.fuse import read_raw
 from eval.data.dataset import SAMPLE_DIR, DatasetError, DatasetSource, load_instances
@@ -297,3 +304,21 @@ def test_the_judge_can_check_that_a_blurred_query_is_still_a_question(cli: Path)
     judged = [r for r in rejected if r["rejected"][0]["reason"] == "not_a_question"]
     assert all(len(r["blurred_query"].split()) < 4 for r in judged)
     assert all(r["provenance"]["judge"]["role"] == "judge" for r in rejected)
+
+
+def test_a_bad_fused_file_names_the_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "fused.jsonl"
+    path.write_text(
+        '{"key": "ok", "fused_query": "a b c"}\n'
+        '{"key": "x/y", "fused_query": "a b c"}\n'
+        '{"key": "c", "fused_query": "a", "constraints": [{"type": "when", "span": "a"}]}\n'
+        "nope\n"
+        '{"key": "d", "error": "EngineError: down", "fused_query": ""}\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(DatasetError) as raised:
+        read_fused(path)
+    found = [str(p) for p in raised.value.problems]
+    assert [p.split(": ", 1)[0] for p in found] == [f"{path}:2", f"{path}:3", f"{path}:4"], found
+    assert "key: 'x/y' must not contain a path separator" in found[0]
+    assert "constraints.0.type" in found[1] and "<line>: not JSON" in found[2]
