@@ -37,15 +37,16 @@ class AnswererFitSettings(LoraSftSettings):
     threads: int = 1
 
 
-ADAPTER = RoleAdapter(
-    role="answerer",
-    settings=AnswererFitSettings(),
-    data=answerer_data,
-    counts=(("topics", answerer_data.topic_counts),),
-    what="User Answerer calls",
-    doc="""Fine-tune the tiny model's User Answerer: a LoRA adapter trained (CPU) on clarifying
+#: `cts train answerer --help`.
+HELP = """Fine-tune the tiny model's User Answerer: a LoRA adapter trained (CPU) on clarifying
     questions generated from the sample benchmark's train split, each answered with the
     removed constraint's span of the fused query or `unknown` (never its held-out answerer
     labels). The adapter of `smollm2-135m-answerer` and its answerer_train.json are written
-    to --output.""",
+    to --output."""
+
+#: What its record counts of the examples besides labels and languages.
+COUNTS = (("topics", answerer_data.topic_counts),)
+
+ADAPTER = RoleAdapter(
+    "answerer", AnswererFitSettings(), answerer_data, "User Answerer calls", HELP, COUNTS
 )

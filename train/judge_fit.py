@@ -24,13 +24,10 @@ class JudgeFitSettings(LoraSftSettings):
     epochs: float = 2.0
 
 
-ADAPTER = RoleAdapter(
-    role="judge",
-    settings=JudgeFitSettings(),
-    data=judge_data,
-    what="judge calls",
-    doc="""Fine-tune the tiny model's coverage judge: a LoRA adapter trained (CPU) on labelled
+#: `cts train judge --help`.
+HELP = """Fine-tune the tiny model's coverage judge: a LoRA adapter trained (CPU) on labelled
     answers generated from the sample benchmark's train split and corpus (never its human
     judge labels). The command that built the shipped adapter of `smollm2-135m-judge` is in
-    its judge_train.json.""",
-)
+    its judge_train.json."""
+
+ADAPTER = RoleAdapter("judge", JudgeFitSettings(), judge_data, "judge calls", HELP)

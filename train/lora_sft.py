@@ -60,7 +60,8 @@ Counts = Callable[[Sequence[Any]], dict[str, Any]]
 @dataclass(frozen=True)
 class RoleAdapter:
     """One role's LoRA adapter of the tiny model: the examples its data module generates (train
-    split only), the fit, and where the adapter and its record go. `cts train ROLE` is this."""
+    split only), the fit, and where the adapter and its record go. `cts train ROLE` is this.
+    Declared in one line of its `train/<role>_fit.py`: role, settings, data, what, doc."""
 
     #: The role as `cts train ROLE` names it.
     role: str
@@ -68,12 +69,12 @@ class RoleAdapter:
     settings: LoraSftSettings
     #: The role's data generator: `generate(n, seed)`, `write_examples`, `label_counts`.
     data: ModuleType
+    #: The examples, as --help names them ("judge calls").
+    what: str
+    #: `cts train ROLE --help`.
+    doc: str
     #: What the record counts of the examples besides labels and languages (name, counter).
     counts: tuple[tuple[str, Counts], ...] = ()
-    #: The examples, as --help names them ("judge calls").
-    what: str = ""
-    #: `cts train ROLE --help`.
-    doc: str = ""
 
     @property
     def model(self) -> str:

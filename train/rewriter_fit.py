@@ -26,13 +26,10 @@ class RewriterFitSettings(AnswererFitSettings):
     epochs: float = 1.0
 
 
-ADAPTER = RoleAdapter(
-    role="rewriter",
-    settings=RewriterFitSettings(),
-    data=rewriter_data,
-    what="Rewriter calls",
-    doc="""Fine-tune the tiny model's Rewriter: a LoRA adapter trained (CPU) on dialogues about
+#: `cts train rewriter --help`.
+HELP = """Fine-tune the tiny model's Rewriter: a LoRA adapter trained (CPU) on dialogues about
     the sample benchmark's train split, each rewritten as the blurred query with every
     answer that is not `unknown` appended. The adapter of `smollm2-135m-rewriter` and its
-    rewriter_train.json are written to --output.""",
-)
+    rewriter_train.json are written to --output."""
+
+ADAPTER = RoleAdapter("rewriter", RewriterFitSettings(), rewriter_data, "Rewriter calls", HELP)

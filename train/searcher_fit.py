@@ -31,14 +31,15 @@ class SearcherFitSettings(LoraSftSettings):
     max_length: int = 3200
 
 
-ADAPTER = RoleAdapter(
-    role="searcher",
-    settings=SearcherFitSettings(),
-    data=searcher_data,
-    counts=(("variants", searcher_data.variant_counts),),
-    what="searcher calls",
-    doc="""Fine-tune the tiny model's WebDancer searcher: a LoRA adapter trained (CPU) on search
+#: `cts train searcher --help`.
+HELP = """Fine-tune the tiny model's WebDancer searcher: a LoRA adapter trained (CPU) on search
     runs over the sample benchmark's train split and corpus (one search with the question,
     then an answer copying the first hit's snippet). The adapter of `smollm2-135m-searcher`
-    and its searcher_train.json are written to --output.""",
+    and its searcher_train.json are written to --output."""
+
+#: What its record counts of the examples besides labels and languages.
+COUNTS = (("variants", searcher_data.variant_counts),)
+
+ADAPTER = RoleAdapter(
+    "searcher", SearcherFitSettings(), searcher_data, "searcher calls", HELP, COUNTS
 )
