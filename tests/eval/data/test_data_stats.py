@@ -12,57 +12,58 @@ from eval.data.data_stats import dataset_stats
 from eval.data.schema import CONSTRAINT_TYPES, Instance
 from tests.builders import cts
 
+
+def row(id_: str, blurred: str, fused: str, *removed: str | tuple[str, str]) -> dict[str, Any]:
+    """An instance row; a removed constraint is a type, or (type, span)."""
+    constraints = [r if isinstance(r, str) else {"type": r[0], "span": r[1]} for r in removed]
+    language = "zh" if id_.startswith("zh") else "en"
+    return {
+        "id": id_,
+        "language": language,
+        "blurred_query": blurred,
+        "fused_query": fused,
+        "removed_constraints": constraints,
+    }
+
+
 # Nine removed constraints, seven of them with a span; units: a word, or one CJK character.
 HAND: list[dict[str, Any]] = [
-    {
-        "id": "en1",
-        "blurred_query": "Tourist tax for hotel stays",
-        "fused_query": "Tourist tax for hotel stays in Calvanne in 2025",
-        # `in Calvanne`, `in 2025`: 2 units each.
-        "removed_constraints": [
-            {"type": "region", "span": "in Calvanne"},
-            {"type": "time", "span": "in 2025"},
-        ],
-    },
-    {
-        "id": "en2",
-        "blurred_query": "Battery life of the Korvex earbuds",
-        "fused_query": "Battery life of the Korvex Aura Pro wireless earbuds",
-        # 3 units, and a constraint given by its type only.
-        "removed_constraints": [{"type": "entity", "span": "Aura Pro wireless"}, "scope"],
-    },
-    {
-        "id": "en3",
-        "blurred_query": "Train timetable",
-        "fused_query": "Train timetable for Easter",
-        "removed_constraints": ["time"],  # no span
-    },
-    {
-        "id": "en4",
-        "blurred_query": "GDP growth",
-        "fused_query": "GDP growth in the first quarter of 2024",
-        # in the first quarter of 2024: 6 units.
-        "removed_constraints": [{"type": "time", "span": "in the first quarter of 2024"}],
-    },
-    {
-        "id": "zh1",
-        "language": "zh",
-        "blurred_query": "公租房申请的收入标准是多少？",
-        "fused_query": "溪川市2025年公租房申请的收入标准是多少？",
-        # 溪 川 市: 3 units; 2025 年: 2.
-        "removed_constraints": [
-            {"type": "region", "span": "溪川市"},
-            {"type": "time", "span": "2025年"},
-        ],
-    },
-    {
-        "id": "zh2",
-        "language": "zh",
-        "blurred_query": "华岳医学会发布的指南",
-        "fused_query": "华岳医学会发布的2024年高血压指南",
-        # 2024 年 高 血 压: 5 units.
-        "removed_constraints": [{"type": "time", "span": "2024年高血压"}],
-    },
+    # `in Calvanne`, `in 2025`: 2 units each.
+    row(
+        "en1",
+        "Tourist tax for hotel stays",
+        "Tourist tax for hotel stays in Calvanne in 2025",
+        ("region", "in Calvanne"),
+        ("time", "in 2025"),
+    ),
+    # 3 units, and a constraint given by its type only.
+    row(
+        "en2",
+        "Battery life of the Korvex earbuds",
+        "Battery life of the Korvex Aura Pro wireless earbuds",
+        ("entity", "Aura Pro wireless"),
+        "scope",
+    ),
+    row("en3", "Train timetable", "Train timetable for Easter", "time"),  # no span
+    # in the first quarter of 2024: 6 units.
+    row(
+        "en4",
+        "GDP growth",
+        "GDP growth in the first quarter of 2024",
+        ("time", "in the first quarter of 2024"),
+    ),
+    # 溪 川 市: 3 units; 2025 年: 2.
+    row(
+        "zh1",
+        "公租房申请的收入标准是多少？",
+        "溪川市2025年公租房申请的收入标准是多少？",
+        ("region", "溪川市"),
+        ("time", "2025年"),
+    ),
+    # 2024 年 高 血 压: 5 units.
+    row(
+        "zh2", "华岳医学会发布的指南", "华岳医学会发布的2024年高血压指南", ("time", "2024年高血压")
+    ),
 ]
 
 
