@@ -30,6 +30,8 @@ from eval.data.dataset import DatasetError
 from eval.data.schema import known_language, normal_form, unsafe_id
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.engines import open_engines
+from serving.disk import write_whole
+from serving.engine import ChatModel
 from serving.errors import EngineError
 from serving.model_config import model_label
 from webdancer.corpus import Problem
@@ -166,7 +168,7 @@ def stated(
 
 
 async def fuse_group(
-    engine: Any, group: RawGroup, resolved: ResolvedExperiment, seed: int
+    engine: ChatModel, group: RawGroup, resolved: ResolvedExperiment, seed: int
 ) -> FusedRow:
     """One session fused (a failed model call is the row's error)."""
     made = provenance(resolved, "fuser", seed)
@@ -216,5 +218,5 @@ def write_rows(store: RowStore[Any], keys: list[str], out: Path) -> int | None:
         return None
     text = "".join(rows[k].model_dump_json() + "\n" for k in keys)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    write_whole(out, text)  # whole or absent, as every other output
     return len(keys)
