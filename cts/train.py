@@ -31,6 +31,7 @@ from train.loop import MAIN, iterations, loop_step
 from train.loop_runner import StepDone, run_loop, run_step, sample
 from train.lora_sft import RoleAdapter
 from train.pairs import PairsResult, build_pairs, no_data_message
+from train.sft import write_examples
 
 app = typer.Typer(
     help="Fine-tune a clarifier against restore scores: sample scored dialogues (an evaluation "
@@ -360,7 +361,7 @@ def _role_fit_command(adapter: RoleAdapter) -> None:
     ) -> None:
         if write_data is not None:
             generated = data.generate(examples, seed)
-            data.write_examples(generated, write_data)
+            write_examples(generated, write_data)
             labels = data.label_counts(generated)
             typer.echo(f"{len(generated)} examples, labels {labels}: {write_data}")
             return

@@ -28,6 +28,7 @@ from serving.model_config import ModelConfig
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest
 from tests.scripted_cts import scripted_engines
+from train.sft import sft_row
 
 Script = Callable[[ChatRequest], str | Exception]
 
@@ -126,9 +127,9 @@ def search_then_visit(request: ChatRequest, query: Callable[[ChatRequest], str])
 def assert_seeded(generate: Callable[..., Sequence[Any]], n: int) -> None:
     """`generate(n, seed=…)`'s rows are the same for a seed and differ for another: training
     data that a rerun reproduces."""
-    first = [e.as_row() for e in generate(n, seed=3)]
-    assert first == [e.as_row() for e in generate(n, seed=3)]
-    assert first != [e.as_row() for e in generate(n, seed=4)]
+    first = [sft_row(e) for e in generate(n, seed=3)]
+    assert first == [sft_row(e) for e in generate(n, seed=3)]
+    assert first != [sft_row(e) for e in generate(n, seed=4)]
 
 
 def shipped_adapter(config: ModelConfig, adapter_dir: Path, record: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@ ROLE` is registered for every one, in this order."""
 
 from __future__ import annotations
 
-from train import answerer_fit, judge_fit, rewriter_fit, searcher_fit
+from train import answerer_fit, blurrer_fit, fuser_fit, judge_fit, rewriter_fit, searcher_fit
 from train.lora_sft import RoleAdapter
 
 ROLE_ADAPTERS: tuple[RoleAdapter, ...] = (
@@ -11,4 +11,6 @@ ROLE_ADAPTERS: tuple[RoleAdapter, ...] = (
     answerer_fit.ADAPTER,
     searcher_fit.ADAPTER,
     rewriter_fit.ADAPTER,
+    fuser_fit.ADAPTER,
+    blurrer_fit.ADAPTER,
 )

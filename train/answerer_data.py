@@ -34,12 +34,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from agents.prompts import prompt_language, render
 from agents.types import UNKNOWN
 from agents.user_answerer import is_span, unit_spans
 from eval.data.dataset import SAMPLE_DIR
+from train.sft import RoleCall, chat
 
 #: The sample benchmark's train split: the only input.
 TRAIN_FILE = SAMPLE_DIR / "train.jsonl"
@@ -275,29 +276,20 @@ class Instance:
 
 
 @dataclass(frozen=True)
-class AnswererExample:
+class AnswererExample(RoleCall):
     """One User Answerer call: its chat messages (system, user) and the completion (a span of
     the fused query or `unknown`); `topic` is the removed constraint's type or what the
     `unknown` question asked about."""
 
-    instance_id: str
-    language: str
+    ABOUT: ClassVar[tuple[str, ...]] = ("instance_id", "label", "topic")
+
     topic: str
     question: str
-    completion: str
     fused_query: str
-    messages: list[dict[str, str]]
 
     @property
     def label(self) -> str:
         return "unknown" if self.completion == UNKNOWN else "value"
-
-    def as_row(self) -> dict[str, Any]:
-        """The prompt/completion row TRL's SFT trainer reads (loss on the completion only)."""
-        return {
-            "prompt": self.messages,
-            "completion": [{"role": "assistant", "content": self.completion}],
-        }
 
 
 # -- the removed spans ------------------------------------------------------------------------
@@ -533,7 +525,7 @@ def answerer_example(instance: Instance, rng: random.Random) -> AnswererExample:
         question=question,
         completion=completion,
         fused_query=instance.fused_query,
-        messages=[{"role": m.role, "content": m.content} for m in (system, user)],
+        messages=chat(system, user),
     )
 
 
@@ -574,14 +566,3 @@ def check_completion(example: AnswererExample) -> None:
             f"{example.instance_id}: {example.completion!r} is not a span of "
             f"{example.fused_query!r}"
         )
-
-
-def write_examples(examples: Sequence[AnswererExample], path: Path) -> None:
-    """One JSON line per example: the SFT row (prompt, completion) with its instance, label
-    and topic."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for example in examples:
-            row = {**example.as_row(), "instance_id": example.instance_id}
-            row |= {"label": example.label, "topic": example.topic}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")

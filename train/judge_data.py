@@ -27,11 +27,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from agents.judge import LABELS, UNRELATED_ANSWERS, judge_schema
 from agents.prompts import prompt_language, render
 from eval.audit.calibration import labels_path
+from train.sft import RoleCall, as_json, chat
 
 #: The sample benchmark's train split and corpus: the only inputs.
 SAMPLE_DIR = labels_path("sample").parent
@@ -99,22 +100,13 @@ class Instance:
 
 
 @dataclass(frozen=True)
-class JudgeExample:
+class JudgeExample(RoleCall):
     """One judge call: its chat messages (system, user), the completion and each label."""
 
-    instance_id: str
-    language: str
-    messages: list[dict[str, str]]
-    completion: str
+    ABOUT: ClassVar[tuple[str, ...]] = ("instance_id", "labels", "kinds")
+
     labels: dict[str, str]
     kinds: dict[str, str]
-
-    def as_row(self) -> dict[str, Any]:
-        """The prompt/completion row TRL's SFT trainer reads (loss on the completion only)."""
-        return {
-            "prompt": self.messages,
-            "completion": [{"role": "assistant", "content": self.completion}],
-        }
 
 
 def read_instances(path: Path = TRAIN_FILE) -> list[Instance]:
@@ -361,8 +353,8 @@ def judge_example(
     return JudgeExample(
         instance_id=instance.id,
         language=language,
-        messages=[{"role": m.role, "content": m.content} for m in (system, user)],
-        completion=json.dumps(verdicts, ensure_ascii=False, separators=(",", ":")),
+        messages=chat(system, user),
+        completion=as_json(verdicts),
         labels=labels,
         kinds={i: kinds[i] for i, _ in listed},
     )
@@ -405,12 +397,3 @@ def check_schema(example: JudgeExample) -> None:
     import jsonschema
 
     jsonschema.validate(json.loads(example.completion), judge_schema(list(example.labels)))
-
-
-def write_examples(examples: Sequence[JudgeExample], path: Path) -> None:
-    """One JSON line per example: the SFT row (prompt, completion) with its labels and kinds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for example in examples:
-            row = {**example.as_row(), "instance_id": example.instance_id, "labels": example.labels}
-            f.write(json.dumps({**row, "kinds": example.kinds}, ensure_ascii=False) + "\n")

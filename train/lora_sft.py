@@ -23,6 +23,7 @@ from typing import Any
 
 from configs import CONFIG_DIR
 from train.fit import checkpointing, load_model, load_tokenizer, require_train_extra
+from train.sft import sft_row
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class RoleAdapter:
     role: str
     #: The defaults, those that built the shipped adapter.
     settings: LoraSftSettings
-    #: The role's data generator: `generate(n, seed)`, `write_examples`, `label_counts`.
+    #: The role's data generator: `generate(n, seed)` and `label_counts`.
     data: ModuleType
     #: The examples, as --help names them ("judge calls").
     what: str
@@ -103,7 +104,7 @@ class RoleAdapter:
             **{name: count(examples) for name, count in self.counts},
             "languages": language_counts(examples),
         }
-        rows = [e.as_row() for e in examples]
+        rows = [sft_row(e) for e in examples]
         return fit_lora_sft(
             self.role, settings, rows, data, output or self.adapter_dir, self.record
         )

@@ -21,18 +21,16 @@ them, answered `unknown` or with a removed span. The instances are the sample be
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from agents.prompts import render
 from agents.rewriter import RewrittenQuery
 from agents.types import QA, UNKNOWN, history_text
 from train.answerer_data import Instance, answerer_example, read_instances
+from train.sft import RoleCall, as_json, chat
 
 #: Share of questions that repeat the blurred query (the tiny Clarifier's habit).
 ECHO_SHARE = 0.25
@@ -41,26 +39,15 @@ ECHO_VALUE_SHARE = 0.3
 
 
 @dataclass(frozen=True)
-class RewriterExample:
+class RewriterExample(RoleCall):
     """One Rewriter call: its chat messages (system, user) and the completion (JSON)."""
 
-    instance_id: str
-    language: str
     #: How many of the dialogue's answers are values (not `unknown`).
     values: int
-    messages: list[dict[str, str]]
-    completion: str
 
     @property
     def label(self) -> str:
         return "values" if self.values else "unknown"
-
-    def as_row(self) -> dict[str, Any]:
-        """The prompt/completion row TRL's SFT trainer reads (loss on the completion only)."""
-        return {
-            "prompt": self.messages,
-            "completion": [{"role": "assistant", "content": self.completion}],
-        }
 
 
 def with_answers(blurred_query: str, values: Sequence[str], language: str) -> str:
@@ -95,12 +82,12 @@ def rewriter_example(instance: Instance, rng: random.Random) -> RewriterExample:
         blurred_query=instance.blurred_query,
         history=history_text(pairs, instance.language),
     )
-    completion = json.dumps({"query": query}, ensure_ascii=False, separators=(",", ":"))
+    completion = as_json({"query": query})
     return RewriterExample(
         instance_id=instance.id,
         language=instance.language,
         values=len(values),
-        messages=[{"role": m.role, "content": m.content} for m in (system, user)],
+        messages=chat(system, user),
         completion=completion,
     )
 
@@ -124,12 +111,3 @@ def label_counts(examples: Sequence[RewriterExample]) -> dict[str, int]:
 def check_completion(example: RewriterExample) -> None:
     """Raise if the completion is not what the role's schema admits."""
     RewrittenQuery.model_validate_json(example.completion)
-
-
-def write_examples(examples: Sequence[RewriterExample], path: Path) -> None:
-    """The examples as JSONL: each row's messages, completion and what it is about."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for e in examples:
-            row = {"instance_id": e.instance_id, "label": e.label, **e.as_row()}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")

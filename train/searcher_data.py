@@ -32,12 +32,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from eval.data.dataset import SAMPLE_DIR
 from train.answerer_data import Instance, read_instances
 from train.rewriter_data import with_answers
+from train.sft import RoleCall
 from webdancer.backends.local import LocalSearch
 from webdancer.protocol import initial_messages, observation
 from webdancer.search import SearchHit, render_hits
@@ -64,27 +64,18 @@ _DAYS = 3 * 365
 
 
 @dataclass(frozen=True)
-class SearcherExample:
+class SearcherExample(RoleCall):
     """One searcher call: the messages the agent sends and the turn it should write."""
 
-    instance_id: str
-    language: str
+    ABOUT: ClassVar[tuple[str, ...]] = ("instance_id", "language", "variant", "kind")
+
     variant: str
     #: `search` (the first turn) or `answer` (the turn after the observation).
     kind: str
-    messages: list[dict[str, str]]
-    completion: str
 
     @property
     def label(self) -> str:
         return self.kind
-
-    def as_row(self) -> dict[str, Any]:
-        """The prompt/completion row TRL's SFT trainer reads (loss on the completion only)."""
-        return {
-            "prompt": self.messages,
-            "completion": [{"role": "assistant", "content": self.completion}],
-        }
 
 
 @cache
@@ -130,14 +121,21 @@ def search_run(
         {"role": "user", "content": observation(render_hits(query, hits))},
     ]
     return [
-        SearcherExample(instance.id, instance.language, variant, "search", messages, first),
         SearcherExample(
-            instance.id,
-            instance.language,
-            variant,
-            "answer",
-            after,
-            answer_turn(hits, instance.language),
+            instance_id=instance.id,
+            language=instance.language,
+            messages=messages,
+            completion=first,
+            variant=variant,
+            kind="search",
+        ),
+        SearcherExample(
+            instance_id=instance.id,
+            language=instance.language,
+            messages=after,
+            completion=answer_turn(hits, instance.language),
+            variant=variant,
+            kind="answer",
         ),
     ]
 
@@ -164,18 +162,3 @@ def label_counts(examples: Sequence[SearcherExample]) -> dict[str, int]:
 def variant_counts(examples: Sequence[SearcherExample]) -> dict[str, int]:
     """Examples per kind of question (blurred, fused, clarified)."""
     return dict(sorted(Counter(e.variant for e in examples).items()))
-
-
-def write_examples(examples: Sequence[SearcherExample], path: Path) -> None:
-    """The examples as JSONL: each row's messages, completion and what it is about."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for e in examples:
-            row = {
-                "instance_id": e.instance_id,
-                "language": e.language,
-                "variant": e.variant,
-                "kind": e.kind,
-                **e.as_row(),
-            }
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")

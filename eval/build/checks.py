@@ -54,7 +54,7 @@ class Rejection:
 
 
 # Words that only serve the constraint after them: left behind, they dangle.
-_EN_FUNCTION = frozenset(
+EN_FUNCTION = frozenset(
     """in on at of for during from to by with the a an between since until before after
     about near within under over around throughout""".split()
 )
@@ -107,7 +107,7 @@ def _dangling(fused_query: str, blurred: str, removed: Sequence[StatedConstraint
     found = []
     body = blurred.rstrip(_END).rstrip()
     last = body.split()[-1].lower() if body.split() else ""
-    if last in _EN_FUNCTION:
+    if last in EN_FUNCTION:
         found.append(f"ends with {last!r}")
     if body and body[-1] in _ZH_FUNCTION:
         found.append(f"ends with {body[-1]!r}")
@@ -132,7 +132,7 @@ def _run_ons(fused_query: str, blurred: str, removed: Sequence[StatedConstraint]
         before = fused_query[:at].split()
         after = fused_query[at + len(c.span) :].split()
         # An article before a removed modifier still fits ("the night trains" → "the trains").
-        if not before or not after or before[-1].lower() not in _EN_FUNCTION - _ARTICLES:
+        if not before or not after or before[-1].lower() not in EN_FUNCTION - _ARTICLES:
             continue
         joined = f"{before[-1]} {after[0]}"
         if joined.lower() in blurred.lower() and joined.lower() not in fused_query.lower():

@@ -40,6 +40,7 @@ from train.answerer_fit import AnswererFitSettings
 from train.judge_fit import JudgeFitSettings
 from train.rewriter_fit import RewriterFitSettings
 from train.searcher_fit import SearcherFitSettings
+from train.sft import sft_row, write_examples
 
 ANSWERER_CONFIG = CONFIG_DIR / "models" / "smollm2-135m-answerer.yaml"
 runner = CliRunner()
@@ -96,7 +97,7 @@ def test_every_completion_is_what_the_span_constraint_admits():
             assert example.completion not in instance.blurred_query
             spans = {c.type: c.span for c in instance.constraints}
             assert spans[example.topic] == example.completion
-        assert example.as_row()["completion"] == [
+        assert sft_row(example)["completion"] == [
             {"role": "assistant", "content": example.completion}
         ]
 
@@ -158,7 +159,7 @@ def test_the_held_out_answerer_labels_are_never_read(monkeypatch, tmp_path):
     split."""
     opened = _opened(monkeypatch)
     examples = generate(200, seed=0)
-    answerer_data.write_examples(examples, tmp_path / "rows.jsonl")
+    write_examples(examples, tmp_path / "rows.jsonl")
     monkeypatch.undo()
     read = {Path(p).resolve() for p in opened}
     assert answerer_data.TRAIN_FILE.resolve() in read
@@ -282,7 +283,8 @@ def test_every_role_adapter_has_its_command_its_model_config_and_its_shipped_ada
     the folder its model config serves, where the shipped adapter and its record lie."""
     from train.adapters import ROLE_ADAPTERS
 
-    assert [a.role for a in ROLE_ADAPTERS] == ["judge", "answerer", "searcher", "rewriter"]
+    roles = ["judge", "answerer", "searcher", "rewriter", "fuser", "blurrer"]
+    assert [a.role for a in ROLE_ADAPTERS] == roles
     for adapter in ROLE_ADAPTERS:
         config = load_model_config(CONFIG_DIR / "models" / f"{adapter.model}.yaml")
         assert CONFIG_DIR / config.adapter == adapter.adapter_dir
