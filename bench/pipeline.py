@@ -303,6 +303,7 @@ def overrides(
     seeds: Sequence[int] = (0,),
     cache: bool = True,
     roles: Sequence[str] = (),
+    key_order: str = "longest_first",
 ) -> list[Override]:
     """The quickstart with every role on `model` (laid over its file by `models.<model>`),
     its own response and tool caches under `home` (nothing is replayed from another run)."""
@@ -312,6 +313,7 @@ def overrides(
         Override(("models", model), model_settings, label),
         Override(("dataset", "limit"), instances, label),
         Override(("concurrency",), concurrency, label),
+        Override(("key_order",), key_order, label),
         Override(("seeds",), list(seeds), label),
         Override(("output_dir",), str(run_dir), label),
         Override(("cache", "path"), str(home / "responses.sqlite"), label),
@@ -419,6 +421,7 @@ def measure_server_run(
     instances: int,
     concurrency: int,
     max_concurrency: int,
+    key_order: str = "longest_first",
 ) -> tuple[dict[str, Any], list[Call], Path, Path]:
     """The quickstart on the server; its figures, recorded calls, run dir and cache home."""
     home, run_dir = work / f"{name}-home", work / f"{name}-run"
@@ -433,6 +436,7 @@ def measure_server_run(
             instances=instances,
             concurrency=concurrency,
             roles=quickstart_roles(),
+            key_order=key_order,
         ),
     )
     figures, calls, _ = measure_run(url, resolved, run_dir)
@@ -440,6 +444,7 @@ def measure_server_run(
         "instances": instances,
         "concurrency": concurrency,
         "max_concurrency": max_concurrency,
+        "key_order": key_order,
     }
     return {**settings_used, **figures}, calls, run_dir, home
 
@@ -495,8 +500,8 @@ def admissions() -> Iterator[list[float]]:
     admitted: list[float] = []
     acquire = KeySlots.acquire
 
-    async def recorded(self: KeySlots, resumed: bool = False) -> None:
-        await acquire(self, resumed)
+    async def recorded(self: KeySlots, resumed: bool = False, group: str = "") -> None:
+        await acquire(self, resumed, group)
         if not resumed:
             admitted.append(time.monotonic())
 
@@ -1353,16 +1358,21 @@ class Bench:
     def server_parts(self, url: str, model: str) -> None:
         args = self.args
         if self.wants("pipeline"):
-            for concurrency, max_concurrency in args.pipeline:
+            runs = itertools.product(args.pipeline, args.key_order)
+            for (concurrency, max_concurrency), order in runs:
                 label = "pipeline" if not self.results.get("pipeline") else "pipeline_more"
-                print(f"\n## {label}: concurrency {concurrency}/{max_concurrency}", flush=True)
+                print(
+                    f"\n## {label}: concurrency {concurrency}/{max_concurrency}, {order}",
+                    flush=True,
+                )
                 figures, calls, run_dir, home = measure_server_run(
                     url,
                     self.work,
-                    f"pipeline-{concurrency}-{max_concurrency}",
+                    f"pipeline-{concurrency}-{max_concurrency}-{order}",
                     instances=args.instances,
                     concurrency=concurrency,
                     max_concurrency=max_concurrency,
+                    key_order=order,
                 )
                 if label == "pipeline":
                     self.mix = calls
@@ -1604,6 +1614,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=pairs("4/8"),
         help="key concurrency/engine max_concurrency per pipeline run; the first is the "
         "quickstart's (4/8), later ones test a lever",
+    )
+    parser.add_argument(
+        "--key-order",
+        type=lambda t: t.split(","),
+        default=["longest_first"],
+        help="pipeline: the key orders to run each --pipeline setting in (longest_first, "
+        "dataset), each its own run on the same server; the first run's mix is the ceiling's",
     )
     parser.add_argument("--naive-instances", type=int, default=None, help="default --instances")
     parser.add_argument("--ceiling", type=ints, default=ints("3,8,16,32"))

@@ -160,6 +160,7 @@ async def _run(
                         concurrency=experiment.concurrency,
                         on_done=done,
                         retry_failed=retry_failed,
+                        key_order=experiment.key_order,
                     ),
                     control.get("watch"),
                 )

@@ -266,6 +266,10 @@ def check_template(template: str, fields: Sequence[str]) -> str:
     return template
 
 
+#: The orders keys can start in (`ExperimentConfig.key_order`).
+KeyOrder = Literal["longest_first", "dataset"]
+
+
 class ExperimentConfig(_Strict):
     name: str
     description: str = ""
@@ -284,6 +288,10 @@ class ExperimentConfig(_Strict):
     golden: GoldenConfig = GoldenConfig()
     #: Concurrent instances in flight (each engine bounds its own requests too).
     concurrency: int = Field(4, ge=1)
+    #: Which keys start first (eval/run/schedule.py): `longest_first` (the expected cost of a
+    #: key's condition, measured as the run goes) so that a run ends together, or `dataset`
+    #: (instance, condition, seed: the order before the cost model).
+    key_order: KeyOrder = "longest_first"
     output_dir: str = "runs/{name}"
     cache: CacheConfig = CacheConfig()
 

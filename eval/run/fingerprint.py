@@ -24,6 +24,7 @@ FREE_EXPERIMENT_KEYS: tuple[tuple[str, ...], ...] = (
     # Inline model overrides: compared as the resolved model configs below.
     ("models",),
     ("concurrency",),
+    ("key_order",),
     ("output_dir",),
     ("cache",),
     ("report",),

@@ -28,8 +28,10 @@ from pydantic_core import PydanticSerializationError
 
 from eval.data.schema import Instance, Record
 from eval.run.bulk import collector_paused
+from eval.run.config import KeyOrder
 from eval.run.progress import ShowProgress
 from eval.run.run_dir import RunDir, Shard
+from eval.run.schedule import KeyCosts, group_of
 from eval.run.slots import KeySlots
 from serving.disk import append_line, storage_errors, write_whole
 from serving.outputs import valid_unicode
@@ -285,6 +287,7 @@ async def run_keys(
     concurrency: int = 4,
     on_done: Callable[[Record], None] | None = None,
     retry_failed: bool = False,
+    key_order: KeyOrder = "longest_first",
 ) -> RunOutcome:
     """Run every key of this shard not recorded yet (and, with `retry_failed`, every key whose
     record is a failure); return counts. Cancelling (Ctrl-C, SIGTERM) stops in-flight keys;
@@ -305,6 +308,7 @@ async def run_keys(
             concurrency,
             on_done,
             retry_failed,
+            key_order,
             writer,
         )
 
@@ -319,6 +323,7 @@ async def _run_keys(
     concurrency: int,
     on_done: Callable[[Record], None] | None,
     retry_failed: bool,
+    key_order: KeyOrder,
     writer: Executor,
 ) -> RunOutcome:
     conditions, seeds = list(conditions), list(seeds)
@@ -334,15 +339,22 @@ async def _run_keys(
     keys = [(inst, c, s) for inst in shard.select(instances) for c in conditions for s in seeds]
     todo = [(inst, c, s) for inst, c, s in keys if (inst.id, c, s) not in done]
     outcome = RunOutcome(skipped=len(keys) - len(todo))
-    slots = KeySlots(concurrency)
+    costs = KeyCosts(done.values())
+    ranked = key_order == "longest_first"
+    if ranked:  # the first slots go in this order, later ones by `costs` as keys finish
+        todo.sort(key=lambda key: -costs.expected(group_of(key[1])))
+    slots = KeySlots(concurrency, costs.expected if ranked else None)
     loop = asyncio.get_running_loop()
     writing: set[asyncio.Future[None]] = set()
     hold = ProgressHold.from_env()
 
     async def one(instance: Instance, condition: str, seed: int) -> None:
-        async with slots.held():
-            await hold.passed()
+        # Held before its slot: a held key keeps no slot from a started one that gave its
+        # slot back for a wait (a clarify@k key on its dialogue) and needs one again.
+        await hold.passed()
+        async with slots.held(group_of(condition) if ranked else ""):
             record = writable(await run_one(instance, condition, seed))
+        costs.observe(record)
         # Written and fsync'd in a worker thread, so that the other keys' requests go on
         # meanwhile (an fsync waits on the disk). The key counts as done once the thread is
         # back: a record is on disk before it counts. Shielded: a cancelled key leaves its

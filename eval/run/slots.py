@@ -12,29 +12,32 @@ state is in memory.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 
-#: Waiters that already held a slot go before new keys.
-_RESUMED, _NEW = 0, 1
-
 
 class KeySlots:
-    def __init__(self, n: int) -> None:
-        self._free = n
-        #: Waiters by priority, then arrival; a cancelled one stays until popped.
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._order = itertools.count()
+    """`n` slots. A waiter that held one before goes first (in arrival order); then a new key
+    of the group that `rank` puts highest (eval/run/schedule.py: its expected cost, asked when
+    the slot frees, so that it follows what the run measures), in arrival order within it."""
 
-    async def acquire(self, resumed: bool = False) -> None:
+    def __init__(self, n: int, rank: Callable[[str], float] | None = None) -> None:
+        self._free = n
+        self._rank = rank or (lambda group: 0.0)
+        #: Waiters that held a slot before, by arrival; a cancelled one stays until popped.
+        self._resumed: deque[asyncio.Future[None]] = deque()
+        #: New keys by group, each by arrival.
+        self._new: dict[str, deque[asyncio.Future[None]]] = {}
+
+    async def acquire(self, resumed: bool = False, group: str = "") -> None:
         if self._free > 0:
             self._free -= 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (_RESUMED if resumed else _NEW, next(self._order), future))
+        queue = self._resumed if resumed else self._new.setdefault(group, deque())
+        queue.append(future)
         try:
             await future
         except asyncio.CancelledError:
@@ -45,17 +48,22 @@ class KeySlots:
 
     def release(self) -> None:
         """Hand the slot to the first live waiter, or free it (then no one is waiting)."""
-        while self._waiting:
-            _, _, future = heapq.heappop(self._waiting)
+        while self._resumed or any(self._new.values()):
+            future = self._resumed.popleft() if self._resumed else self._next_new()
             if not future.done():
                 future.set_result(None)
                 return
         self._free += 1
 
+    def _next_new(self) -> asyncio.Future[None]:
+        waiting = [group for group, queue in self._new.items() if queue]
+        return self._new[max(waiting, key=self._rank)].popleft()
+
     @asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
-        """Run a key in a slot; `released()` inside it gives the slot back for a wait."""
-        await self.acquire()
+    async def held(self, group: str = "") -> AsyncIterator[None]:
+        """Run a key of `group` in a slot; `released()` inside it gives the slot back for a
+        wait."""
+        await self.acquire(group=group)
         slot = _Slot(self)
         token = _HELD.set(slot)
         try:
