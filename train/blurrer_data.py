@@ -26,7 +26,7 @@ from agents.prompts import render
 from eval.build.checks import EN_FUNCTION, question_rejections, span_rejections
 from train.answerer_data import Instance, read_instances
 from train.fuser_data import intent_of, session
-from train.sft import RoleCall, as_json, chat
+from train.sft import RoleCall, as_json, chat, in_turn
 
 #: Share of examples on a train instance's own fused question and removed constraint.
 DATASET_SHARE = 0.3
@@ -106,14 +106,7 @@ def blurrer_example(instance: Instance, rng: random.Random) -> BlurrerExample | 
 
 def generate(count: int, seed: int) -> list[BlurrerExample]:
     """`count` Blurrer calls drawn with `seed` from the train split's instances in turn."""
-    rng = random.Random(seed)
-    instances = read_instances()
-    examples: list[BlurrerExample] = []
-    while len(examples) < count:
-        rng.shuffle(instances)
-        drawn = (blurrer_example(i, rng) for i in instances)
-        examples += [e for e in drawn if e is not None]
-    return examples[:count]
+    return in_turn(read_instances(), count, seed, blurrer_example)
 
 
 def label_counts(examples: Sequence[BlurrerExample]) -> dict[str, int]:

@@ -29,7 +29,7 @@ from agents.fuser import FusedIntent, StatedConstraint, raw_list
 from agents.prompts import render
 from agents.user_answerer import unit_spans
 from train.answerer_data import Instance, read_instances
-from train.sft import RoleCall, as_json, chat
+from train.sft import RoleCall, as_json, chat, in_turn
 
 #: Share of sessions that hold the fused question itself (the rest: keyword queries only).
 QUESTION_SHARE = 0.3
@@ -156,13 +156,7 @@ def fuser_example(instance: Instance, rng: random.Random) -> FuserExample:
 
 def generate(count: int, seed: int) -> list[FuserExample]:
     """`count` Fuser calls drawn with `seed` from the train split's instances in turn."""
-    rng = random.Random(seed)
-    instances = read_instances()
-    examples: list[FuserExample] = []
-    while len(examples) < count:
-        rng.shuffle(instances)
-        examples += [fuser_example(i, rng) for i in instances]
-    return examples[:count]
+    return in_turn(read_instances(), count, seed, fuser_example)
 
 
 def label_counts(examples: Sequence[FuserExample]) -> dict[str, int]:

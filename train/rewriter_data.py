@@ -30,7 +30,7 @@ from agents.prompts import render
 from agents.rewriter import RewrittenQuery
 from agents.types import QA, UNKNOWN, history_text
 from train.answerer_data import Instance, answerer_example, read_instances
-from train.sft import RoleCall, as_json, chat
+from train.sft import RoleCall, as_json, chat, in_turn
 
 #: Share of questions that repeat the blurred query (the tiny Clarifier's habit).
 ECHO_SHARE = 0.25
@@ -94,13 +94,7 @@ def rewriter_example(instance: Instance, rng: random.Random) -> RewriterExample:
 
 def generate(count: int, seed: int) -> list[RewriterExample]:
     """`count` Rewriter calls drawn with `seed` from the train split's instances in turn."""
-    rng = random.Random(seed)
-    instances = read_instances()
-    examples: list[RewriterExample] = []
-    while len(examples) < count:
-        rng.shuffle(instances)
-        examples += [rewriter_example(i, rng) for i in instances]
-    return examples[:count]
+    return in_turn(read_instances(), count, seed, rewriter_example)
 
 
 def label_counts(examples: Sequence[RewriterExample]) -> dict[str, int]:

@@ -5,10 +5,11 @@ example class (train/<role>_data.py) is a `RoleCall` with the fields of its own 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
@@ -27,6 +28,24 @@ class RoleCall:
     #: The call's chat messages (system, user), in the role's own prompt.
     messages: list[dict[str, str]]
     completion: str
+
+
+T = TypeVar("T")
+E = TypeVar("E", bound=RoleCall)
+
+
+def in_turn(
+    instances: list[T], count: int, seed: int, example: Callable[[T, random.Random], E | None]
+) -> list[E]:
+    """`count` examples drawn with one `random.Random(seed)` from `instances` in turn, each
+    pass in a new shuffled order (an instance that gives none, None, is passed over)."""
+    rng = random.Random(seed)
+    examples: list[E] = []
+    while len(examples) < count:
+        rng.shuffle(instances)
+        drawn = (example(instance, rng) for instance in instances)
+        examples += [e for e in drawn if e is not None]
+    return examples[:count]
 
 
 def chat(*messages: Message) -> list[dict[str, str]]:
