@@ -1,9 +1,11 @@
 """Which key starts next: the longest expected chain first, so that a run ends together.
 
-Keys started in the dataset's order leave the long chains for last: on the vLLM-CPU server a
-pilot kept 26-31 requests running for its first ~150 s, then spent 110 s (40% of its wall time)
-with running falling from 24 to 0 while a few clarify@3 chains finished. Started longest
-first, the long chains overlap the short ones and the tail is the length of a short key.
+Where keys queue for slots (a sweep's shard holds thousands of keys for tens of slots), keys
+started in the dataset's order leave the last instances' long chains (clarify@3: three
+Clarifier and User Answerer turns, a rewrite, the search, the judge) for last, and the run ends
+with a few of them running and the server nearly idle. Started longest first, the long chains
+run while short keys fill the slots around them. Where every key starts at once (a 60-key
+pilot at 32 slots: bench/RESULTS.md) the order changes nothing.
 
 Keys are ranked by group: every clarify@k of a run is one group (`clarify`), since the
 clarify@k keys of an instance and seed share one dialogue and start together, in the dataset's
