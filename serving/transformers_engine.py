@@ -15,7 +15,6 @@ import time
 import warnings
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from functools import lru_cache
 from typing import Any, Literal, Unpack
 
 from serving.batching import BatchingEngine, Checkpoint, weights_fingerprint
@@ -33,6 +32,8 @@ from serving.types import (
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+#: Compiled output constraints an engine keeps (a run's roles use a few dozen schemas).
+_MAX_INDEXES = 512
 
 
 def native_bf16() -> bool:
@@ -222,6 +223,10 @@ class TransformersEngine(BatchingEngine):
         self._hf: Any = None
         self._tokenizer: Any = None
         self._backend: Any = None
+        #: Compiled output constraints by regex. The engine's own, so that they go with it: a
+        #: cache on the class (functools.lru_cache on the method) held every engine a process
+        #: ever built, and its weights, until the process ended.
+        self._indexes: dict[str, Any] = {}
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -255,11 +260,14 @@ class TransformersEngine(BatchingEngine):
             self._tokenizer = tokenizer
             self._hf = hf
 
-    @lru_cache(maxsize=512)  # noqa: B019 - one engine per model for the process's lifetime
     def _index(self, regex: str) -> Any:
         from outlines_core import Index
 
-        return Index(regex, self._backend.vocabulary)
+        if regex not in self._indexes:
+            if len(self._indexes) >= _MAX_INDEXES:  # the oldest goes first
+                del self._indexes[next(iter(self._indexes))]
+            self._indexes[regex] = Index(regex, self._backend.vocabulary)
+        return self._indexes[regex]
 
     def _processor(self, spec: OutputSpec | None) -> Any:
         if spec is None:
