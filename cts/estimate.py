@@ -302,6 +302,24 @@ def _print_shards(console: Console, found: Estimate) -> None:
         )
 
 
+def _print_held(console: Console, found: Estimate) -> None:
+    """GPU-hours the servers are held per task against shared, where sharing saves any."""
+    saved = [h for h in found.held if h.shared_gpu_hours < h.per_task_gpu_hours]
+    if not saved:
+        return
+    per_task = sum(h.per_task_gpu_hours for h in found.held)
+    shared = sum(min(h.shared_gpu_hours, h.per_task_gpu_hours) for h in found.held)
+    lines = ", ".join(f"{h.model} {h.per_task_gpu_hours:g} → {h.shared_gpu_hours:g}" for h in saved)
+    console.print(
+        f"GPU-hours held by the servers at --shards {found.shards}: {per_task:g} with every "
+        f"shard serving every model; {shared:g} with --shared-servers for the roles of "
+        f"{', '.join(h.model for h in saved)} (one job serving only the servers their work "
+        f"needs: {lines})",
+        highlight=False,
+        markup=False,
+    )
+
+
 def print_estimate(console: Console, found: Estimate) -> None:
     """The estimate as `cts estimate` prints it: what it covers, the tables, the
     suggested shards and the notes."""
@@ -320,5 +338,6 @@ def print_estimate(console: Console, found: Estimate) -> None:
     _print_servers(console, found)
     _print_tools(console, found)
     _print_shards(console, found)
+    _print_held(console, found)
     for note in found.notes:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)

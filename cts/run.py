@@ -181,7 +181,10 @@ def _where(model: ModelPlan) -> str:
         return f"in-process ({model.engine}), weights {model.path}"
     if model.started:
         return f"vLLM server started for the run (--serve), weights {model.path}"
-    where = f"openai endpoint {model.endpoint}" if model.endpoint else "openai, no endpoint set"
+    if isinstance(model.endpoint, list):
+        where = f"openai, {len(model.endpoint)} replicas: {', '.join(model.endpoint)}"
+    else:
+        where = f"openai endpoint {model.endpoint}" if model.endpoint else "openai, no endpoint set"
     return where + ("; --serve would start vLLM for it" if model.servable else "")
 
 

@@ -20,7 +20,15 @@ from cts.common import (
 )
 from eval.run.config import load_experiment
 from eval.run.run_dir import RunDir
-from serving.serve import ServeOptions, ServerGroup, Stopped, dry_run_text, serving, stop_on_signals
+from serving.serve import (
+    ServeOptions,
+    ServerGroup,
+    Stopped,
+    dry_run_text,
+    only_models,
+    serving,
+    stop_on_signals,
+)
 
 app = typer.Typer()
 
@@ -43,6 +51,12 @@ def serve(
         1800.0, help="Seconds all servers together may take to become ready."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the GPU plan and commands."),
+    models: str | None = typer.Option(
+        None,
+        "--models",
+        help="Serve only these model keys, comma-separated (a shared servers job's: `cts slurm "
+        "submit --shared-servers`).",
+    ),
 ) -> None:
     """Serve the experiment's models with vLLM until Ctrl-C or SIGTERM.
 
@@ -55,7 +69,7 @@ def serve(
     run = RunDir(output_dir_option(output_dir) or resolved.output_dir())
     endpoints = endpoints or run.endpoints
     options = ServeOptions(gpus=gpus, cpu=cpu, vllm_python=vllm_python)
-    planned = options.plan(resolved.model_configs, run.serve_logs(), host)
+    planned = options.plan(only_models(resolved.model_configs, models), run.serve_logs(), host)
     console = output_console()
     if not planned:
         console.print("no model of this experiment is served (no role uses engine: openai)")
@@ -80,10 +94,10 @@ def _ready_table(group: ServerGroup) -> Table:
     table = Table("model", "served name", "url", "GPUs", "ready after")
     for p in group.planned:
         table.add_row(
-            p.key,
+            p.label,
             p.config.name,
             p.server.base_url,
             ",".join(p.gpus) or "CPU",
-            f"{group.ready_s.get(p.key, 0):.0f} s",
+            f"{group.ready_s.get(p.label, 0):.0f} s",
         )
     return table

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from cts.common import SET_OPTION, command, output_console
 from slurm.history import submissions
-from slurm.status import chain_status, status
+from slurm.status import chain_status, servers_state, status
 from slurm.submit import (
     CPUS_PER_GPU,
     MEM_GB_PER_GPU,
@@ -95,6 +95,22 @@ _SUBMIT_READY_TIMEOUT = typer.Option(
 _SUBMIT_SBATCH_ARG = typer.Option(
     [], "--sbatch-arg", help="Extra sbatch option for the array job, e.g. --qos=high."
 )
+_SUBMIT_SHARED_SERVERS = typer.Option(
+    None,
+    "--shared-servers",
+    help="Roles whose models one job serves for every array task, comma-separated (e.g. "
+    "judge,user_answerer): loaded once, not once per shard. Its endpoints file is in "
+    "RUN_DIR/slurm/; the tasks wait for it and serve their other models themselves; a last job "
+    "cancels it once every task has ended. --job eval, golden, rejudge.",
+)
+_SUBMIT_SHARED_GPUS = typer.Option(
+    None, "--shared-gpus", min=0, help="GPUs of the shared servers job (default --gpus-per-task)."
+)
+_SUBMIT_SHARED_TIME = typer.Option(
+    None,
+    "--shared-time",
+    help="sbatch --time of the shared servers job: the whole sweep's (default --time).",
+)
 _SUBMIT_DRY_RUN = typer.Option(
     False,
     "--dry-run",
@@ -123,6 +139,9 @@ def submit_command(
     vllm_python: str | None = _SUBMIT_VLLM_PYTHON,
     ready_timeout: float | None = _SUBMIT_READY_TIMEOUT,
     sbatch_arg: list[str] = _SUBMIT_SBATCH_ARG,
+    shared_servers: str | None = _SUBMIT_SHARED_SERVERS,
+    shared_gpus: int | None = _SUBMIT_SHARED_GPUS,
+    shared_time: str | None = _SUBMIT_SHARED_TIME,
     dry_run: bool = _SUBMIT_DRY_RUN,
     build_args: list[str] = typer.Argument(
         None, help="--job fuse|blur: that command's arguments, after --.", show_default=False
@@ -149,6 +168,9 @@ def submit_command(
         extra_sbatch=sbatch_arg,
         fit_gpus=fit_gpus,
         ready_timeout_s=ready_timeout,
+        shared_servers=[r.strip() for r in (shared_servers or "").split(",") if r.strip()],
+        shared_gpus=shared_gpus,
+        shared_time=shared_time,
     )
     planned, name = plan_job(
         job, config, set_, output_dir, options, source, iterations, build_args or ()
@@ -179,12 +201,19 @@ def _print_submitted(
         )
         return
     for step, done in zip(planned, chain, strict=True):
+        if step.shared is not None and done.servers_job:
+            console.print(
+                f"submitted shared servers job {done.servers_job} "
+                f"({', '.join(step.shared.models)}), cancelled by job {done.stop_job} once "
+                "every array task has ended.",
+                highlight=False,
+            )
         console.print(
             f"submitted {step.array_title} job {done.array_job} ({shards} shards) and "
             f"{step.final_title} job {done.final_job}.",
             highlight=False,
         )
-    ids = ",".join(str(j) for d in chain for j in (d.array_job, d.final_job))
+    ids = ",".join(str(j) for d in chain for j in (d.servers_job, d.array_job, d.final_job) if j)
     console.print(
         f"watch: cts slurm status {run_dir}   or   squeue -j {ids}\n"
         f"logs: {run_dir / 'slurm' / 'logs'}",
@@ -203,6 +232,7 @@ def status_command(
         _chain_status(run_dir, as_json)
         return
     latest, progress, final = status(run_dir)
+    servers = servers_state(latest)
     if as_json:
         print(
             json.dumps(
@@ -211,6 +241,8 @@ def status_command(
                     "array_job": latest["array_job"],
                     "final_job": latest["final_job"],
                     "final": asdict(final) if final else None,
+                    "servers_job": latest.get("servers_job"),
+                    "servers": asdict(servers) if servers else None,
                     "shards": [
                         {
                             "shard": p.shard.name,
@@ -245,6 +277,12 @@ def status_command(
         + (f" ({final.reason})" if final and final.reason not in ("", "None") else ""),
         highlight=False,
     )
+    if latest.get("servers_job"):
+        console.print(
+            f"shared servers job {latest['servers_job']}: "
+            f"{servers.state if servers else 'gone from Slurm'}",
+            highlight=False,
+        )
     total = sum(p.done for p in progress)
     expected = sum(p.expected for p in progress)
     console.print(f"{total}/{expected} records", highlight=False)

@@ -98,6 +98,31 @@ class ModelRow:
 
 
 @dataclass(frozen=True)
+class HeldServers:
+    """GPU-hours a model's servers are held (loaded, busy or idle) over a sweep of `shards`
+    shards of about `target_hours` each. Per task, every shard serves the model for its whole
+    run; shared (`cts slurm submit --shared-servers`), one job serves it with only the servers
+    its own work needs (its `shards`), for the same wall time."""
+
+    model: str
+    per_task_gpu_hours: float
+    shared_gpu_hours: float
+
+
+def held_servers(models: Sequence[ModelRow], shards: int, target_hours: float) -> list[HeldServers]:
+    """Per model with a known throughput: held GPU-hours per task and shared."""
+    return [
+        HeldServers(
+            m.model_name,
+            round(shards * target_hours * m.gpus_per_server, 2),
+            round(m.shards * target_hours * m.gpus_per_server, 2),
+        )
+        for m in models
+        if m.shards is not None
+    ]
+
+
+@dataclass(frozen=True)
 class ConditionRow:
     condition: str
     pilot_keys: int
@@ -150,6 +175,8 @@ class Estimate:
     #: Records of the pilot replaced by a later one of their key (a failure retried with
     #: `--retry-failed`, a key recorded again on a resume): their model work is counted.
     pilot_replaced: int = 0
+    #: Per model, GPU-hours held at the suggested shards: per-task servers against shared ones.
+    held: list[HeldServers] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -600,6 +627,7 @@ def estimate(
         notes=_notes(sweep, pilot, keyed, incomplete, metered, model_rows, tools, len(complete))
         + _replaced_note(counted, roles, metered),
         pilot_replaced=len(counted),
+        held=held_servers(model_rows, max(known), target_hours) if known else [],
     )
 
 

@@ -42,8 +42,9 @@ class ModelPlan:
     roles: list[str]
     #: The checkpoint (a path, hub id or `tiny:…`), as the config gives it.
     path: str
-    #: The base URL an `openai` model is reached at (None: none known before the run).
-    endpoint: str | None
+    #: The base URL an `openai` model is reached at, or its replicas' (None: none known before
+    #: the run).
+    endpoint: str | list[str] | None
     #: Engine `openai` with `vllm.serve`: `--serve` starts a vLLM server for it.
     servable: bool
     #: The run starts that server (`--serve` given).

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from serving.errors import ConstrainedOutputError, EngineError
 from serving.outputs import valid_unicode, validate_output
+from serving.replicas import Replicas
 from serving.types import ChatRequest, ChatResponse, PromptCount
 
 
@@ -27,9 +28,16 @@ class EngineStats:
     #: Attempts that failed and were sent again, by why (`timeout`, `connection`, `HTTP 503`).
     #: A timed-out attempt's work on the server is lost: many mean a busy server, not a dead one.
     retried: Counter[str] = field(default_factory=Counter)
+    #: A model served by replicas: requests each was sent, which were found down.
+    replicas: Replicas | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return {**vars(self), "errors": dict(self.errors), "retried": dict(self.retried)}
+        return {
+            **vars(self),
+            "errors": dict(self.errors),
+            "retried": dict(self.retried),
+            "replicas": self.replicas.as_dict() if self.replicas else None,
+        }
 
 
 class ChatModel(Protocol):

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.batching import Checkpoint
 from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel, Engine
+from serving.replicas import Routing
 from serving.yaml_config import ConfigError, load_config
 
 #: `path: tiny:smollm2-135m-instruct` means the converted tiny model (serving/tiny_model.py).
@@ -48,6 +49,9 @@ class VllmServerArgs(_Strict):
     #: Fraction of each of its GPUs' memory it takes; two models at 0.45 can share one GPU.
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     max_model_len: int | None = Field(None, gt=0)
+    #: Copies of the server `cts serve` starts, each on GPUs of its own (`auto`: as many as fit
+    #: beside the other models); requests of one key stay on one copy (`routing`).
+    replicas: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     #: Fixed port; default a free one.
     port: int | None = Field(None, gt=0, lt=65536)
     #: Explicit GPU ids as CUDA_VISIBLE_DEVICES lists them (overrides the packing).
@@ -73,7 +77,11 @@ class ModelConfig(_Strict):
     chat_template_kwargs: dict[str, Any] = {}
     sampling: SamplingDefaults = SamplingDefaults()
     # openai engine
-    endpoint: str | None = None
+    #: Base URL (`http://host:8000/v1`), or a list of the URLs of the model's replicas.
+    endpoint: str | list[str] | None = None
+    #: With several endpoints: `affinity` keeps each key's requests on one replica, so its
+    #: prefix cache stays warm (serving/replicas.py); `round_robin` spreads every request.
+    routing: Routing = "affinity"
     #: Name of the environment variable holding the API key (the key itself never goes in YAML).
     api_key_env: str | None = None
     constraint_field: Literal["structured_outputs", "response_format"] = "structured_outputs"
@@ -81,11 +89,15 @@ class ModelConfig(_Strict):
     max_retries: int = Field(4, ge=0)
     max_concurrency: int = Field(8, ge=1)
     # in-process engines
-    #: A LoRA adapter (a peft adapter directory) the transformers engine applies over `path`:
-    #: absolute, `~/…`, or relative to the shipped configs/ folder, where the shipped ones live
-    #: (`models/adapters/smollm2-135m-judge`). The other engines cannot apply one (vLLM serves
-    #: adapters through `vllm.extra_args`, as `cts train fit` writes them).
+    #: A LoRA adapter (a peft adapter directory) over `path`: absolute, `~/…`, or relative to
+    #: the shipped configs/ folder, where the shipped ones live
+    #: (`models/adapters/smollm2-135m-judge`). The transformers engine applies it itself; an
+    #: `openai` model with `lora_of` is served by its base's vLLM server.
     adapter: str | None = None
+    #: Many fine-tunes on one server: the key of the model config whose vLLM server serves this
+    #: model's `adapter` (`--enable-lora --lora-modules NAME=ADAPTER`, NAME this config's
+    #: `name`, which requests carry). The base config needs engine `openai` with `vllm.serve`.
+    lora_of: str | None = None
     #: Trained on the WebDancer protocol, so that its search turns need no grammar (an
     #: experiment's `search.constrained` decides over it). None: every model but the tiny one,
     #: never trained on it; the tiny model with its searcher adapter sets it true.
@@ -126,14 +138,29 @@ class ModelConfig(_Strict):
         engine, not the lexical judge, not an endpoint someone else serves (`engine: openai`,
         `vllm.serve: false`)."""
         return self.engine not in ("scripted", "lexical") and not (
-            self.engine == "openai" and not self.vllm.serve
+            self.engine == "openai" and (not self.vllm.serve or self.lora_of is not None)
         )
 
     @model_validator(mode="after")
-    def _adapter_needs_transformers(self) -> ModelConfig:
-        if self.adapter is not None and self.engine != "transformers":
+    def _replicas_are_served(self) -> ModelConfig:
+        if isinstance(self.endpoint, list) and not self.endpoint:
+            raise ValueError("endpoint: an empty list (give one URL, or each replica's)")
+        if self.vllm.replicas != 1 and self.vllm.gpus is not None:
             raise ValueError(
-                f"adapter: only the transformers engine applies one (engine is {self.engine!r})"
+                "vllm.replicas: with vllm.gpus pinning one server's GPUs, copies cannot have "
+                "GPUs of their own; leave vllm.gpus unset and `cts serve` packs each copy"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_needs_transformers(self) -> ModelConfig:
+        if self.lora_of is not None:
+            if self.engine != "openai" or self.adapter is None:
+                raise ValueError("lora_of: needs engine 'openai' and the `adapter` it serves")
+        elif self.adapter is not None and self.engine != "transformers":
+            raise ValueError(
+                f"adapter: only the transformers engine applies one (engine is {self.engine!r}); "
+                "a vLLM server serves one for a config with `lora_of`"
             )
         return self
 
@@ -230,6 +257,7 @@ def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> Cha
             constraint_field=config.constraint_field,
             chat_template_kwargs=config.chat_template_kwargs,
             revision=config.revision,
+            routing=config.routing,
         )
     elif config.engine == "lexical":
         from serving.lexical import LexicalEngine

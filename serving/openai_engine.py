@@ -14,6 +14,7 @@ import math
 import random
 import re
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import httpx
@@ -25,6 +26,7 @@ from serving.errors import (
     EngineUnavailable,
     ServerUnreachable,
 )
+from serving.replicas import Replicas, Routing
 from serving.secrets import redact_cut, secret_from_env
 from serving.types import (
     ChatRequest,
@@ -101,7 +103,7 @@ class OpenAIEngine(Engine):
     def __init__(
         self,
         model: str,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         api_key_env: str | None = None,
         max_concurrency: int = 8,
@@ -111,10 +113,15 @@ class OpenAIEngine(Engine):
         constraint_field: ConstraintField = "structured_outputs",
         chat_template_kwargs: dict[str, Any] | None = None,
         revision: str | None = None,
+        routing: Routing = "affinity",
     ) -> None:
         super().__init__()
         self.model = model
-        self.base_url = base_url.rstrip("/")
+        #: One URL, or a model's replicas: each key's requests stay on one (serving/replicas.py).
+        self.replicas = Replicas([base_url] if isinstance(base_url, str) else base_url, routing)
+        if len(self.replicas) > 1:
+            self.stats.replicas = self.replicas
+        self.base_url = self.replicas.urls[0]
         self.url = f"{self.base_url}/chat/completions"
         self.identity = f"openai:{model}@{revision or 'served'}"
         self.max_retries = max_retries
@@ -177,65 +184,86 @@ class OpenAIEngine(Engine):
             self._semaphore = asyncio.Semaphore(self._max_concurrency)
         return self._clients, self._semaphore
 
-    async def _post(self, clients: list[httpx.AsyncClient], body: dict[str, Any]) -> httpx.Response:
-        """On the client with the fewest requests in flight: with the semaphore's bound, none
-        holds more than its pool, so no request queues inside httpcore."""
+    async def _post(
+        self, clients: list[httpx.AsyncClient], replica: int, body: dict[str, Any]
+    ) -> httpx.Response:
+        """To `replica`, on the client with the fewest requests in flight: with the semaphore's
+        bound, none holds more than its pool, so no request queues inside httpcore."""
         i = min(range(len(clients)), key=self._in_flight.__getitem__)
         self._in_flight[i] += 1
+        self.replicas.in_flight[replica] += 1
+        self.replicas.sent[replica] += 1
         try:
-            return await clients[i].post(self.url, json=body)
+            return await clients[i].post(self._chat_url(replica), json=body)
         finally:
             self._in_flight[i] -= 1
+            self.replicas.in_flight[replica] -= 1
+
+    def _chat_url(self, replica: int) -> str:
+        return f"{self.replicas.urls[replica]}/chat/completions"
 
     async def _complete(self, request: ChatRequest) -> ChatResponse:
         body = self.body(request)
         self.last_body = body
         clients, semaphore = self._session()
-        last_error, why = "no attempt made", ""
+        last_error, why, url = "no attempt made", "", self.url
         refused = False
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self.stats.retried[why] += 1
-                delay = min(self.backoff_s * 2 ** (attempt - 1), self.MAX_BACKOFF_S)
-                delay *= 1 + random.random() / 4
-                await asyncio.sleep(delay)
+        attempt = 0
+        while True:
+            replica = self.replicas.pick()
+            url = self._chat_url(replica)
             started = time.perf_counter()
             try:
                 async with semaphore:
-                    reply = await self._post(clients, body)
+                    reply = await self._post(clients, replica, body)
             except (httpx.TransportError, httpx.TimeoutException) as e:
                 last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 # Nobody listening (or answering a connect): the server, not this request.
                 refused = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
+                if refused and self.replicas.mark_down(replica):
+                    # Another replica is live: this key moves there now, no wait, no attempt
+                    # spent (a dead replica never comes back within a retry's backoff).
+                    self.stats.retried["replica down"] += 1
+                    continue
                 busy = isinstance(e, httpx.TimeoutException) and not refused
                 why = "timeout" if busy else "connection"
-                continue
-            refused = False
-            if reply.status_code in _RETRYABLE_STATUS:
+            else:
+                refused = False
+                self.replicas.mark_up(replica)
+                if reply.status_code not in _RETRYABLE_STATUS:
+                    return self._answer(reply, url, time.perf_counter() - started)
                 # A server may echo the request's headers in its error body.
                 last_error = f"HTTP {reply.status_code}: {redact_cut(reply.text, 300)}"
                 why = f"HTTP {reply.status_code}"
-                continue
-            overflow = context_length_error(reply.status_code, reply.text)
-            if overflow is not None:
-                raise overflow
-            if reply.status_code != 200:
-                raise EngineError(
-                    f"{self.url} (model {self.model}) refused the request: "
-                    f"HTTP {reply.status_code}: {redact_cut(reply.text, 500)}"
-                )
-            return self._response(reply.json(), time.perf_counter() - started)
+            attempt += 1
+            if attempt > self.max_retries:
+                break
+            self.stats.retried[why] += 1
+            delay = min(self.backoff_s * 2 ** (attempt - 1), self.MAX_BACKOFF_S)
+            await asyncio.sleep(delay * (1 + random.random() / 4))
         message = (
-            f"{self.url} (model {self.model}): {self.max_retries + 1} attempts failed; "
+            f"{url} (model {self.model}): {self.max_retries + 1} attempts failed; "
             f"last error: {last_error}"
         )
         raise ServerUnreachable(message) if refused else EngineUnavailable(message)
+
+    def _answer(self, reply: httpx.Response, url: str, latency: float) -> ChatResponse:
+        """A reply that is not worth sending again: the response, or the refusal raised."""
+        overflow = context_length_error(reply.status_code, reply.text)
+        if overflow is not None:
+            raise overflow
+        if reply.status_code != 200:
+            raise EngineError(
+                f"{url} (model {self.model}) refused the request: "
+                f"HTTP {reply.status_code}: {redact_cut(reply.text, 500)}"
+            )
+        return self._response(reply.json(), url, latency)
 
     async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
         """vLLM's `POST /tokenize` of the request's messages, with the chat template and the
         generation prompt as a chat request gets them; None when the server cannot say (not
         vLLM, unreachable): the caller then estimates."""
-        root = self.base_url.removesuffix("/v1")
+        root = self.replicas.urls[self.replicas.pick()].removesuffix("/v1")
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [m.model_dump() for m in request.messages],
@@ -252,12 +280,12 @@ class OpenAIEngine(Engine):
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 
-    def _response(self, payload: dict[str, Any], latency: float) -> ChatResponse:
+    def _response(self, payload: dict[str, Any], url: str, latency: float) -> ChatResponse:
         try:
             choice = payload["choices"][0]
             text = choice["message"]["content"] or ""
         except (KeyError, IndexError, TypeError) as e:
-            raise EngineError(f"{self.url}: malformed reply {redact_cut(str(payload), 300)}") from e
+            raise EngineError(f"{url}: malformed reply {redact_cut(str(payload), 300)}") from e
         usage = payload.get("usage") or {}
         finish = choice.get("finish_reason") or "stop"
         return ChatResponse(

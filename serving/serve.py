@@ -95,6 +95,13 @@ class PlannedServer:
     gpus: list[str]
     port: int
     server: VllmServer = field(repr=False)
+    #: Which copy of the model (`vllm.replicas`), from 0.
+    replica: int = 0
+
+    @property
+    def label(self) -> str:
+        """The key, and which copy for the second and later: `judge`, `judge #2`."""
+        return self.key if self.replica == 0 else f"{self.key} #{self.replica + 1}"
 
     def describe(self) -> dict[str, object]:
         return {
@@ -107,8 +114,53 @@ class PlannedServer:
 
 
 def served_models(models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
-    """The models `cts serve` starts: engine `openai` with `vllm.serve` on."""
-    return {k: m for k, m in models.items() if m.engine == "openai" and m.vllm.serve}
+    """The models `cts serve` starts: engine `openai` with `vllm.serve` on, and not a LoRA
+    adapter served by another model's server (`lora_of`)."""
+    return {
+        k: m
+        for k, m in models.items()
+        if m.engine == "openai" and m.vllm.serve and m.lora_of is None
+    }
+
+
+#: LoRA ranks vLLM accepts for --max-lora-rank.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_args(base: str, models: dict[str, ModelConfig]) -> list[str]:
+    """vLLM flags serving every adapter whose config names `base` in `lora_of`, each under its
+    config's `name`; none without. The rank bound is the largest adapter's `r`, rounded up to
+    a rank vLLM accepts."""
+    adapters = {m.name: m.resolved_adapter() for m in models.values() if m.lora_of == base}
+    if not adapters:
+        return []
+    ranks = []
+    for path in adapters.values():
+        config = json.loads((Path(str(path)) / "adapter_config.json").read_text())
+        ranks.append(int(config.get("r", 8)))
+    rank = next((r for r in LORA_RANKS if r >= max(ranks)), LORA_RANKS[-1])
+    modules = [f"{name}={path}" for name, path in adapters.items()]
+    return [
+        "--enable-lora",
+        "--max-loras",
+        str(len(adapters)),
+        "--max-lora-rank",
+        str(rank),
+        "--lora-modules",
+        *modules,
+    ]
+
+
+def only_models(models: dict[str, ModelConfig], keys: str | None) -> dict[str, ModelConfig]:
+    """The models named in `keys` (comma-separated), all without; PlanError for a name the
+    experiment does not use."""
+    if keys is None:
+        return models
+    wanted = [k.strip() for k in keys.split(",") if k.strip()]
+    unknown = [k for k in wanted if k not in models]
+    if unknown:
+        raise PlanError(f"--models {keys}: {unknown} not among the experiment's {sorted(models)}")
+    return {k: models[k] for k in wanted}
 
 
 def available_gpus() -> list[str]:
@@ -202,6 +254,34 @@ def plan_gpus(models: dict[str, ModelConfig], gpus: list[str]) -> dict[str, list
     return plan
 
 
+def _copies(models: dict[str, ModelConfig], counts: dict[str, int]) -> dict[str, ModelConfig]:
+    """Every copy of every model as a plan entry of its own: `key`, `key #2`, …"""
+    return {
+        (key if r == 0 else f"{key} #{r + 1}"): model
+        for key, model in models.items()
+        for r in range(counts[key])
+    }
+
+
+def plan_replicas(models: dict[str, ModelConfig], gpus: list[str]) -> dict[str, list[list[str]]]:
+    """Model key → the GPUs of each of its copies. Fixed counts are planned as `plan_gpus`
+    plans models; then models with `replicas: auto` get one more copy each in turn while one
+    fits beside everything planned."""
+    counts = {k: 1 if m.vllm.replicas == "auto" else m.vllm.replicas for k, m in models.items()}
+    plan = plan_gpus(_copies(models, counts), gpus)
+    growing = [k for k, m in models.items() if m.vllm.replicas == "auto"]
+    while growing:
+        for key in list(growing):
+            try:
+                plan = plan_gpus(_copies(models, {**counts, key: counts[key] + 1}), gpus)
+            except PlanError:
+                growing.remove(key)
+                continue
+            counts[key] += 1
+    copies = list(_copies(models, counts))
+    return {k: [plan[c] for c in copies if c == k or c.startswith(f"{k} #")] for k in models}
+
+
 def server_args(model: ModelConfig, cpu: bool) -> list[str]:
     """vLLM flags from the model config (the CPU build takes no GPU flags)."""
     args: list[str] = []
@@ -229,35 +309,57 @@ def plan_servers(
     python: str | None = None,
     host: str = "127.0.0.1",
 ) -> list[PlannedServer]:
-    """Everything needed to start the servers, without starting any (`--dry-run` prints it)."""
+    """Everything needed to start the servers, without starting any (`--dry-run` prints it).
+    On the CPU build each model gets its `replicas` copies (`auto`: one)."""
     wanted = served_models(models)
-    assignment = {k: [] for k in wanted} if cpu else plan_gpus(wanted, gpus or available_gpus())
+    assignment: dict[str, list[list[str]]]
+    if cpu:
+        assignment = {
+            k: [[]] * (1 if m.vllm.replicas == "auto" else m.vllm.replicas)
+            for k, m in wanted.items()
+        }
+    else:
+        assignment = plan_replicas(wanted, gpus or available_gpus())
     planned = []
     taken: set[int] = set()
     for key, model in wanted.items():
-        port = model.vllm.port or free_port(host)
-        if port in taken:
-            raise PlanError(f"model {key}: port {port} is already used by another model")
-        taken.add(port)
-        env = dict(model.vllm.env)
-        if not cpu:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(assignment[key])
         path = model.resolved_path()
         problem = chat_template_problem(model, path)
         if problem is not None:
             raise PlanError(f"model {key}: {problem}")
-        server = VllmServer(
-            model_path=path,
-            served_name=model.name,
-            log_path=log_dir / f"{model_label(key, model.name)}.log",
-            port=port,
-            host=host,
-            python=python,
-            args=server_args(model, cpu),
-            env=env,
-        )
-        planned.append(PlannedServer(key, model, assignment[key], port, server))
+        for replica, gpus_of in enumerate(assignment[key]):
+            port = _port(key, model, replica, taken, host)
+            env = dict(model.vllm.env)
+            if not cpu:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus_of)
+            label = model_label(key, model.name) + (f".{replica + 1}" if replica else "")
+            server = VllmServer(
+                model_path=path,
+                served_name=model.name,
+                log_path=log_dir / f"{label}.log",
+                port=port,
+                host=host,
+                python=python,
+                args=[*server_args(model, cpu), *lora_args(key, models)],
+                env=env,
+            )
+            planned.append(PlannedServer(key, model, gpus_of, port, server, replica))
     return planned
+
+
+def _port(key: str, model: ModelConfig, replica: int, taken: set[int], host: str) -> int:
+    """A fixed `vllm.port` (the next ones for further copies), else a free one not yet given
+    to another server of this plan."""
+    if model.vllm.port is not None:
+        port = model.vllm.port + replica
+        if port in taken:
+            raise PlanError(f"model {key}: port {port} is already used by another model")
+    else:
+        port = free_port(host)
+        while port in taken:
+            port = free_port(host)
+    taken.add(port)
+    return port
 
 
 def dry_run_text(planned: list[PlannedServer]) -> str:
@@ -265,7 +367,7 @@ def dry_run_text(planned: list[PlannedServer]) -> str:
     for p in planned:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.server.env.items()))
         lines += [
-            f"# {p.key} ({p.config.name}) on GPU(s) {','.join(p.gpus) or 'none (CPU)'}, "
+            f"# {p.label} ({p.config.name}) on GPU(s) {','.join(p.gpus) or 'none (CPU)'}, "
             f"port {p.port}, log {p.server.log_path}",
             (env + " " if env else "") + shlex.join(p.server.command()),
         ]
@@ -312,8 +414,8 @@ class ServerGroup:
         try:
             p.server.wait_ready(deadline_s=max(left, 1.0))
         except ServerError as e:
-            raise ServerError(f"model {p.key}: {e}") from None
-        self.ready_s[p.key] = round(time.monotonic() - started_at, 1)
+            raise ServerError(f"model {p.label}: {e}") from None
+        self.ready_s[p.label] = round(time.monotonic() - started_at, 1)
         self.check()
 
     def check(self) -> None:
@@ -322,7 +424,7 @@ class ServerGroup:
             process = p.server.process
             if process is not None and process.poll() is not None:
                 raise ServerError(
-                    f"model {p.key}: vLLM server ({p.config.name}, port {p.port}) exited with "
+                    f"model {p.label}: vLLM server ({p.config.name}, port {p.port}) exited with "
                     f"code {process.returncode}; last lines of {p.server.log_path}:\n"
                     f"{log_tail(p.server.log_path)}"
                 )
@@ -332,11 +434,13 @@ class ServerGroup:
             p.server.stop()
 
     def endpoints(self) -> dict[str, object]:
-        return {
-            "pid": os.getpid(),
-            "models": {p.key: p.describe() for p in self.planned},
-            "ready_s": self.ready_s,
-        }
+        """Per model: its first server's description, with `base_urls` listing every copy's."""
+        models: dict[str, dict[str, object]] = {}
+        for p in self.planned:
+            entry = models.setdefault(p.key, {**p.describe(), "base_urls": []})
+            assert isinstance(entry["base_urls"], list)
+            entry["base_urls"].append(p.server.base_url)
+        return {"pid": os.getpid(), "models": models, "ready_s": self.ready_s}
 
 
 def write_endpoints(path: Path, group: ServerGroup) -> None:
@@ -347,19 +451,45 @@ class EndpointsError(ValueError):
     """An endpoints file that is missing or was not written by `cts serve`."""
 
 
-def read_endpoints(path: Path) -> dict[str, str]:
-    """Model key → base URL from an endpoints file written by `cts serve`."""
+#: How often a task waiting for a shared server job's endpoints file looks for it.
+ENDPOINTS_POLL_S = 2.0
+
+
+def read_endpoints(path: Path, wait_s: float = 0.0) -> dict[str, str | list[str]]:
+    """Model key → base URL (a list, one per copy, for a model served with replicas) from an
+    endpoints file written by `cts serve`; waiting up to `wait_s` seconds for the file to
+    appear (a shared server job writes it once its servers are ready)."""
+    deadline = time.monotonic() + wait_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(min(ENDPOINTS_POLL_S, max(0.0, deadline - time.monotonic())))
     try:
         data = json.loads(path.read_text())
-        return {key: entry["base_url"] for key, entry in data["models"].items()}
+        return {key: _urls(entry) for key, entry in data["models"].items()}
     except FileNotFoundError:
+        waited = f" after waiting {wait_s:g} s (is the shared servers job running? see its log)"
         raise EndpointsError(
-            f"{path}: endpoints file not found (is `cts serve` running?)"
+            f"{path}: endpoints file not found"
+            + (waited if wait_s else " (is `cts serve` running?)")
         ) from None
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise EndpointsError(
             f"{path}: not an endpoints file written by `cts serve` ({e})"
         ) from None
+
+
+def _urls(entry: dict[str, object]) -> str | list[str]:
+    urls = entry.get("base_urls") or [entry["base_url"]]  # files from before replicas
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise TypeError("base_urls is not a list of URLs")
+    return urls[0] if len(urls) == 1 else urls
+
+
+def urls_of(planned: list[PlannedServer]) -> dict[str, str | list[str]]:
+    """Model key → its server's base URL, or the list of its copies'."""
+    urls: dict[str, list[str]] = {}
+    for p in planned:
+        urls.setdefault(p.key, []).append(p.server.base_url)
+    return {k: u[0] if len(u) == 1 else u for k, u in urls.items()}
 
 
 @contextmanager
@@ -392,6 +522,9 @@ class ServeOptions:
     vllm_python: str | None = None
     #: Seconds all servers together may take to become ready (a first start may compile).
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    #: Seconds to wait for the endpoints file to appear (a shared servers job writes it when
+    #: its servers are ready); 0: it must exist already.
+    endpoints_wait_s: float = 0.0
 
     def plan(
         self, models: dict[str, ModelConfig], log_dir: Path, host: str = "127.0.0.1"
@@ -412,19 +545,24 @@ def served(
     options: ServeOptions,
     log_dir: Path,
     on_start: Callable[[int], None] = lambda n: None,
-) -> Iterator[tuple[dict[str, str], Callable[[], None] | None]]:
-    """For the block, each served model's URL (from the endpoints file, or from servers started
-    here and stopped after), and a check that raises ServerError when one has died (None when
-    nothing was started here). `on_start(n)` is told before n servers start."""
-    urls = read_endpoints(options.endpoints) if options.endpoints is not None else {}
+) -> Iterator[tuple[dict[str, str | list[str]], Callable[[], None] | None]]:
+    """For the block, each served model's URL (from the endpoints file, and from servers started
+    here for the others and stopped after), and a check that raises ServerError when one has
+    died (None when nothing was started here). `on_start(n)` is told before n servers start."""
+    urls = (
+        read_endpoints(options.endpoints, options.endpoints_wait_s)
+        if options.endpoints is not None
+        else {}
+    )
     if not options.serve:
         yield urls, None
         return
-    planned = options.plan(models, log_dir)
+    # Models the endpoints file lists (a shared servers job's) are not served here again.
+    planned = options.plan({k: m for k, m in models.items() if k not in urls}, log_dir)
     if planned:
         on_start(len(planned))
     # A signal while the servers load stops them; once the run starts, its own handlers take
     # over (finished records stay, the run is resumable).
     group = ServerGroup(planned, deadline_s=options.ready_timeout_s)
     with stop_on_signals(), serving(group) as group:
-        yield {**urls, **{p.key: p.server.base_url for p in group.planned}}, group.check
+        yield {**urls, **urls_of(group.planned)}, group.check

@@ -74,7 +74,10 @@ class VllmServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        """Where clients reach it: a server listening on every interface (a shared servers
+        job's, which tasks on other nodes use) by this machine's host name."""
+        wildcard = self.host in ("0.0.0.0", "::", "")
+        return f"http://{socket.gethostname() if wildcard else self.host}:{self.port}/v1"
 
     def command(self) -> list[str]:
         if self.python:

@@ -140,6 +140,13 @@ def status(run_dir: Path) -> tuple[dict[str, Any], list[ShardProgress], JobState
     return latest, progress, final
 
 
+def servers_state(submission: dict[str, Any]) -> JobState | None:
+    """The state of a submission's shared servers job (`--shared-servers`); None without one
+    or once Slurm has forgotten it."""
+    job = submission.get("servers_job")
+    return job_states(str(job)).get("") if job else None
+
+
 @dataclass
 class StepStatus:
     """One job of a chain: its submission, its array tasks' and final job's states, and the

@@ -36,6 +36,7 @@ from eval.rejudge import rejudge_experiment
 from eval.run.config import ResolvedExperiment, load_experiment
 from eval.run.run_dir import RunDir, frozen_experiment
 from serving.disk import write_whole
+from serving.serve import DEFAULT_READY_TIMEOUT_S, served_models
 from slurm.history import latest_chain, record_submission, submissions
 from train.config import TrainConfig, load_train_config
 from train.loop import LoopStep, iterations, loop_steps
@@ -117,11 +118,16 @@ class SlurmOptions:
     fit_gpus: int = 1
     #: `--ready-timeout` of the array task's servers (None: the command's default).
     ready_timeout_s: float | None = None
+    #: Roles whose models one job serves for every array task (`--shared-servers`), its GPUs
+    #: (None: as many as an array task's) and its time limit (None: --time).
+    shared_servers: list[str] = field(default_factory=list)
+    shared_gpus: int | None = None
+    shared_time: str | None = None
 
     def __post_init__(self) -> None:
         if self.shards < 1:
             raise SlurmOptionError(f"--shards must be at least 1, got {self.shards}")
-        for name in ("partition", "time", "account", "mem"):
+        for name in ("partition", "time", "account", "mem", "shared_time"):
             value = getattr(self, name)
             # Each is one sbatch argument: no shell sees it, but a newline would still make a
             # confusing job; refuse control characters outright.
@@ -135,11 +141,11 @@ class SlurmOptions:
                 "GPU request would contradict it (newer Slurm refuses such mixes)"
             )
 
-    def common_args(self) -> list[str]:
+    def common_args(self, time: str | None = None) -> list[str]:
         args = ["--parsable", "--requeue"]
         for flag, value in (
             ("--partition", self.partition),
-            ("--time", self.time),
+            ("--time", time or self.time),
             ("--account", self.account),
         ):
             if value is not None:
@@ -164,6 +170,23 @@ class SlurmOptions:
             args.append(f"--cpus-per-task={cpus}")
         if mem:
             args.append(f"--mem={mem}")
+        return args
+
+    def servers_args(self) -> list[str]:
+        """The shared servers job: its GPUs, the array's CPU and memory requests per GPU, the
+        sweep's time limit, and SIGTERM before it so that its servers stop cleanly."""
+        gpus = self.gpus_per_task if self.shared_gpus is None else self.shared_gpus
+        args = [*self.common_args(self.shared_time), f"--signal=B:TERM@{SIGTERM_GRACE_S}"]
+        if gpus:
+            args += gpu_request(gpus)
+        return [*args, *self._cpus_and_mem(gpus), *self.extra_sbatch]
+
+    def stop_args(self) -> list[str]:
+        """The job that cancels the shared servers job: no GPU, a few minutes."""
+        args = ["--parsable", "--time=5"]
+        for flag, value in (("--partition", self.partition), ("--account", self.account)):
+            if value is not None:
+                args.append(f"{flag}={value}")
         return args
 
     def final_args(self, trains: bool) -> list[str]:
@@ -191,6 +214,58 @@ def render(name: str, **values: str) -> str:
 def cts_command() -> list[str]:
     """How a job runs `cts`: this interpreter, so the job uses the same environment."""
     return [sys.executable, "-m", "cts"]
+
+
+#: Where a shared servers job writes its endpoints file (RUN_DIR/slurm/).
+SHARED_ENDPOINTS = "shared-endpoints.json"
+#: Seconds an array task waits for that file beyond the servers' ready timeout (the servers job
+#: has started when the task does: the array depends on it with `after`).
+SHARED_WAIT_MARGIN_S = 300.0
+
+
+@dataclass(frozen=True)
+class SharedServers:
+    """One job serving some models for every array task of a sweep, e.g. the judge and the
+    User Answerer: 16 shards then load them once, not 16 times."""
+
+    roles: list[str]
+    #: Model keys of those roles (one server each, as `cts serve` plans them).
+    models: list[str]
+    endpoints: Path
+    #: `cts serve` arguments of the servers job.
+    serve_args: list[str]
+
+
+def shared_servers(
+    resolved: ResolvedExperiment, run_dir: Path, frozen: Path, options: SlurmOptions
+) -> SharedServers | None:
+    """The shared servers of `--shared-servers ROLES`, None without; SlurmOptionError for a
+    role the experiment lacks or whose model is not served by vLLM."""
+    if not options.shared_servers:
+        return None
+    served = served_models(resolved.model_configs)
+    roles = {str(r): config for r, config in resolved.experiment.roles.items()}
+    models: list[str] = []
+    for role in options.shared_servers:
+        if role not in roles:
+            raise SlurmOptionError(
+                f"--shared-servers {role}: the experiment has no role {role!r} "
+                f"(its roles: {', '.join(roles)})"
+            )
+        key = roles[role].model
+        if key not in served:
+            engine = resolved.model_configs[key].engine
+            raise SlurmOptionError(
+                f"--shared-servers {role}: its model {key} is not served by vLLM (engine "
+                f"{engine}); a shared server needs engine: openai with vllm.serve on"
+            )
+        models += [key] if key not in models else []
+    endpoints = RunDir(run_dir).slurm / SHARED_ENDPOINTS
+    where = ["--config", str(frozen), "--output-dir", str(run_dir), "--endpoints", str(endpoints)]
+    # On every interface: the array's tasks may run on other nodes.
+    serve = ["serve", *where, "--models", ",".join(models), "--host", "0.0.0.0"]
+    serve += _serve_args(options)[1:]
+    return SharedServers(list(options.shared_servers), models, endpoints, serve)
 
 
 @dataclass(frozen=True)
@@ -225,6 +300,8 @@ class Job:
     #: None: counted from the run's own config.yaml in records_dir once the run has started
     #: (a loop's later steps run a clarifier that does not exist when they are submitted).
     keys_known: bool = True
+    #: Models one job serves for all the array's tasks (`--shared-servers`), or None.
+    shared: SharedServers | None = None
 
     @property
     def name(self) -> str:
@@ -266,9 +343,15 @@ def _experiment_job(
     slurm_dir = slurm_dir or RunDir(run_dir).slurm
     frozen = slurm_dir / "experiment.yaml"
     where = ["--config", str(frozen), "--output-dir", str(run_dir)]
+    shared = shared_servers(resolved, run_dir, frozen, options)
+    if shared is not None:
+        ready = options.ready_timeout_s or DEFAULT_READY_TIMEOUT_S
+        wait = f"{ready + SHARED_WAIT_MARGIN_S:g}"
+        where += ["--endpoints", str(shared.endpoints), "--endpoints-wait", wait]
     return Job(
         kind=kind,
         run_dir=run_dir,
+        shared=shared,
         array_title=titles[0],
         final_title=titles[1],
         array_args=[*command, *where, *_serve_args(options)],
@@ -528,6 +611,11 @@ def plan_job(
     `build_args` a fuse or blur job's command arguments."""
     if kind not in KINDS:
         raise SlurmOptionError(f"--job {kind!r}: expected {', '.join(KINDS)}")
+    if options.shared_servers and kind not in ("eval", "golden", "rejudge"):
+        raise SlurmOptionError(
+            f"--shared-servers: for --job eval, golden or rejudge (a {kind} job's models are "
+            "served by its own tasks)"
+        )
     if bool(build_args) != (kind in BUILD_STEPS):
         raise SlurmOptionError(
             "arguments after -- are a --job fuse or blur command's own (e.g. -- FILE --out OUT)"
@@ -611,6 +699,9 @@ class Submission:
     stage: str | None = None
     titles: list[str] = field(default_factory=list)
     chain: str | None = None
+    #: `--shared-servers`: the job serving the shared models, and the one that stops it.
+    servers_job: str | None = None
+    stop_job: str | None = None
 
 
 def live_jobs(run_dir: Path, job_states: Callable[[str], dict[str, JobState]]) -> list[str]:
@@ -623,7 +714,11 @@ def live_jobs(run_dir: Path, job_states: Callable[[str], dict[str, JobState]]) -
     for job_id in (
         job_id
         for submission in latest_chain(submissions(run_dir))
-        for job_id in (submission.get("array_job"), submission.get("final_job"))
+        for job_id in (
+            submission.get("array_job"),
+            submission.get("final_job"),
+            submission.get("servers_job"),
+        )
     ):
         if not job_id:
             continue
@@ -744,6 +839,10 @@ def _submit_one(
     ]
     if follows:
         array_args.append(f"--dependency=afterok:{after or '<previous final job>'}")
+    servers = _servers_submission(job, name, options, workdir) if job.shared else None
+    if servers is not None:
+        # The array's tasks start once the servers job has (then they wait for its endpoints).
+        array_args.append(f"--dependency=after:{'<servers job>' if dry_run else servers.start()}")
     final_args = [
         *options.final_args(job.final_template == "train.sbatch"),
         f"--job-name=cts-{job.name}-{name}-final",
@@ -768,10 +867,83 @@ def _submit_one(
         titles=[job.array_title, job.final_title],
         chain=chain,
     )
+    if servers is not None:
+        submission.scripts.update(servers.scripts)
+        submission.commands.update(servers.commands)
     if dry_run:
         return submission
     submission.array_job = sbatch(array_args, array_script)
     final_args.append(f"--dependency=afterok:{submission.array_job}")
     submission.commands["final"] = ["sbatch", *final_args, str(final_script)]
     submission.final_job = sbatch(final_args, final_script)
+    if servers is not None:
+        submission.servers_job = servers.job_id
+        submission.stop_job = servers.stop_after(submission.array_job)
+        submission.commands.update(servers.commands)
     return submission
+
+
+@dataclass
+class _ServersSubmission:
+    """The shared servers job of a submission and the job that stops it: rendered when made,
+    submitted by `start` (before the array) and `stop_after` (after it)."""
+
+    job: Job
+    args: list[str]
+    stop_args: list[str]
+    scripts: dict[str, str]
+    commands: dict[str, list[str]]
+    job_id: str | None = None
+
+    def start(self) -> str:
+        # A file left by a servers job that was killed would send the tasks to dead servers.
+        assert self.job.shared is not None
+        self.job.shared.endpoints.unlink(missing_ok=True)
+        self.job_id = sbatch(self.args, Path(self.scripts["servers"]))
+        return self.job_id
+
+    def stop_after(self, array_job: str) -> str:
+        """Cancel the servers job once every array task has ended, however (afterany)."""
+        assert self.job_id is not None
+        script = Path(self.scripts["stop"])
+        _write(script, render("stop.sbatch", server_job=shlex.quote(self.job_id)))
+        args = [*self.stop_args, f"--dependency=afterany:{array_job}"]
+        self.commands["stop"] = ["sbatch", *args, str(script)]
+        return sbatch(args, script)
+
+
+def _servers_submission(
+    job: Job, name: str, options: SlurmOptions, workdir: Path
+) -> _ServersSubmission:
+    assert job.shared is not None
+    logs = RunDir(job.run_dir).slurm_logs
+    servers_script = job.slurm_dir / f"{job.name}_servers.sbatch"
+    stop_script = job.slurm_dir / f"{job.name}_stop.sbatch"
+    command = shlex.join([*cts_command(), *job.shared.serve_args])
+    _write(
+        servers_script,
+        render("servers.sbatch", workdir=shlex.quote(str(workdir)), serve_command=command),
+    )
+    _write(stop_script, render("stop.sbatch", server_job="'<servers job>'"))
+    args = [
+        *options.servers_args(),
+        f"--job-name=cts-{job.name}-{name}-servers",
+        f"--output={logs}/{job.name}-servers-%j.out",
+        f"--chdir={workdir}",
+    ]
+    stop = [
+        *options.stop_args(),
+        f"--job-name=cts-{job.name}-{name}-stop-servers",
+        f"--output={logs}/{job.name}-stop-servers-%j.out",
+        f"--chdir={workdir}",
+    ]
+    return _ServersSubmission(
+        job,
+        args,
+        stop,
+        scripts={"servers": str(servers_script), "stop": str(stop_script)},
+        commands={
+            "servers": ["sbatch", *args, str(servers_script)],
+            "stop": ["sbatch", *stop, "--dependency=afterany:<array job>", str(stop_script)],
+        },
+    )

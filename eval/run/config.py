@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import string
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -399,11 +399,19 @@ class ResolvedExperiment(BaseModel):
             return constrained
         return not self.model_for("searcher").knows_webdancer
 
-    def with_endpoints(self, endpoints: dict[str, str]) -> ResolvedExperiment:
-        """The models served by `cts serve` pointed at their servers (model key → base URL)."""
+    def with_endpoints(self, endpoints: Mapping[str, str | list[str]]) -> ResolvedExperiment:
+        """The models served by `cts serve` pointed at their servers (model key → base URL, or
+        the URLs of its replicas)."""
         unknown = sorted(set(endpoints) - set(self.model_configs))
         if unknown:
             raise ConfigError(f"endpoints for models this experiment does not use: {unknown}")
+        # An adapter (`lora_of`) is reached at its base model's server.
+        adapters = {
+            k: endpoints[m.lora_of]
+            for k, m in self.model_configs.items()
+            if m.lora_of is not None and m.lora_of in endpoints
+        }
+        endpoints = {**endpoints, **adapters}
         configs = {
             k: m.model_copy(update={"endpoint": endpoints[k]}) if k in endpoints else m
             for k, m in self.model_configs.items()
@@ -563,16 +571,20 @@ def load_experiment(
     _refuse_overrides_of_no_model(experiment, loaded.origins, path)
     model_configs: dict[str, ModelConfig] = {}
     model_files: dict[str, Path | None] = {}
-    for role, role_config in experiment.roles.items():
-        ref = role_config.model
+    # The roles' models, then the base model of each adapter served by vLLM (`lora_of`).
+    wanted = [
+        (r.model, loaded.origins.where("roles", role, "model"))
+        for role, r in experiment.roles.items()
+    ]
+    while wanted:
+        ref, where = wanted.pop(0)
         if ref in model_configs:
             continue
         file = _model_file(ref, path)
         inline = experiment.models.get(ref, {})
         if file is None and not inline:
             raise ConfigError(
-                f"{loaded.origins.where('roles', role, 'model')}: "
-                f"no model config {ref!r} (looked in "
+                f"{where}: no model config {ref!r} (looked in "
                 f"{', '.join(str(f) for f in model_folders(path))} and under `models:`)"
             )
         label = f"{path}: models.{ref}:"
@@ -580,6 +592,8 @@ def load_experiment(
         model.config.resolved_adapter()  # a missing adapter is an error now, before any run
         model_configs[ref] = model.config
         model_files[ref] = file
+        if model.config.lora_of is not None:
+            wanted.append((model.config.lora_of, f"model {ref}: lora_of"))
     resolved = ResolvedExperiment(
         path=path,
         experiment=experiment,
@@ -589,7 +603,21 @@ def load_experiment(
     )
     check_deterministic_judge(resolved)
     check_lexical_roles(resolved)
+    check_lora_bases(resolved)
     return resolved
+
+
+def check_lora_bases(resolved: ResolvedExperiment) -> None:
+    """ConfigError for an adapter whose `lora_of` names no vLLM-served model: only `cts serve`
+    (engine `openai`, `vllm.serve`) can load adapters beside a base."""
+    for key, model in resolved.model_configs.items():
+        base = resolved.model_configs.get(model.lora_of) if model.lora_of else None
+        if base is not None and not (base.engine == "openai" and base.vllm.serve):
+            raise ConfigError(
+                f"model {key}: lora_of {model.lora_of}: its server must be started by `cts "
+                f"serve` (engine openai, vllm.serve: true), not engine {base.engine!r}"
+                + ("" if base.vllm.serve else " with vllm.serve: false")
+            )
 
 
 def check_lexical_roles(resolved: ResolvedExperiment) -> None:

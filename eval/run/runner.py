@@ -35,6 +35,7 @@ from eval.run.schedule import KeyCosts, group_of
 from eval.run.slots import KeySlots
 from serving.disk import append_line, storage_errors, write_whole
 from serving.outputs import valid_unicode
+from serving.replicas import conversation
 from serving.secrets import redact
 
 Key = tuple[str, str, int]
@@ -352,8 +353,11 @@ async def _run_keys(
         # Held before its slot: a held key keeps no slot from a started one that gave its
         # slot back for a wait (a clarify@k key on its dialogue) and needs one again.
         await hold.passed()
+        # One conversation a key: a model served by replicas keeps all of its requests on one
+        # (serving/replicas.py), where its earlier turns are in the prefix cache.
         async with slots.held(group_of(condition) if ranked else ""):
-            record = writable(await run_one(instance, condition, seed))
+            with conversation(f"{instance.id}/{condition}/{seed}"):
+                record = writable(await run_one(instance, condition, seed))
         costs.observe(record)
         # Written and fsync'd in a worker thread, so that the other keys' requests go on
         # meanwhile (an fsync waits on the disk). The key counts as done once the thread is

@@ -192,18 +192,19 @@ def test_the_serving_options_stand_in_the_place_of_their_parameter():
 
     runner = CliRunner()
     args = ["--serve", "--gpus", "0,1", "--cpu", "--vllm-python", "py", "--ready-timeout", "7"]
+    args += ["--endpoints-wait", "30"]
     result = runner.invoke(app, ["go", "--before", "2", *args, "--endpoints", "e.json"])
     assert result.exit_code == 0, result.output
     assert got == {
         "before": 2,
-        "options": ServeOptions(Path("e.json"), True, "0,1", True, "py", 7.0),
+        "options": ServeOptions(Path("e.json"), True, "0,1", True, "py", 7.0, 30.0),
         "after": "a",
     }
     assert runner.invoke(app, ["own"]).exit_code == 0
     assert got["options"] == ServeOptions()
     assert runner.invoke(app, ["go", "--ready-timeout", "0"]).exit_code == 2
     flags = [o for p in typer.main.get_command(app).commands["go"].params for o in p.opts]
-    assert flags[:8] == [
+    assert flags[:9] == [
         "--before",
         "--endpoints",
         "--serve",
@@ -211,6 +212,7 @@ def test_the_serving_options_stand_in_the_place_of_their_parameter():
         "--cpu",
         "--vllm-python",
         "--ready-timeout",
+        "--endpoints-wait",
         "--after",
     ]
     own_help = runner.invoke(app, ["own", "--help"], env={"COLUMNS": "200"}).output

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cts.cli import app
 from eval.data.schema import Record
-from eval.estimate import estimate, search_queries, shards_for, tool_figures
+from eval.estimate import ModelRow, estimate, held_servers, search_queries, shards_for, tool_figures
 from eval.pilot import default_pilot_dir, pilot_overrides
 from eval.run.config import load_experiment
 from eval.run.fingerprint import fingerprint
@@ -363,6 +363,19 @@ def test_shards_are_the_ceiling_of_server_hours_over_the_target():
     for bad in (math.inf, math.nan, -1.0):
         with pytest.raises(ValueError):
             shards_for(1.0, bad, most=40)
+
+
+def test_held_gpu_hours_per_task_and_shared_by_hand():
+    """16 shards of 24 h: the searcher (2 GPUs a server) needs all 16; the judge (4 GPUs)
+    only 3 servers' worth of work. Per task every shard holds both: 16·24·2 = 768 and
+    16·24·4 = 1536 GPU-hours; shared, the judge's job holds 3·24·4 = 288."""
+
+    def row(name: str, gpus: int, shards: int | None) -> ModelRow:
+        return ModelRow(name, name, [], None, None, gpus, None, None, shards, shards)
+
+    rows = [row("searcher", 2, 16), row("judge", 4, 3), row("unknown", 1, None)]
+    held = {h.model: (h.per_task_gpu_hours, h.shared_gpu_hours) for h in held_servers(rows, 16, 24)}
+    assert held == {"searcher": (768, 768), "judge": (1536, 288)}
 
 
 def test_search_calls_are_distinct_queries_up_to_the_limit():

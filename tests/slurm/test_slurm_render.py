@@ -232,3 +232,51 @@ def test_train_loop_is_a_chain_each_job_after_the_one_before(tmp_path, fake_cts)
         subprocess.run(["bash", script], env=env, check=True, capture_output=True)
         assert json.loads(out.read_text())["argv"] == ["train", "loop-step", *argv]
     assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_shared_servers_are_one_job_the_tasks_wait_for_and_a_last_job_cancels(tmp_path, fake_cts):
+    """`--shared-servers judge`: a servers job runs `cts serve --models` of the judge's model
+    on every interface and writes the endpoints file; the array's tasks start after it
+    (`after`), wait for that file and serve only their other models; a stop job cancels it once
+    every task has ended (afterany)."""
+    shared = ["roles.judge.model=qwen3-8b", "roles.searcher.model=smollm2-135m-instruct-vllm"]
+    resolved = load_experiment(None, shared)
+    options = SlurmOptions(shards=2, gpus_per_task=1, shared_servers=["judge"], shared_gpus=2)
+    run_dir = tmp_path / "run"
+    done = submit(eval_job(resolved, run_dir, options), "q", options, True, tmp_path)
+    where = rendered_in(done)
+    argv = _run_script(Path(done.scripts["servers"]), tmp_path)
+    endpoints = str(run_dir / "slurm" / "shared-endpoints.json")
+    assert argv[:1] == ["serve"] and argv[argv.index("--models") + 1] == "qwen3-8b"
+    assert argv[argv.index("--endpoints") + 1] == endpoints and "--host" in argv
+    task = _run_script(Path(done.scripts["array"]), tmp_path, SLURM_ARRAY_TASK_ID="0")
+    assert task[task.index("--endpoints") + 1] == endpoints and "--serve" in task
+    assert float(task[task.index("--endpoints-wait") + 1]) == 1800 + 300
+    servers, array, stop = (done.commands[k] for k in ("servers", "array", "stop"))
+    assert "--nodes=1" in servers and "--gpus-per-task=2" in servers
+    assert "--dependency=after:<servers job>" in array
+    assert "--dependency=afterany:<array job>" in stop and "--time=5" in stop
+    assert (where / "eval_stop.sbatch").read_text().count("scancel") == 2
+
+
+def test_shared_servers_refuse_what_cannot_be_shared(tmp_path):
+    resolved = load_experiment(None, [])
+    for roles, why in (
+        (["umpire"], "the experiment has no role 'umpire'"),
+        (["judge"], r"its model lexical-judge is not served by vLLM \(engine lexical\)"),
+    ):
+        options = SlurmOptions(shards=2, shared_servers=roles)
+        with pytest.raises(submit_module.SlurmOptionError, match=why):
+            eval_job(resolved, tmp_path / "run", options)
+    options = SlurmOptions(shards=2, shared_servers=["judge"])
+    with pytest.raises(submit_module.SlurmOptionError, match="for --job eval, golden or rejudge"):
+        submit_module.plan_job("train", None, [], tmp_path / "run", options)
+
+
+def _run_script(script: Path, tmp_path: Path, **env: str) -> list[str]:
+    """Run a rendered script with `cts` the argv dumper; the argv it got."""
+    out = tmp_path / "argv.json"
+    slurm = {"SLURM_ARRAY_TASK_COUNT": "2", "SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "7"}
+    variables = {**os.environ, "ARGV_OUT": str(out), **slurm, **env}
+    subprocess.run(["bash", str(script)], env=variables, check=True, cwd=tmp_path)
+    return json.loads(out.read_text())["argv"]
