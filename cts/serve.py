@@ -83,8 +83,15 @@ def serve(
         with stop_on_signals(), serving(group, endpoints):
             console.print(_ready_table(group))
             console.print(f"endpoints: {endpoints}; Ctrl-C or SIGTERM stops every server")
+            reported: set[str] = set()
             while True:
                 group.check()
+                for label in sorted(group.lost.keys() - reported):
+                    console.print(
+                        f"[yellow]{label}: server exited with code {group.lost[label]}; its "
+                        "model's other copies serve on (the endpoints file still lists it)[/]"
+                    )
+                    reported.add(label)
                 time.sleep(2.0)
     except Stopped as e:  # the way a foreground server is meant to end: not an error
         console.print(f"{e}: all servers stopped")

@@ -389,6 +389,9 @@ class ServerGroup:
     planned: list[PlannedServer]
     deadline_s: float = DEFAULT_READY_TIMEOUT_S
     ready_s: dict[str, float] = field(default_factory=dict)
+    #: Copies that died once all were ready while another copy of their model lives: label →
+    #: exit code.
+    lost: dict[str, int] = field(default_factory=dict)
 
     def start(self) -> None:
         """Start every server and wait until all are ready; on any failure stop them all."""
@@ -419,15 +422,29 @@ class ServerGroup:
         self.check()
 
     def check(self) -> None:
-        """Raise ServerError naming the first started server that has died."""
+        """Raise ServerError naming the first started server that has died, unless it is one
+        copy of a model whose other copies live: the engine moves that copy's keys to them
+        (serving/replicas.py), and the copy is listed in `lost`."""
+        dead = self._exited()
+        gone = {p.label for p, _ in dead}
+        for p, code in dead:
+            alive = any(c.key == p.key and c.label not in gone for c in self.planned)
+            if alive and len(self.ready_s) == len(self.planned):  # a start is all-or-nothing
+                self.lost.setdefault(p.label, code)
+                continue
+            raise ServerError(
+                f"model {p.label}: vLLM server ({p.config.name}, port {p.port}) exited with "
+                f"code {code}; last lines of {p.server.log_path}:\n{log_tail(p.server.log_path)}"
+            )
+
+    def _exited(self) -> list[tuple[PlannedServer, int]]:
+        """The started servers whose process has ended, with its exit code."""
+        found = []
         for p in self.planned:
-            process = p.server.process
-            if process is not None and process.poll() is not None:
-                raise ServerError(
-                    f"model {p.label}: vLLM server ({p.config.name}, port {p.port}) exited with "
-                    f"code {process.returncode}; last lines of {p.server.log_path}:\n"
-                    f"{log_tail(p.server.log_path)}"
-                )
+            code = p.server.process.poll() if p.server.process is not None else None
+            if code is not None:
+                found.append((p, code))
+        return found
 
     def stop(self) -> None:
         for p in reversed(self.planned):

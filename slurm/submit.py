@@ -872,7 +872,12 @@ def _submit_one(
         submission.commands.update(servers.commands)
     if dry_run:
         return submission
-    submission.array_job = sbatch(array_args, array_script)
+    try:
+        submission.array_job = sbatch(array_args, array_script)
+    except SubmitError:
+        if servers is not None:  # no task will use it, and no stop job would end it
+            servers.cancel()
+        raise
     final_args.append(f"--dependency=afterok:{submission.array_job}")
     submission.commands["final"] = ["sbatch", *final_args, str(final_script)]
     submission.final_job = sbatch(final_args, final_script)
@@ -901,6 +906,11 @@ class _ServersSubmission:
         self.job.shared.endpoints.unlink(missing_ok=True)
         self.job_id = sbatch(self.args, Path(self.scripts["servers"]))
         return self.job_id
+
+    def cancel(self) -> None:
+        """scancel the servers job (the array it was for was not submitted)."""
+        if self.job_id is not None:
+            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=60, check=False)
 
     def stop_after(self, array_job: str) -> str:
         """Cancel the servers job once every array task has ended, however (afterany)."""

@@ -15,7 +15,7 @@ from cts.common import exit_for
 from eval.run.config import load_experiment
 from slurm import submit as submit_module
 from slurm.status import JobState
-from slurm.submit import SlurmOptionError, SlurmOptions, eval_job, submit, train_job
+from slurm.submit import SlurmOptionError, SlurmOptions, SubmitError, eval_job, submit, train_job
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -117,3 +117,24 @@ def test_a_changed_experiment_is_refused_while_jobs_are_live(tmp_path, monkeypat
     states["201"] = {"": JobState("CANCELLED")}
     submit(eval_job(changed, run_dir, options), "q", options, job_states=lookup)
     assert frozen.read_text() != queued and len(calls) == 6
+
+
+def test_a_refused_array_cancels_the_shared_servers_job_it_was_for(tmp_path, monkeypatch):
+    """sbatch takes the servers job and then refuses the array: nothing would ever end the
+    servers job (its stop job follows the array), so it is cancelled, and the error stands."""
+    submitted: list[str] = []
+    cancelled: list[list[str]] = []
+
+    def fake_sbatch(args, script):
+        if script.name.endswith("_array.sbatch"):
+            raise SubmitError("sbatch: error: Batch job submission failed: Invalid qos")
+        submitted.append(script.name)
+        return "500"
+
+    monkeypatch.setattr(submit_module, "sbatch", fake_sbatch)
+    monkeypatch.setattr(submit_module.subprocess, "run", lambda argv, **kw: cancelled.append(argv))
+    resolved = load_experiment(None, ["roles.judge.model=qwen3-8b", "dataset.limit=2"])
+    options = SlurmOptions(shards=2, shared_servers=["judge"])
+    with pytest.raises(SubmitError, match="Invalid qos"):
+        submit(eval_job(resolved, tmp_path / "run", options), "q", options, job_states=lambda j: {})
+    assert submitted == ["eval_servers.sbatch"] and cancelled == [["scancel", "500"]]

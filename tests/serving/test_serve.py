@@ -285,6 +285,8 @@ def test_a_plan_that_does_not_fit_exits_2(tmp_path):
 def test_endpoints_file_errors_are_clear(tmp_path):
     with pytest.raises(EndpointsError, match="endpoints file not found"):
         read_endpoints(tmp_path / "missing.json")
+    with pytest.raises(EndpointsError, match=r"not found after waiting 0.01 s \(is the shared"):
+        read_endpoints(tmp_path / "missing.json", wait_s=0.01)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(EndpointsError, match="not an endpoints file"):
@@ -511,3 +513,29 @@ def test_one_cpu_server_answers_as_each_adapter_as_the_transformers_engine_does(
         )
         assert served[role] == asyncio.run(ask(local)), role
     assert served["rewriter"] != served["clarifier"]  # the base answers otherwise
+
+
+def test_a_dead_copy_is_lost_while_its_model_has_another_but_a_last_copy_stops_the_group(
+    tmp_path: Path,
+):
+    models = {"judge": model("J", replicas=2), "clarifier": model("C")}
+    planned = plan_servers(models, tmp_path, cpu=True, python="/p")
+    group = ServerGroup(planned)
+    live = [subprocess.Popen(["sleep", "600"]) for _ in planned]
+    try:
+        for p, process in zip(planned, live, strict=True):
+            p.server.process = process
+            group.ready_s[p.label] = 1.0
+        group.check()
+        live[1].kill()  # judge #2
+        live[1].wait()
+        group.check()
+        assert group.lost == {"judge #2": -9}
+        live[0].kill()  # the judge's last copy
+        live[0].wait()
+        with pytest.raises(ServerError, match="model judge: vLLM server"):
+            group.check()
+    finally:
+        for process in live:
+            process.kill()
+            process.wait()
