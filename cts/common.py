@@ -31,6 +31,7 @@ from eval.run.dialogue import DialogueFileError
 from eval.run.progress import ProgressLog, ShowProgress
 from eval.run.run_dir import RunDir, RunDirError, Shard, ShardError
 from eval.run.runner import RecordFileError, ShardBusy
+from eval.sweep_power import DetectError
 from serving.disk import NotAFile, StorageFull
 from serving.download import DownloadError
 from serving.engine import EngineStats
@@ -79,6 +80,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (IncomparableRuns, "", 2),
     (NotAFile, "", 2),
     (BlurError, "blur error: ", 2),
+    (DetectError, "detect error: ", 2),
     (RecordFileError, "records error: ", 1),
     (BuildFileError, "build rows error: ", 1),
     (SummaryError, "summary error: ", 1),

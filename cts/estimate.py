@@ -22,11 +22,13 @@ from cts.common import (
     run_keyed,
     usage_error,
 )
-from eval.estimate import Estimate, Figure, ModelRow, RoleRow, estimate_run
+from eval.estimate import Estimate, Figure, ModelRow, RoleRow, attempts, estimate_run
 from eval.experiment import require_roles
 from eval.pilot import default_pilot_dir, pilot_experiment
 from eval.run.config import ResolvedExperiment, load_experiment
 from eval.run.run_dir import RunDir, Shard
+from eval.sweep_power import Detection
+from eval.sweep_power import detect as detect_plans
 from serving.disk import refuse_special, write_whole
 from serving.serve import ServeOptions
 
@@ -62,6 +64,18 @@ def estimate(
         24.0, help="Wall time per shard the suggested --shards aims at."
     ),
     out: Path | None = typer.Option(None, help="Also write the estimate as JSON here."),
+    detect: float | None = typer.Option(
+        None,
+        help="Also plan instances × seeds that detect a true difference of D restore points "
+        "between two systems (80% power, α 0.05), each with its keys and GPU-hours, from the "
+        "pilot's noise; run the pilot with 2+ seeds to split it (--set 'seeds=[0,1]').",
+    ),
+    power: float = typer.Option(0.8, min=0.5, max=0.99, help="--detect: the power wanted."),
+    detect_between: str | None = typer.Option(
+        None,
+        help="--detect: the pilot's two conditions whose paired noise stands for two systems', "
+        "A,B (default: its first clarify@k, blurred).",
+    ),
     options: ServeOptions = SERVING,
 ) -> None:
     """Estimate a whole sweep — what `cts run -c X` would run: every instance of the dataset
@@ -97,8 +111,20 @@ def estimate(
         )
     found = estimate_run(from_run, sweep, target_hours)
     print_estimate(console, found)
+    document = found.as_dict()
+    if detect is not None:
+        if not 0 < detect < math.inf:
+            raise usage_error(f"--detect {detect}: expected restore points > 0, e.g. 3")
+        named = [c.strip() for c in (detect_between or "").split(",") if c.strip()]
+        if detect_between is not None and len(named) != 2:
+            raise usage_error(f"--detect-between {detect_between}: two conditions, A,B")
+        pair = (named[0], named[1]) if named else None
+        records, _ = attempts(from_run)
+        detection = detect_plans(records, found, detect, between=pair, wanted=power)
+        print_detection(console, detection)
+        document["detect"] = detection.as_dict()
     if out is not None:
-        write_whole(out, json.dumps(found.as_dict(), indent=1))
+        write_whole(out, json.dumps(document, indent=1))
         console.print(f"estimate: {out}", highlight=False)
 
 
@@ -340,4 +366,34 @@ def print_estimate(console: Console, found: Estimate) -> None:
     _print_shards(console, found)
     _print_held(console, found)
     for note in found.notes:
+        console.print(f"note: {note}", style="yellow", highlight=False, markup=False)
+
+
+def print_detection(console: Console, found: Detection) -> None:
+    """The plans of `--detect`, cheapest first, and what limits them."""
+    noise, plans = found.noise, found.plans
+    share = "unknown (one seed)" if noise.seed_share is None else f"{noise.seed_share:.0%}"
+    console.print(
+        f"to detect {plans.detect:g} points between two systems (power {plans.power:g}, α "
+        f"{plans.alpha:g}, two-sided): noise of {found.between[0]} − {found.between[1]} over "
+        f"{noise.instances} pilot instances, sd {noise.variance**0.5:.1f} at {noise.seeds:g} "
+        f"seed(s), {share} of it from seeds",
+        highlight=False,
+        markup=False,
+    )
+    if found.costs:
+        table = Table("instances", "seeds", "MDE", "keys (one system)", "GPU-hours")
+        for i, c in enumerate(found.costs):
+            mark = " (cheapest)" if i == 0 else ""
+            hours = "unknown" if c.gpu_hours is None else f"{c.gpu_hours:g}"
+            table.add_row(str(c.instances), str(c.seeds), f"{c.mde:.2f}", f"{c.keys}{mark}", hours)
+        console.print(table)
+    if plans.instances_at_any_seeds is not None:
+        console.print(
+            f"with unlimited seeds it would still take {plans.instances_at_any_seeds} instances "
+            "(the per-instance spread of the difference)",
+            highlight=False,
+            markup=False,
+        )
+    for note in plans.notes:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)

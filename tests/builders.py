@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import Result
 from typer.testing import CliRunner
 
@@ -140,3 +141,33 @@ def shipped_adapter(config: ModelConfig, adapter_dir: Path, record: str) -> dict
     assert (shipped / "adapter_config.json").is_file()
     assert (shipped / "adapter_model.safetensors").stat().st_size < 10_000_000  # a few MB
     return json.loads((shipped / record).read_text())
+
+
+def scripted_experiment(
+    path: Path,
+    name: str,
+    scripted: Sequence[str],
+    models: dict[str, dict[str, Any]],
+    roles: dict[str, str],
+    **settings: Any,
+) -> Path:
+    """An experiment YAML at `path` on the sample dataset and corpus: each role of `scripted` on
+    its own scripted engine (its built-in rules), `roles` on the given `models`, and
+    `settings` (conditions, seeds, …) laid over it."""
+    rules = {
+        role: {"name": f"scripted-{role}", "path": "none", "engine": "scripted", "script": role}
+        for role in scripted
+    }
+    document = {
+        "name": name,
+        "roles": {
+            **{role: {"model": f"scripted-{role}"} for role in scripted},
+            **{role: {"model": model} for role, model in roles.items()},
+        },
+        "models": {**{m["name"]: m for m in rules.values()}, **models},
+        "dataset": {"path": "sample", "split": "dev", "limit": 2},
+        "search": {"backend": "local", "corpus": "sample"},
+        **settings,
+    }
+    path.write_text(yaml.safe_dump(document))
+    return path

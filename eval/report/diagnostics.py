@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from agents.question_type import QUESTION_TYPES
 from agents.types import UNKNOWN
 from eval.data.schema import Record
@@ -39,6 +41,7 @@ from eval.score.metrics import (
     paired_tests,
 )
 from eval.score.over_answer import MOST as MOST_OF_FUSED
+from eval.score.power import components, difference_noise, mde, seed_share_ci
 
 SCORE = "restore_score_100"
 SCORE_VARIANTS = (SCORE, "strict", "unweighted")
@@ -165,6 +168,7 @@ def gains(scored: Scored, conditions: list[str], ids: list[str], min_gap: float)
             "high": test.high,
             "p_value": test.p_value,
             "n": test.n,
+            **_detectable(scored, condition, "blurred", ids),
         }
         if oracle is not None and condition != "oracle":
             gap = mean(oracle) - mean(blurred)
@@ -182,6 +186,36 @@ def gains(scored: Scored, conditions: list[str], ids: list[str], min_gap: float)
                 }
             )
         out[condition] = entry
+    return out
+
+
+def _seed_scores(scored: Scored, condition: str, ids: list[str]) -> dict[str, list[float]]:
+    """instance → its restore score per seed under `condition`."""
+    seeds = scored.per_seed.get(condition, {})
+    return {i: [seeds[s][i] for s in sorted(seeds)] for i in ids}
+
+
+def _detectable(scored: Scored, condition: str, other: str, ids: list[str]) -> dict[str, Any]:
+    """`mde`: the smallest true difference the paired test on these instances detects with
+    80% power at α = 0.05 (eval/score/power.py); `noise`: its variance and the seeds' part."""
+    if len(ids) < 2:
+        return {"mde": None, "noise": None}
+    noise = difference_noise(_seed_scores(scored, condition, ids), _seed_scores(scored, other, ids))
+    return {"mde": mde(noise.variance, noise.instances), "noise": noise.as_dict()}
+
+
+def variance_components(scored: Scored, conditions: list[str], ids: list[str]) -> dict[str, Any]:
+    """Per condition, the between- and within-instance variance of restore scores over the
+    paired instances, the seeds' share of it with a bootstrap 95% CI (eval/score/power.py)."""
+    out: dict[str, Any] = {}
+    if len(ids) < 2:
+        return out
+    for condition in conditions:
+        by_instance = _seed_scores(scored, condition, ids)
+        found = components(by_instance).as_dict()
+        interval = seed_share_ci(np.array(list(by_instance.values()), dtype=np.float64))
+        found["seed_share_low"], found["seed_share_high"] = interval or (None, None)
+        out[condition] = found
     return out
 
 
@@ -504,6 +538,7 @@ def summarize(
         "excluded_instances": excluded,
         "scores": score_table(scored, conditions, ids),
         "gains": gains(scored, conditions, ids, min_gap),
+        "variance": variance_components(scored, conditions, ids),
         "clarification": clarification(records, mode),
         "score_by_answered": score_by_answered(records),
         "breakdowns": breakdowns(records, scored, conditions, ids),
@@ -538,8 +573,12 @@ def compare_systems(
                     compared.append((a, b, condition, left, right))
     # Every test at once: those on as many instances share their flips and resamples.
     tests = paired_differences([(left, right) for *_, left, right in compared])
+    # A Holm row must clear α/m to be its family's first rejection: its MDE is at that level.
+    family_size = Counter((a, b) for a, b, condition, *_ in compared if clarify_turns(condition))
     by_pair: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for (a, b, condition, _, _), test in zip(compared, tests, strict=True):
+    for (a, b, condition, left, right), test in zip(compared, tests, strict=True):
+        differences = np.array([left[i] - right[i] for i in sorted(set(left) & set(right))])
+        alpha = 0.05 / family_size[(a, b)] if clarify_turns(condition) else 0.05
         by_pair.setdefault((a, b), []).append(
             {
                 "a": systems[a][0],
@@ -551,6 +590,7 @@ def compare_systems(
                 "p_value": test.p_value,
                 "p_holm": None,
                 "n": test.n,
+                "mde": mde(float(differences.var(ddof=1)), test.n, alpha) if test.n > 1 else None,
             }
         )
     rows: list[dict[str, Any]] = []

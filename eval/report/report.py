@@ -369,7 +369,9 @@ def _comparisons_section(comparisons: list[dict[str, Any]]) -> list[str]:
         "",
         "Per condition, on the instances both systems scored under it: difference in "
         "restore_score_100 (first − second) with a paired bootstrap 95% CI and a paired "
-        "sign-flip test; p (Holm) corrects across the clarify@k conditions of each pair.",
+        "sign-flip test; p (Holm) corrects across the clarify@k conditions of each pair. MDE: "
+        "the smallest true difference the test detects with 80% power (at α/m on the Holm "
+        "rows, m of them a pair).",
         "",
     ]
     for (a, b), differ in pairs.items():
@@ -381,18 +383,19 @@ def _comparisons_section(comparisons: list[dict[str, Any]]) -> list[str]:
         lines.append("")
     warned = " warning |" if pairs else ""
     lines += [
-        "| first − second | condition | difference [95% CI] | p | p (Holm) | n |" + warned,
-        "|---|---|---|---|---|---|" + ("---|" if pairs else ""),
+        "| first − second | condition | difference [95% CI] | p | p (Holm) | MDE | n |" + warned,
+        "|---|---|---|---|---|---|---|" + ("---|" if pairs else ""),
     ]
     for c in comparisons:
         holm_p = "–" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
+        detectable = "–" if c.get("mde") is None else f"{c['mde']:.1f}"
         differ = c.get("unlike") or []
         if pairs:
             warned = f" WARNING: differs in {', '.join(parts(differ))} |" if differ else " – |"
         lines.append(
             f"| {_cell(c['a'])} − {_cell(c['b'])} | {c['condition']} | {c['difference']:+.1f} "
             f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['p_value']:.3f} | {holm_p} | "
-            f"{c['n']} |" + warned
+            f"{detectable} | {c['n']} |" + warned
         )
     lines.append("")
     return lines
@@ -453,8 +456,12 @@ def _gains_table(summary: dict[str, Any]) -> list[str]:
         "(score − blurred) / (oracle − blurred) [paired bootstrap 95% CI], undefined when the "
         "oracle's gap over blurred is below the minimum.",
         "",
-        "| condition | strict | unweighted | gain over blurred [CI], p | gain recovered | n |",
-        "|---|---|---|---|---|---|",
+        "MDE: the smallest true gain the test detects with 80% power at α = 0.05 on these "
+        'instances and seeds: read "no significant gain" against it.',
+        "",
+        "| condition | strict | unweighted | gain over blurred [CI], p | MDE | gain recovered "
+        "| n |",
+        "|---|---|---|---|---|---|---|",
     ]
     for condition, entry in summary["scores"].items():
         strict = entry.get("strict", {}).get("mean")
@@ -466,12 +473,40 @@ def _gains_table(summary: dict[str, Any]) -> list[str]:
             if gain
             else "–"
         )
+        detectable = gain.get("mde") if gain else None
         lines.append(
             f"| {condition} | {'–' if strict is None else f'{strict:.1f}'} | "
             f"{'–' if unweighted is None else f'{unweighted:.1f}'} | {gain_text} | "
+            f"{'–' if detectable is None else f'{detectable:.1f}'} | "
             f"{_recovered(gain.get('gain_recovered') if gain else None)} | {entry['n']} |"
         )
-    return lines
+    return [*lines, "", *_variance_table(summary)]
+
+
+def _variance_table(summary: dict[str, Any]) -> list[str]:
+    """Where the noise comes from: per condition, instances against seeds."""
+    variance = summary.get("variance") or {}
+    if not variance:
+        return []
+    lines = [
+        "Where the noise comes from: restore scores' variance between instances and within an "
+        "instance across seeds (one-way random effects); noise from seeds = within / (between + "
+        "within) [bootstrap 95% CI over instances]. High: more seeds narrow the intervals; low: "
+        "only more instances do.",
+        "",
+        "| condition | sd between instances | sd within (seeds) | noise from seeds | n, seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for condition, c in variance.items():
+        within = "– (one seed)" if c["within"] is None else f"{c['within'] ** 0.5:.1f}"
+        share = "–" if c["seed_share"] is None else _pct(c["seed_share"])
+        if c.get("seed_share_low") is not None:
+            share += f" [{_pct(c['seed_share_low'])}, {_pct(c['seed_share_high'])}]"
+        lines.append(
+            f"| {condition} | {c['between'] ** 0.5:.1f} | {within} | {share} | "
+            f"{c['instances']}, {c['seeds']:g} |"
+        )
+    return [*lines, ""]
 
 
 def _answerer_table(summary: dict[str, Any]) -> list[str]:

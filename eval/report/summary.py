@@ -63,6 +63,9 @@ class SystemSummary(_Section):
     failures: dict[str, Any]
     oracle_independence: dict[str, Any] | None = None
     ignored_records: dict[str, Any] | None = None
+    #: condition → between, within, seed_share [low, high], icc (eval/score/power.py); absent
+    #: from summaries written before it.
+    variance: dict[str, Any] | None = None
 
     def score(self, condition: str, variant: str = "restore_score_100") -> dict[str, Any] | None:
         """{mean, low, high, n} of `variant` under `condition`; None when it was not scored."""
@@ -84,6 +87,8 @@ class Comparison(_Section):
     p_holm: Number | None
     n: int
     unlike: list[Any] = []
+    #: The smallest true difference the row's test detects with 80% power (α/m on a Holm row).
+    mde: Number | None = None
 
 
 class Summary(_Section):

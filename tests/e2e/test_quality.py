@@ -23,7 +23,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 import eval.experiment
@@ -34,6 +33,7 @@ from eval.run.config import load_experiment
 from eval.run.runner import RecordStore
 from serving.engine import ChatModel, Wrapped
 from serving.types import ChatRequest, ChatResponse
+from tests.builders import scripted_experiment
 
 NOTHING = "I could not find reliable information about this."
 
@@ -54,28 +54,15 @@ def test_an_answer_stating_the_nuggets_scores_100_and_one_stating_none_scores_0(
     ]
     lines.append({"text": answer(NOTHING)})  # any other request: the blurred queries
     replay.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    scripted = {
-        role: {"name": f"scripted-{role}", "path": "none", "engine": "scripted", "script": role}
-        for role in ("clarifier", "user_answerer", "rewriter", "summarizer")
-    }
     searcher = {"name": "replay", "path": "none", "engine": "scripted", "replay": str(replay)}
-    config = tmp_path / "experiment.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "quality",
-                "roles": {
-                    **{role: {"model": f"scripted-{role}"} for role in scripted},
-                    "searcher": {"model": "replay"},
-                    "judge": {"model": "lexical-judge"},
-                },
-                "models": {**{m["name"]: m for m in scripted.values()}, "replay": searcher},
-                "dataset": {"path": "sample", "split": "dev", "limit": 2},
-                "search": {"backend": "local", "corpus": "sample"},
-                "conditions": ["blurred", "oracle"],
-                "seeds": [0],
-            }
-        )
+    config = scripted_experiment(
+        tmp_path / "experiment.yaml",
+        "quality",
+        ("clarifier", "user_answerer", "rewriter", "summarizer"),
+        {"replay": searcher},
+        {"searcher": "replay", "judge": "lexical-judge"},
+        conditions=["blurred", "oracle"],
+        seeds=[0],
     )
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", "-c", str(config), "--output-dir", str(run_dir)])

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from cts.cli import app
@@ -25,6 +24,7 @@ from serving.replicas import Replicas, conversation
 from serving.scripted import scripted_engine
 from serving.types import ChatRequest
 from serving.vllm_server import free_port
+from tests.builders import scripted_experiment
 from tests.fault_helpers import QuietHandler
 
 # -- where a request goes --------------------------------------------------------------------
@@ -217,10 +217,6 @@ def test_a_run_whose_replica_dies_mid_run_records_every_key(tmp_path: Path, monk
 
 
 def _experiment(tmp_path: Path, urls: list[str]) -> Path:
-    scripted = {
-        role: {"name": f"scripted-{role}", "path": "none", "engine": "scripted", "script": role}
-        for role in ("clarifier", "user_answerer", "rewriter", "summarizer", "judge")
-    }
     searcher = {
         "name": "searcher",
         "path": "none",
@@ -229,22 +225,13 @@ def _experiment(tmp_path: Path, urls: list[str]) -> Path:
         "max_retries": 2,
         "vllm": {"serve": False},
     }
-    config = tmp_path / "experiment.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "replicas",
-                "roles": {
-                    **{role: {"model": f"scripted-{role}"} for role in scripted},
-                    "searcher": {"model": "searcher"},
-                },
-                "models": {**{m["name"]: m for m in scripted.values()}, "searcher": searcher},
-                "dataset": {"path": "sample", "split": "dev", "limit": 2},
-                "search": {"backend": "local", "corpus": "sample"},
-                "conditions": ["blurred", "oracle", "clarify@1"],
-                "seeds": [0],
-                "cache": {"enabled": False},
-            }
-        )
+    return scripted_experiment(
+        tmp_path / "experiment.yaml",
+        "replicas",
+        ("clarifier", "user_answerer", "rewriter", "summarizer", "judge"),
+        {"searcher": searcher},
+        {"searcher": "searcher"},
+        conditions=["blurred", "oracle", "clarify@1"],
+        seeds=[0],
+        cache={"enabled": False},
     )
-    return config

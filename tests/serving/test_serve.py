@@ -424,27 +424,21 @@ def test_hard518_fits_one_8_gpu_node_and_webdancer_keeps_its_release_sampling():
 
 # -- many fine-tunes on one base server (LoRA) -------------------------------------------------
 
-LORA_EXPERIMENT = """
+LORA_EXPERIMENT = (
+    """
 name: lora-test
 roles:
   clarifier: {model: base}
   rewriter: {model: rewriter-ft}
   user_answerer: {model: answerer-ft}
-models:
-  base:
-    name: tiny-base
-    path: "tiny:smollm2-135m-instruct"
-    engine: openai
-    dtype: float32
-    vllm:
-      max_model_len: 1024
-      extra_args: ["--enforce-eager"]
-      env: {VLLM_CPU_KVCACHE_SPACE: "1"}
-  rewriter-ft: {name: tiny-rewriter, path: "tiny:smollm2-135m-instruct", engine: openai,
+models:"""
+    + TINY_SERVED.format(key="base")
+    + """  rewriter-ft: {name: tiny-rewriter, path: "tiny:smollm2-135m-instruct", engine: openai,
                 lora_of: base, adapter: models/adapters/smollm2-135m-rewriter}
   answerer-ft: {name: tiny-answerer, path: "tiny:smollm2-135m-instruct", engine: openai,
                 lora_of: base, adapter: models/adapters/smollm2-135m-answerer}
 """
+)
 
 
 def test_adapters_are_served_by_their_base_s_server_under_their_own_names(tmp_path: Path):

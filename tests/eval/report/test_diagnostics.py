@@ -433,3 +433,43 @@ def test_report_html_renders_the_markdown_it_writes_inline():
     assert "<ul><li>WARNING <code>x&lt;y</code>: a</li><li>b &amp; c</li></ul>" in page
     assert "<p>plain <code>code</code> &lt;b&gt;</p>" in page
     assert "<td><code>v</code></td>" in page
+
+
+def test_a_multi_seed_report_shows_where_the_noise_comes_from_and_each_mde():
+    """Two seeds: blurred scores a = (10, 14), b = (40, 40), c = (0, 4); clarify@1 = blurred +
+    20, 8, 2 on its seed means, with seeds (30, 34), (46, 50), (2, 10). By hand: blurred's
+    within (8 + 0 + 8)/3 = 16/3, its instance means 12, 40, 2 (variance 388) less the seeds'
+    part 8/3: between 385.33. D = 20, 8, 4: variance 69.33 → MDE from the noncentral t."""
+    from eval.score.power import mde
+
+    scores = {"a": ((10, 14), (30, 34)), "b": ((40, 40), (46, 50)), "c": ((0, 4), (2, 10))}
+    records = [
+        rec(i, c, float(s), seed=seed)
+        for i, by_condition in scores.items()
+        for c, seeds in zip(("blurred", "clarify@1"), by_condition, strict=True)
+        for seed, s in enumerate(seeds)
+    ]
+    conditions = ["blurred", "clarify@1"]
+    scored = score_records(records, conditions, [0, 1], "exclude")
+    summary = summarize(records, conditions, [0, 1], ["a", "b", "c"], scored)
+    blurred = summary["variance"]["blurred"]
+    assert blurred["within"] == pytest.approx(16 / 3) and blurred["seeds"] == 2
+    assert blurred["between"] == pytest.approx(388 - 8 / 3)
+    assert blurred["seed_share"] == pytest.approx((16 / 3) / (388 - 8 / 3 + 16 / 3))
+    gain = summary["gains"]["clarify@1"]
+    assert gain["noise"]["variance"] == pytest.approx(208 / 3)
+    assert gain["mde"] == pytest.approx(mde(208 / 3, 3))
+    text = markdown([("sys", summary)], [], 3, "exclude")
+    assert "Where the noise comes from" in text
+    assert f"| blurred | {385.33**0.5:.1f} | {(16 / 3) ** 0.5:.1f} | 1% [" in text
+    assert f"| {gain['mde']:.1f} |" in text
+
+    other = [
+        rec(r.instance_id, r.condition, r.scores["restore_score_100"] - 5, seed=r.seed)
+        for r in records
+    ]
+    rows = compare_systems(
+        [("A", scored), ("B", score_records(other, conditions, [0, 1], "exclude"))], conditions
+    )
+    # Every difference is exactly 5: no variance, any true difference is certain to be found.
+    assert [r["mde"] for r in rows] == [0.0, 0.0]

@@ -1,0 +1,268 @@
+"""Where the noise in restore scores comes from, and the smallest difference a run can detect.
+
+One system's scores under one condition, y[i][j] for instance i and seed j, follow a one-way
+random-effects model y = μ + a_i + e_ij: `between` is the variance of a_i (some instances are
+harder than others), `within` the variance of e_ij (what a seed changes: the clarifier's
+questions, the searcher's path, the judge's sampling). Their split says whether a sweep needs
+more instances or more seeds.
+
+A paired comparison of two systems (or conditions) works on D_i, the difference of the two
+per-instance means over seeds. Its variance is `interaction` (the true difference varying from
+instance to instance, which only more instances average out) plus the seeds' part,
+(within_a + within_b) / k, which more seeds shrink. The minimum detectable difference (MDE) of
+a paired test on n instances is the true mean difference it finds with the given power at
+level α (two-sided): from the noncentral t distribution of the paired t statistic, whose power
+our sign-flip permutation test matches closely (tests/eval/score/test_power.py checks both by
+simulation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy import optimize, stats
+
+#: Seeds-per-instance scores: instance → one score per seed.
+SeedScores = Mapping[str, Sequence[float]]
+
+
+@dataclass(frozen=True)
+class Components:
+    """Between- and within-instance variance of one system's scores under one condition."""
+
+    instances: int
+    #: Seeds per instance (the harmonic mean when instances have different counts).
+    seeds: float
+    between: float
+    #: None with one seed per instance: the seeds' share cannot be told apart.
+    within: float | None
+
+    @property
+    def seed_share(self) -> float | None:
+        """within / (between + within): the share of a single score's variance from seeds."""
+        if self.within is None:
+            return None
+        total = self.between + self.within
+        return self.within / total if total > 0 else None
+
+    @property
+    def icc(self) -> float | None:
+        """Intraclass correlation, between / (between + within): 1 − seed_share."""
+        share = self.seed_share
+        return None if share is None else 1.0 - share
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "seed_share": self.seed_share, "icc": self.icc}
+
+
+def components(scores: SeedScores) -> Components:
+    """The ANOVA (method of moments) estimate: `within` pooled over instances with two or more
+    seeds; `between` the variance of the instance means less the seeds' part of it
+    (within × mean of 1/k_i), floored at 0."""
+    rows = [np.asarray(v, dtype=np.float64) for v in scores.values() if len(v)]
+    if len(rows) < 2:
+        raise ValueError("variance components need at least two instances")
+    counts = np.array([len(r) for r in rows])
+    means = np.array([r.mean() for r in rows])
+    dof = int((counts - 1).sum())
+    within = float(sum(((r - r.mean()) ** 2).sum() for r in rows) / dof) if dof else None
+    seeds_part = (within or 0.0) * float(np.mean(1.0 / counts))
+    between = max(0.0, float(means.var(ddof=1)) - seeds_part)
+    seeds = float(len(counts) / np.sum(1.0 / counts))
+    return Components(len(rows), seeds, between, within)
+
+
+@dataclass(frozen=True)
+class DifferenceNoise:
+    """The variance of a paired comparison's per-instance differences, and its parts."""
+
+    instances: int
+    seeds: float
+    #: Observed variance of D_i (ddof 1): what the paired test's MDE stands on.
+    variance: float
+    #: (within_a + within_b) / seeds; None when either side has one seed.
+    seed_part: float | None
+    #: variance − seed_part, floored at 0: only more instances average it out.
+    interaction: float | None
+
+    @property
+    def seed_share(self) -> float | None:
+        if self.seed_part is None or self.variance <= 0:
+            return None
+        return min(1.0, self.seed_part / self.variance)
+
+    def at(self, seeds: float) -> float:
+        """Var(D_i) with `seeds` seeds per instance (the seeds' part scales as 1/seeds)."""
+        if self.seed_part is None or self.interaction is None:
+            return self.variance
+        return self.interaction + self.seed_part * self.seeds / seeds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "seed_share": self.seed_share}
+
+
+def difference_noise(a: SeedScores, b: SeedScores) -> DifferenceNoise:
+    """The noise of a − b on the instances both score (paired by instance; seeds are not
+    paired, each side's seeds are its own runs)."""
+    common = sorted(set(a) & set(b))
+    if len(common) < 2:
+        raise ValueError("a paired comparison's noise needs at least two shared instances")
+    diffs = np.array([np.mean(a[i]) - np.mean(b[i]) for i in common])
+    left = components({i: a[i] for i in common})
+    right = components({i: b[i] for i in common})
+    variance = float(diffs.var(ddof=1))
+    if left.within is None or right.within is None:
+        return DifferenceNoise(len(common), left.seeds, variance, None, None)
+    seeds = 2.0 / (1.0 / left.seeds + 1.0 / right.seeds)
+    seed_part = (left.within + right.within) / seeds
+    return DifferenceNoise(len(common), seeds, variance, seed_part, max(0.0, variance - seed_part))
+
+
+def power(difference: float, variance: float, n: int, alpha: float = 0.05) -> float:
+    """The paired t test's power on n instances whose differences have this variance, for a
+    true mean difference `difference`, two-sided at level alpha (noncentral t)."""
+    if n < 2:
+        return 0.0
+    if variance <= 0:
+        return 1.0 if difference else alpha
+    df = n - 1
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    shift = abs(difference) / math.sqrt(variance / n)
+    found = float(stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift))
+    if not math.isfinite(found):  # scipy's nct gives NaN far in its tail (tiny df, huge shift)
+        return 1.0 if shift > critical else alpha
+    return min(1.0, found)
+
+
+def mde(variance: float, n: int, alpha: float = 0.05, wanted: float = 0.8) -> float | None:
+    """The smallest true mean difference the paired test detects with power `wanted` at level
+    alpha (two-sided), on n instances whose differences have this variance; None below two
+    instances. 0 when the differences do not vary (any true difference is then certain)."""
+    if n < 2:
+        return None
+    if variance <= 0:
+        return 0.0
+    scale = math.sqrt(variance / n)
+    high = scale
+    while power(high, variance, n, alpha) < wanted:
+        high *= 2
+    return float(optimize.brentq(lambda d: power(d, variance, n, alpha) - wanted, 0.0, high))
+
+
+def mde_normal(variance: float, n: int, alpha: float = 0.05, wanted: float = 0.8) -> float:
+    """The textbook closed form, (z_{1−α/2} + z_power) · sd / √n: what most power tables give.
+    Smaller than `mde` for small n (it ignores the t distribution's heavier tails)."""
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(wanted)
+    return float(z * math.sqrt(variance / n))
+
+
+@dataclass(frozen=True)
+class Plan:
+    instances: int
+    seeds: int
+    #: The plan's MDE (≤ the difference asked for).
+    mde: float
+
+
+@dataclass(frozen=True)
+class Plans:
+    """The instances × seeds that detect `detect` points, cheapest first by keys."""
+
+    detect: float
+    power: float
+    alpha: float
+    plans: list[Plan]
+    #: Instances needed with infinitely many seeds (the interaction alone); None when the
+    #: noise cannot be split (one-seed data) or even that exceeds the dataset.
+    instances_at_any_seeds: int | None
+    #: Why no plan, or what the plans mean, in a sentence each.
+    notes: list[str]
+
+
+def instances_needed(
+    variance: float, detect: float, most: int, alpha: float, wanted: float
+) -> int | None:
+    """The fewest instances (2..most) whose MDE is at most `detect`; None if even `most` do
+    not reach it."""
+    if detect <= 0:
+        raise ValueError(f"the difference to detect must be positive, got {detect}")
+    fits = lambda n: (mde(variance, n, alpha, wanted) or math.inf) <= detect  # noqa: E731
+    if not fits(most):
+        return None
+    low, high = 2, most
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle + 1, high)
+    return low
+
+
+def plan(
+    noise: DifferenceNoise,
+    detect: float,
+    *,
+    max_instances: int,
+    max_seeds: int = 8,
+    alpha: float = 0.05,
+    wanted: float = 0.8,
+) -> Plans:
+    """Every seed count 1..max_seeds with the instances it needs to detect `detect` (at most
+    max_instances, the dataset's size), ordered by keys (instances × seeds)."""
+    notes: list[str] = []
+    found = []
+    splittable = noise.seed_part is not None and noise.interaction is not None
+    for seeds in range(1, (max_seeds if splittable else 1) + 1):
+        n = instances_needed(noise.at(seeds), detect, max_instances, alpha, wanted)
+        if n is not None:
+            found.append(Plan(n, seeds, mde(noise.at(seeds), n, alpha, wanted) or 0.0))
+    at_any = None
+    if splittable:
+        assert noise.interaction is not None
+        at_any = (
+            instances_needed(noise.interaction, detect, max_instances, alpha, wanted)
+            if noise.interaction > 0
+            else 2
+        )
+        share = noise.seed_share or 0.0
+        if share < 0.1:
+            notes.append(
+                f"seeds make {share:.0%} of the differences' variance: more seeds cannot help, "
+                "more instances can"
+            )
+    else:
+        notes.append("one seed per instance: the seeds' share cannot be told apart (pilot 2+)")
+    if not found:
+        notes.append(
+            f"the dataset's {max_instances} instances cannot detect {detect:g} points at "
+            f"power {wanted:g} with up to {max_seeds if splittable else 1} seed(s)"
+        )
+    found.sort(key=lambda p: (p.instances * p.seeds, p.seeds))
+    return Plans(detect, wanted, alpha, found, at_any, notes)
+
+
+def seed_share_ci(
+    table: np.ndarray, *, resamples: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float] | None:
+    """A percentile bootstrap interval, over instances, of the seeds' share of the variance of
+    one system's scores (`table`: one row per instance, one column per seed); None with fewer
+    than two instances or seeds."""
+    n, k = table.shape
+    if n < 2 or k < 2:
+        return None
+    means = table.mean(axis=1)
+    squares = ((table - means[:, None]) ** 2).sum(axis=1)
+    rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    within = squares[rows].sum(axis=1) / (n * (k - 1))
+    between = np.maximum(0.0, means[rows].var(axis=1, ddof=1) - within / k)
+    total = between + within
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(total > 0, within / total, np.nan)
+    share = share[~np.isnan(share)]
+    if not len(share):
+        return None
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(share, [tail, 100 - tail])
+    return float(low), float(high)
