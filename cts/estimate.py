@@ -372,7 +372,13 @@ def print_estimate(console: Console, found: Estimate) -> None:
 def print_detection(console: Console, found: Detection) -> None:
     """The plans of `--detect`, cheapest first, and what limits them."""
     noise, plans = found.noise, found.plans
-    share = "unknown (one seed)" if noise.seed_share is None else f"{noise.seed_share:.0%}"
+    share = (
+        "unknown (one seed)"
+        if noise.seed_part is None
+        else "none"
+        if noise.seed_share is None
+        else f"{noise.seed_share:.0%}"
+    )
     console.print(
         f"to detect {plans.detect:g} points between two systems (power {plans.power:g}, α "
         f"{plans.alpha:g}, two-sided): noise of {found.between[0]} − {found.between[1]} over "

@@ -57,6 +57,12 @@ def serve(
         help="Serve only these model keys, comma-separated (a shared servers job's: `cts slurm "
         "submit --shared-servers`).",
     ),
+    adapters: list[str] = typer.Option(
+        [],
+        "--adapters",
+        help="A LoRA adapter's model config (name or YAML path, with lora_of naming a model "
+        "here) to load beside its base too; repeat it: one server for several clarifiers' runs.",
+    ),
 ) -> None:
     """Serve the experiment's models with vLLM until Ctrl-C or SIGTERM.
 
@@ -65,7 +71,7 @@ def serve(
     means GET /health answers 200 and the process is alive. Then the endpoints file lists each
     model's URL for `cts run --endpoints FILE`. If any server dies, all are stopped and the
     error names the model with the tail of its log (exit 1)."""
-    resolved = load_experiment(config, set_)
+    resolved = load_experiment(config, set_).with_adapters(adapters)
     run = RunDir(output_dir_option(output_dir) or resolved.output_dir())
     endpoints = endpoints or run.endpoints
     options = ServeOptions(gpus=gpus, cpu=cpu, vllm_python=vllm_python)

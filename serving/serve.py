@@ -152,15 +152,15 @@ def lora_args(base: str, models: dict[str, ModelConfig]) -> list[str]:
 
 
 def only_models(models: dict[str, ModelConfig], keys: str | None) -> dict[str, ModelConfig]:
-    """The models named in `keys` (comma-separated), all without; PlanError for a name the
-    experiment does not use."""
+    """The models named in `keys` (comma-separated) and the adapters served on them
+    (`lora_of`), all without; PlanError for a name the experiment does not use."""
     if keys is None:
         return models
     wanted = [k.strip() for k in keys.split(",") if k.strip()]
     unknown = [k for k in wanted if k not in models]
     if unknown:
         raise PlanError(f"--models {keys}: {unknown} not among the experiment's {sorted(models)}")
-    return {k: models[k] for k in wanted}
+    return {k: m for k, m in models.items() if k in wanted or m.lora_of in wanted}
 
 
 def available_gpus() -> list[str]:

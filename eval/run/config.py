@@ -399,6 +399,26 @@ class ResolvedExperiment(BaseModel):
             return constrained
         return not self.model_for("searcher").knows_webdancer
 
+    def with_adapters(self, refs: Sequence[str]) -> ResolvedExperiment:
+        """The experiment with more LoRA adapters for `cts serve` to load beside their base
+        (model config names or YAML paths, each with `lora_of` naming a model of this
+        experiment): one server then serves the clarifiers of several runs, each run pointed at
+        it with `--endpoints`. ConfigError for a config that is not such an adapter."""
+        configs = dict(self.model_configs)
+        for ref in refs:
+            file = _model_file(ref, self.path)
+            if file is None:
+                raise ConfigError(f"--adapters {ref}: no model config {ref!r}")
+            model = load_config(ModelConfig, file, []).config
+            if model.lora_of not in self.model_configs:
+                raise ConfigError(
+                    f"--adapters {ref}: its lora_of {model.lora_of!r} is not a model of this "
+                    f"experiment ({', '.join(sorted(self.model_configs))})"
+                )
+            model.resolved_adapter()
+            configs[ref] = model
+        return self.model_copy(update={"model_configs": configs})
+
     def with_endpoints(self, endpoints: Mapping[str, str | list[str]]) -> ResolvedExperiment:
         """The models served by `cts serve` pointed at their servers (model key → base URL, or
         the URLs of its replicas)."""

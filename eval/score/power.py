@@ -141,11 +141,10 @@ def power(difference: float, variance: float, n: int, alpha: float = 0.05) -> fl
 def mde(variance: float, n: int, alpha: float = 0.05, wanted: float = 0.8) -> float | None:
     """The smallest true mean difference the paired test detects with power `wanted` at level
     alpha (two-sided), on n instances whose differences have this variance; None below two
-    instances. 0 when the differences do not vary (any true difference is then certain)."""
-    if n < 2:
+    instances, and None when the differences do not vary: no variance to scale by, and a
+    sign-flip test's smallest p (2/2^n) decides what it can reject, not a difference."""
+    if n < 2 or variance <= 0:
         return None
-    if variance <= 0:
-        return 0.0
     scale = math.sqrt(variance / n)
     high = scale
     while power(high, variance, n, alpha) < wanted:
@@ -209,14 +208,22 @@ def plan(
     alpha: float = 0.05,
     wanted: float = 0.8,
 ) -> Plans:
-    """Every seed count 1..max_seeds with the instances it needs to detect `detect` (at most
-    max_instances, the dataset's size), ordered by keys (instances × seeds)."""
+    """Each seed count 1..max_seeds with the instances it needs to detect `detect` (at most
+    max_instances, the dataset's size), where it needs fewer than fewer seeds do; ordered by
+    keys (instances × seeds)."""
     notes: list[str] = []
     found = []
+    if noise.variance <= 0:
+        notes.append(
+            f"the pilot's differences do not vary over its {noise.instances} instances: no noise "
+            "to plan with (pilot more instances, or compare another pair: --detect-between)"
+        )
+        return Plans(detect, wanted, alpha, [], None, notes)
     splittable = noise.seed_part is not None and noise.interaction is not None
     for seeds in range(1, (max_seeds if splittable else 1) + 1):
         n = instances_needed(noise.at(seeds), detect, max_instances, alpha, wanted)
-        if n is not None:
+        # A plan with more seeds is worth listing only if it needs fewer instances.
+        if n is not None and (not found or n < found[-1].instances):
             found.append(Plan(n, seeds, mde(noise.at(seeds), n, alpha, wanted) or 0.0))
     at_any = None
     if splittable:

@@ -23,6 +23,7 @@ from serving.serve import (
     PlanError,
     ServerGroup,
     dry_run_text,
+    only_models,
     plan_gpus,
     plan_replicas,
     plan_servers,
@@ -533,3 +534,33 @@ def test_a_dead_copy_is_lost_while_its_model_has_another_but_a_last_copy_stops_t
         for process in live:
             process.kill()
             process.wait()
+
+
+def test_cts_serve_loads_more_adapters_for_several_runs_and_keeps_them_with_their_base(
+    tmp_path: Path,
+):
+    """`cts serve --adapters` adds clarifiers that no role of the experiment names (each run
+    of another clarifier points at the one server with --endpoints); `--models base` keeps the
+    adapters of that base."""
+    config = tmp_path / "lora.yaml"
+    config.write_text(LORA_EXPERIMENT)
+    extra = tmp_path / "clarifier-ft.yaml"
+    extra.write_text(
+        "name: clarifier-ft\\npath: tiny:smollm2-135m-instruct\\nengine: openai\\nlora_of: base\\n"
+        "adapter: models/adapters/smollm2-135m-judge\\n"
+    )
+    result = CliRunner().invoke(
+        app,
+        ["serve", "-c", str(config), "--cpu", "--dry-run", "--adapters", str(extra)],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    assert "clarifier-ft=" in result.output and "tiny-rewriter=" in result.output
+    assert "--max-loras 3" in result.output
+    resolved = load_experiment(config).with_adapters([str(extra)])
+    kept = only_models(resolved.model_configs, "base")
+    assert set(kept) == {"base", "rewriter-ft", "answerer-ft", str(extra)}
+    orphan = tmp_path / "orphan.yaml"
+    orphan.write_text(extra.read_text().replace("lora_of: base", "lora_of: elsewhere"))
+    with pytest.raises(ConfigError, match="its lora_of 'elsewhere' is not a model of this"):
+        load_experiment(config).with_adapters([str(orphan)])

@@ -380,7 +380,7 @@ def test_a_real_vllm_cpu_judge_is_served_once_for_every_shard(tmp_path, tiny_pat
     judge = [
         "conditions=[blurred]",
         "roles.judge.model=smollm2-135m-instruct-vllm",
-        "models.smollm2-135m-instruct-vllm.vllm.env.VLLM_CPU_KVCACHE_SPACE=1",
+        "models.smollm2-135m-instruct-vllm.vllm.env.VLLM_CPU_KVCACHE_SPACE='1'",
     ]
     shared = ["--shared-servers", "judge", "--cpu", "--vllm-python", python]
     eval_job, merge_job = submit(run_dir, 2, tmp_path, judge, extra_args=shared)

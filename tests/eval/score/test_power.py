@@ -54,7 +54,7 @@ def test_mde_against_the_closed_form_and_the_power_it_gives():
     assert mde(100.0, 10) == pytest.approx(9.95, rel=0.01)
     assert mde_normal(100.0, 10) == pytest.approx(8.86, rel=0.01)
     assert mde(100.0, 200) / mde_normal(100.0, 200) == pytest.approx(1.0, abs=0.01)
-    assert mde(0.0, 10) == 0.0 and mde(5.0, 1) is None
+    assert mde(0.0, 10) is None and mde(5.0, 1) is None
 
 
 def simulated(
@@ -140,5 +140,7 @@ def test_plans_say_when_seeds_cannot_help_and_when_the_dataset_is_too_small():
     assert found.plans[0].seeds == 1  # more seeds only cost keys
     small = plan(flat, 1.0, max_instances=50)
     assert small.plans == [] and any("cannot detect 1 points" in note for note in small.notes)
+    flat_zero = plan(DifferenceNoise(6, 2, 0.0, 0.0, 0.0), 5.0, max_instances=500)
+    assert flat_zero.plans == [] and "do not vary" in flat_zero.notes[0]
     one_seed = plan(DifferenceNoise(30, 1, 100.0, None, None), 5.0, max_instances=500)
     assert [p.seeds for p in one_seed.plans] == [1] and "one seed" in one_seed.notes[0]
