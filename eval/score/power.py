@@ -212,7 +212,7 @@ def plan(
     max_instances, the dataset's size), where it needs fewer than fewer seeds do; ordered by
     keys (instances × seeds)."""
     notes: list[str] = []
-    found = []
+    found: list[Plan] = []
     if noise.variance <= 0:
         notes.append(
             f"the pilot's differences do not vary over its {noise.instances} instances: no noise "
