@@ -546,8 +546,8 @@ def test_cts_serve_loads_more_adapters_for_several_runs_and_keeps_them_with_thei
     config.write_text(LORA_EXPERIMENT)
     extra = tmp_path / "clarifier-ft.yaml"
     extra.write_text(
-        "name: clarifier-ft\\npath: tiny:smollm2-135m-instruct\\nengine: openai\\nlora_of: base\\n"
-        "adapter: models/adapters/smollm2-135m-judge\\n"
+        "name: clarifier-ft\npath: tiny:smollm2-135m-instruct\nengine: openai\nlora_of: base\n"
+        "adapter: models/adapters/smollm2-135m-judge\n"
     )
     result = CliRunner().invoke(
         app,
