@@ -137,8 +137,8 @@ def experiment(
             "replicas": replicas,
         },
     }
-    if cpu:
-        model = {**model, **CPU_MODEL}
+    if cpu:  # the CPU build's settings over the GPU ones (replicas kept)
+        model = {**model, **CPU_MODEL, "vllm": {**model["vllm"], **CPU_MODEL["vllm"]}}
     model["vllm"] = {**model["vllm"], "env": {**model["vllm"].get("env", {}), **DEV_MODE}}
     return {
         "name": "gpu-check",
