@@ -96,6 +96,7 @@ def estimate(
         )
     if out is not None:
         refuse_special(out)  # before a pilot runs, not after
+    pair = _detect_pair(detect, detect_between)  # likewise
     sweep = load_experiment(config, set_)
     console = output_console()
     if from_run is None:
@@ -113,12 +114,6 @@ def estimate(
     print_estimate(console, found)
     document = found.as_dict()
     if detect is not None:
-        if not 0 < detect < math.inf:
-            raise usage_error(f"--detect {detect}: expected restore points > 0, e.g. 3")
-        named = [c.strip() for c in (detect_between or "").split(",") if c.strip()]
-        if detect_between is not None and len(named) != 2:
-            raise usage_error(f"--detect-between {detect_between}: two conditions, A,B")
-        pair = (named[0], named[1]) if named else None
         records, _ = attempts(from_run)
         detection = detect_plans(records, found, detect, between=pair, wanted=power)
         print_detection(console, detection)
@@ -367,6 +362,16 @@ def print_estimate(console: Console, found: Estimate) -> None:
     _print_held(console, found)
     for note in found.notes:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)
+
+
+def _detect_pair(detect: float | None, between: str | None) -> tuple[str, str] | None:
+    """--detect and --detect-between checked: the pair named, or None for the default."""
+    if detect is not None and not 0 < detect < math.inf:
+        raise usage_error(f"--detect {detect}: expected restore points > 0, e.g. 3")
+    named = [c.strip() for c in (between or "").split(",") if c.strip()]
+    if between is not None and len(named) != 2:
+        raise usage_error(f"--detect-between {between}: two conditions, A,B")
+    return (named[0], named[1]) if named else None
 
 
 def print_detection(console: Console, found: Detection) -> None:

@@ -72,3 +72,17 @@ def test_the_dataset_too_small_and_a_pilot_that_cannot_say():
     with pytest.raises(DetectError, match="no condition clarify@3"):
         detect(pilot_records(), estimate_of(1.0), 5.0, between=("clarify@3", "blurred"))
     assert "i5" not in seed_scores(pilot_records(), "blurred")  # its seed failed
+
+
+def test_bad_detect_options_are_refused_before_any_pilot_runs(tmp_path):
+    from typer.testing import CliRunner
+
+    from cts.cli import app
+
+    for args, why in (
+        (["--detect", "0"], "--detect 0.0: expected restore points > 0"),
+        (["--detect", "3", "--detect-between", "clarify@1"], "two conditions, A,B"),
+    ):
+        result = CliRunner().invoke(app, ["estimate", "--pilot-dir", str(tmp_path / "p"), *args])
+        assert result.exit_code == 2 and why in result.output, result.output
+        assert not (tmp_path / "p").exists()  # no pilot was started
