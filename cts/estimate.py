@@ -114,10 +114,7 @@ def estimate(
     print_estimate(console, found)
     document = found.as_dict()
     if detect is not None:
-        records, _ = attempts(from_run)
-        detection = detect_plans(records, found, detect, between=pair, wanted=power)
-        print_detection(console, detection)
-        document["detect"] = detection.as_dict()
+        document["detect"] = _detect(console, from_run, found, detect, pair, power)
     if out is not None:
         write_whole(out, json.dumps(document, indent=1))
         console.print(f"estimate: {out}", highlight=False)
@@ -362,6 +359,21 @@ def print_estimate(console: Console, found: Estimate) -> None:
     _print_held(console, found)
     for note in found.notes:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)
+
+
+def _detect(
+    console: Console,
+    run_dir: Path,
+    found: Estimate,
+    detect: float,
+    pair: tuple[str, str] | None,
+    power: float,
+) -> dict[str, object]:
+    """`--detect`: the plans from the pilot's records, printed; their JSON."""
+    records, _ = attempts(run_dir)
+    detection = detect_plans(records, found, detect, between=pair, wanted=power)
+    print_detection(console, detection)
+    return detection.as_dict()
 
 
 def _detect_pair(detect: float | None, between: str | None) -> tuple[str, str] | None:
