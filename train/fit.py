@@ -56,12 +56,35 @@ def base_model(config: TrainConfig) -> tuple[str, ModelConfig]:
     return model_label(ref, base.name), base
 
 
+def lora_base(config: TrainConfig) -> str | None:
+    """The model key whose vLLM server serves an adapter fitted on the clarifier (the new
+    config's `lora_of`), or None: the clarifier is no model `cts serve` starts (an
+    in-process engine, a server someone else runs). A clarifier that is itself such an
+    adapter names its own base, so every iteration of a loop hangs on one server."""
+    resolved = experiment_with(config, config.experiment_overrides)
+    ref = resolved.experiment.roles["clarifier"].model
+    clarifier = resolved.model_configs[ref]
+    if clarifier.lora_of is not None:
+        return clarifier.lora_of
+    if clarifier.engine != "openai" or not clarifier.vllm.serve:
+        return None
+    file = resolved.model_files[ref]
+    # A path as written may be relative to the experiment; the new config lives elsewhere.
+    return str(file.resolve()) if file is not None and ref.endswith((".yaml", ".yml")) else ref
+
+
 def fine_tuned_config(
-    base: ModelConfig, name: str, output: Path, merged: bool, lora_rank: int
+    base: ModelConfig,
+    name: str,
+    output: Path,
+    merged: bool,
+    lora_rank: int,
+    lora_of: str | None = None,
 ) -> ModelConfig:
     """The model config of the result: a copy of the base's (engine, sampling, chat template,
-    vLLM settings) pointing at the merged checkpoint, or, for an adapter only, the base served
-    by vLLM with the adapter as a LoRA module that requests name."""
+    vLLM settings) pointing at the merged checkpoint; for an adapter only, the adapter served
+    by the server of model `lora_of` (one server for many fine-tunes), or, without one, the
+    base served by vLLM with the adapter as a LoRA module that requests name."""
     # No server runs the new weights yet: `cts serve` starts one, whatever served the base.
     vllm = base.vllm.model_copy(update={"serve": True})
     if merged:
@@ -69,10 +92,24 @@ def fine_tuned_config(
             "name": name,
             "path": str((output / "checkpoint").resolve()),
             "revision": None,
+            # The merged weights hold the base's adapter: none is applied twice.
+            "adapter": None,
+            "lora_of": None,
         }
         if base.engine == "openai":
             update.update(endpoint=None, vllm=vllm)
         return base.model_copy(update=update)
+    adapter = str((output / "adapter").resolve())
+    if lora_of is not None:
+        return base.model_copy(
+            update={
+                "name": name,
+                "engine": "openai",
+                "endpoint": None,
+                "adapter": adapter,
+                "lora_of": lora_of,
+            }
+        )
     # vLLM serves the base under `--served-model-name` and the adapter under its module name;
     # they must differ, or requests for the module reach the base. `cts serve` passes the
     # config's name as --served-model-name first, so the one here (later; vLLM warns about the
@@ -83,14 +120,14 @@ def fine_tuned_config(
         base.name,
         "--enable-lora",
         "--lora-modules",
-        f"{name}={(output / 'adapter').resolve()}",
+        f"{name}={adapter}",
     ]
     if lora_rank > 16:
         args += ["--max-lora-rank", str(next(r for r in _VLLM_LORA_RANKS if r >= lora_rank))]
     vllm = vllm.model_copy(update={"extra_args": [*base.vllm.extra_args, *args]})
     # The in-process engines cannot apply an adapter: served by vLLM, always.
     return base.model_copy(
-        update={"name": name, "engine": "openai", "endpoint": None, "vllm": vllm}
+        update={"name": name, "engine": "openai", "endpoint": None, "adapter": None, "vllm": vllm}
     )
 
 
@@ -158,7 +195,7 @@ def fit(config: TrainConfig) -> FitResult:
     dtype, use_cpu, bf16, fp16 = precision(config)
     tokenizer = load_tokenizer(base_path, base.revision)
     data, dropped = _training_data(rows, config, tokenizer, dict(base.chat_template_kwargs))
-    model = load_model(base_path, base.revision, dtype)
+    model, continued = load_policy(base, dtype)
     trainer = _trainer(config, model, tokenizer, data, output, use_cpu, bf16, fp16)
     started = time.perf_counter()
     result = trainer.train()
@@ -168,7 +205,7 @@ def fit(config: TrainConfig) -> FitResult:
     # The weights' fingerprint in the name: a retrained adapter is a new model to the
     # response cache (keyed by served name for vLLM), never answered with the old one's replies.
     name = f"{key}-{config.name}-{weights_fingerprint(adapter_dir)}"
-    model_config = fine_tuned_config(base, name, output, config.merge, config.lora.r)
+    model_config = result_config(config, base, name, output)
     model_config_path = write_model_config(model_config, base, config, output, config.method)
     metrics = _metrics(
         config,
@@ -180,6 +217,7 @@ def fit(config: TrainConfig) -> FitResult:
         seconds=seconds,
         use_cpu=use_cpu,
         dtype=dtype,
+        continued=continued,
     )
     (output / "train_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return FitResult(adapter_dir, checkpoint_dir, model_config_path, model_config, metrics)
@@ -314,11 +352,13 @@ def _trainer(
     bf16: bool,
     fp16: bool,
 ) -> Any:
-    """TRL's DPO or SFT trainer over the base model with a fresh LoRA adapter."""
+    """TRL's DPO or SFT trainer over the base model with a fresh LoRA adapter, or over the
+    adapter `model` already carries (`continue_adapter`)."""
     from datasets import Dataset
+    from peft import PeftModel
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-    lora = lora_config(config)
+    lora = None if isinstance(model, PeftModel) else lora_config(config)
     common = _trainer_args(config, output, use_cpu, bf16, fp16)
     dataset = Dataset.from_list(data)
     if config.method == "dpo":
@@ -368,6 +408,26 @@ def lora_config(config: TrainConfig) -> Any:
     )
 
 
+def load_policy(base: ModelConfig, dtype: Any) -> tuple[Any, str | None]:
+    """The model to train and the adapter it goes on training (None: a fresh one is added).
+    A clarifier with an adapter is trained from base + adapter, the policy that sampled its
+    data, and stays one adapter on the same base (servable beside the others); DPO's
+    reference is then a frozen copy of that adapter (TRL adds it), not the bare base."""
+    model = load_model(base.resolved_path(), base.revision, dtype)
+    adapter = base.resolved_adapter()
+    if adapter is None:
+        return model, None
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, adapter, is_trainable=True), adapter
+
+
+def result_config(config: TrainConfig, base: ModelConfig, name: str, output: Path) -> ModelConfig:
+    """The fitted clarifier's model config (`fine_tuned_config` for this train config)."""
+    lora_of = None if config.merge else lora_base(config)
+    return fine_tuned_config(base, name, output, config.merge, config.lora.r, lora_of)
+
+
 def save_weights(
     trainer: Any, tokenizer: Any, output: Path, merge: bool
 ) -> tuple[Path, Path | None]:
@@ -376,6 +436,9 @@ def save_weights(
     with contextlib.suppress(OSError):
         (output / "trainer").rmdir()  # TRL's working dir, empty as nothing is checkpointed
     trained = trainer.accelerator.unwrap_model(trainer.model)
+    if "ref" in trained.peft_config:
+        # DPO's frozen reference copy of a continued adapter: neither saved nor merged.
+        trained.delete_adapter("ref")
     adapter_dir = output / "adapter"
     trained.save_pretrained(adapter_dir)
     tokenizer.save_pretrained(adapter_dir)
@@ -430,6 +493,7 @@ def _metrics(
     seconds: float,
     use_cpu: bool,
     dtype: Any,
+    continued: str | None,
 ) -> dict[str, Any]:
     """train_metrics.json: what was trained on, how, the losses logged and the config."""
     log = [
@@ -440,6 +504,8 @@ def _metrics(
     return {
         "method": config.method,
         "base_model": base_path,
+        # The adapter the fit went on training (a loop's earlier iteration), or None: fresh.
+        "continued_adapter": continued,
         "examples": examples,
         "dropped_too_long": dropped_too_long,
         "steps": result.global_step,

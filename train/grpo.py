@@ -50,12 +50,12 @@ from train.fit import (
     FitError,
     base_model,
     checkpointing,
-    fine_tuned_config,
-    load_model,
+    load_policy,
     load_tokenizer,
     lora_config,
     precision,
     require_train_extra,
+    result_config,
     run_metrics,
     save_weights,
     weights_fingerprint,
@@ -471,7 +471,7 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
     template_kwargs = dict(base.chat_template_kwargs)
     dtype, use_cpu, bf16, fp16 = precision(config)
     tokenizer = load_tokenizer(base.resolved_path(), base.revision)
-    model = load_model(base.resolved_path(), base.revision, dtype)
+    model, continued = load_policy(base, dtype)
     schema = clarifier.output(config.allow_stop)
     args = GRPOConfig(
         output_dir=str(trainer_dir),
@@ -507,7 +507,7 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        peft_config=lora_config(config),
+        peft_config=None if continued is not None else lora_config(config),
         rollout_func=None
         if settings.use_vllm
         else constrained_rollouts(schema, template_kwargs, settings.max_completion_length),
@@ -522,7 +522,7 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
 
     adapter_dir, _ = save_weights(trainer, tokenizer, output, config.merge)
     name = f"{key}-{config.name}-grpo-{weights_fingerprint(adapter_dir)}"
-    model_config = fine_tuned_config(base, name, output, config.merge, config.lora.r)
+    model_config = result_config(config, base, name, output)
     model_config_path = write_model_config(model_config, base, config, output, "grpo")
     metrics = _metrics(config, base, trainer, result, seconds, use_cpu, dtype, reward, last)
     (output / "grpo_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")

@@ -36,7 +36,7 @@ from eval.run.pipeline import clarify_turns
 from eval.run.usage import role_usage
 from serving.yaml_config import ConfigError
 from train.config import TrainConfig
-from train.fit import fit_changes
+from train.fit import fit_changes, lora_base
 from train.held_out import describe, held_out_overlap
 from train.sample import experiment_with, overlaps, sampling_experiment
 
@@ -93,10 +93,12 @@ def _literal(path: Path) -> str:
 
 def iterations(config: TrainConfig, count: int) -> list[Iteration]:
     """Iterations 0..count; iteration i ≥ 1 samples and fits on iteration i−1's clarifier."""
-    if not config.merge:
+    if not config.merge and lora_base(config) is None:
         raise LoopError(
             f"{config.where('merge')}: the loop continues from each iteration's merged "
-            "checkpoint; set merge: true"
+            "checkpoint, or from its adapter when the clarifier is a model `cts serve` starts "
+            "(engine: openai, vllm.serve: true; every iteration is then a LoRA adapter on "
+            "that one server); set merge: true"
         )
     root = config.resolved_output_dir()
     found = [Iteration(0, root, None)]
