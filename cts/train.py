@@ -270,9 +270,9 @@ def loop_command(
     """Expert iteration: sample → pairs → fit → evaluate, R times, each from the last fit.
 
     The base clarifier is evaluated first. Iteration i samples with iteration i−1's clarifier
-    (its merged checkpoint) and fits a new adapter on top of it (OUTPUT_DIR/iter-i/, as `cts
-    train all` lays it out). Every
-    clarifier is evaluated with the experiment's own pipeline on its own data (held out from
+    (its merged checkpoint; with merge: false and a served clarifier, its LoRA adapter on the
+    base's one server) and fits on top of it (OUTPUT_DIR/iter-i/, as `cts train all` lays it
+    out). Every clarifier is evaluated with the experiment's own pipeline on its own data (held out from
     the sampled split; `loop.evaluation_overrides`), and again under each `loop.robustness`
     variant (e.g. another User Answerer or judge), into OUTPUT_DIR/eval/<variant>/iter-i/.
     After each evaluation OUTPUT_DIR/loop/<variant>/ holds the report of the iterations so far
