@@ -272,14 +272,15 @@ def loop_command(
     The base clarifier is evaluated first. Iteration i samples with iteration i−1's clarifier
     (its merged checkpoint; with merge: false and a served clarifier, its LoRA adapter on the
     base's one server) and fits on top of it (OUTPUT_DIR/iter-i/, as `cts train all` lays it
-    out). Every clarifier is evaluated with the experiment's own pipeline on its own data (held out from
-    the sampled split; `loop.evaluation_overrides`), and again under each `loop.robustness`
-    variant (e.g. another User Answerer or judge), into OUTPUT_DIR/eval/<variant>/iter-i/.
-    After each evaluation OUTPUT_DIR/loop/<variant>/ holds the report of the iterations so far
-    and loop.md / loop.json: per iteration the restore score per condition with its CI, the
-    paired Δ against the base and the previous iteration, answerability, questions asked, and
-    the model calls and tokens spent. Rerunning resumes at the first unfinished step (a
-    finished fit is not redone; finished runs make no model call)."""
+    out). Every clarifier is evaluated with the experiment's own pipeline on its own data (held
+    out from the sampled split; `loop.evaluation_overrides`), and again under each
+    `loop.robustness` variant (e.g. another User Answerer or judge), into
+    OUTPUT_DIR/eval/<variant>/iter-i/. After each evaluation OUTPUT_DIR/loop/<variant>/ holds
+    the report of the iterations so far and loop.md / loop.json: per iteration the restore score
+    per condition with its CI, the paired Δ against the base and the previous iteration,
+    answerability, questions asked, and the model calls and tokens spent. Rerunning resumes at
+    the first unfinished step (a finished fit is not redone; finished runs make no model
+    call)."""
     train = load_train_config(config, set_)
     console = output_console()
     for done in run_loop(train, count, options, progress_for(console), _say):
