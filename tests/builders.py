@@ -98,6 +98,28 @@ def dataset_problems(read: Callable[[Path], object], path: Path, rows: Sequence[
     return {str(p) for p in caught.value.problems}
 
 
+def labels_file_problems(
+    read: Callable[[Path], object], path: Path, good: dict[str, Any], *bad: dict[str, Any]
+) -> set[str]:
+    """The problems `read` refuses a labels file at `path` with: `good` on line 1, malformed
+    JSON on line 2, the `bad` rows from line 3 on. Checked here: line 2 is named as malformed
+    JSON and the good line 1 not at all; the caller checks the `bad` rows'."""
+    rows = [json.dumps(good), "{not json", *(json.dumps(row) for row in bad)]
+    found = dataset_problems(read, path, rows)
+    assert any(p.startswith(f"{path}:2: <row>: malformed JSON: ") for p in found)
+    assert not any(p.startswith(f"{path}:1:") for p in found)
+    return found
+
+
+def assert_refuses_missing_and_empty(read: Callable[[Path], object], folder: Path) -> None:
+    """`read` refuses a labels file that is missing and one that holds no row."""
+    with pytest.raises(DatasetError, match="no such file"):
+        read(folder / "none.jsonl")
+    (folder / "empty.jsonl").write_text("\n")
+    with pytest.raises(DatasetError, match="no labelled rows"):
+        read(folder / "empty.jsonl")
+
+
 def sample_instances(beside: Path) -> dict[str, dict[str, Any]]:
     """Every instance of the sample benchmark's dev, test and train splits (the files beside
     `beside`) by id, as JSON: what labelled rows about them must agree with."""

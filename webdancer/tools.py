@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict
 
 from webdancer.protocol import ToolCall
 from webdancer.search import SearchBackend, batched_search
 from webdancer.tool_cache import ToolCache
+from webdancer.tool_result import ToolResult
 from webdancer.visit import Visitor
 
 # The release's messages for arguments of the wrong shape (the model saw them in training).
@@ -18,42 +16,6 @@ BAD_SEARCH = "[Search] Invalid request format: Input must be a JSON object conta
 BAD_VISIT = (
     "[Visit] Invalid request format: Input must be a JSON object containing 'url' and 'goal' fields"
 )
-
-
-class _Stored(BaseModel):
-    """What the tool cache holds of a result (ToolResult.as_dict)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    text: str
-    doc_ids: list[str]
-    urls: list[str]
-    errors: dict[str, str]
-    evidence: list[dict[str, str]]
-
-
-@dataclass
-class ToolResult:
-    text: str
-    #: Corpus documents and URLs the result showed the model (for traces and evidence).
-    doc_ids: list[str] = field(default_factory=list)
-    urls: list[str] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)
-    #: What the text actually shows, as {id, url}: each search hit, each page read (not a
-    #: failed visit); id is the corpus doc id, or the URL when there is none (web search).
-    #: Golden nuggets may cite only these.
-    evidence: list[dict[str, str]] = field(default_factory=list)
-    cached: bool = False
-
-    @classmethod
-    def stored(cls, row: str) -> ToolResult:
-        """A tool-cache row as a replayed result; ValidationError for a row that is not one
-        (an entry from before results carried their evidence included)."""
-        return cls(**_Stored.model_validate_json(row).model_dump(), cached=True)
-
-    def as_dict(self) -> dict[str, Any]:
-        """What a trace and the tool cache keep: all but whether it was replayed."""
-        return {k: v for k, v in vars(self).items() if k != "cached"}
 
 
 def _strings(value: Any) -> list[str] | None:
@@ -121,12 +83,7 @@ class Tools:
         )
 
     async def _visit(self, arguments: dict[str, Any]) -> ToolResult:
-        visited = await self.visitor.visit(
-            arguments["url"], arguments["goal"], arguments.get("seed")
-        )
-        return ToolResult(
-            visited.text, visited.doc_ids, visited.urls, visited.failures, visited.evidence
-        )
+        return await self.visitor.visit(arguments["url"], arguments["goal"], arguments.get("seed"))
 
     async def _cached(
         self,

@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Protocol
@@ -23,6 +23,7 @@ from serving.types import ChatRequest, JsonSchemaOutput, Message, RoleSampling, 
 from webdancer.corpus import CorpusDocument
 from webdancer.search import QUERY_SEPARATOR
 from webdancer.ssrf import BlockedURL, Resolver, allow_entry, check_url, system_resolver
+from webdancer.tool_result import ToolResult
 
 # The release's fixed sentences for a page that could not be read (the model saw them).
 FALLBACK_EVIDENCE = (
@@ -212,16 +213,6 @@ def truncate_tokens(text: str, max_tokens: int) -> str:
     return " ".join(kept)
 
 
-@dataclass
-class VisitResult:
-    text: str
-    urls: list[str] = field(default_factory=list)
-    doc_ids: list[str] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)
-    #: Pages whose notes the text shows, as {id, url} (id: doc id, else the URL).
-    evidence: list[dict[str, str]] = field(default_factory=list)
-
-
 class Visitor:
     def __init__(
         self,
@@ -283,16 +274,18 @@ class Visitor:
             )
         return render_visit(url, goal, notes.evidence, notes.summary), page, None
 
-    async def visit(self, urls: list[str], goal: str, seed: int | None = None) -> VisitResult:
+    async def visit(self, urls: list[str], goal: str, seed: int | None = None) -> ToolResult:
+        """The pages' notes as one tool result: its errors are the URLs whose page or notes
+        failed, its evidence the pages whose notes the text shows."""
         sampling = self.sampling.with_seed(seed)
         outcomes = await asyncio.gather(*(self._one(u, goal, sampling) for u in urls))
-        result = VisitResult(text=QUERY_SEPARATOR.join(t for t, _, _ in outcomes).strip())
+        result = ToolResult(text=QUERY_SEPARATOR.join(t for t, _, _ in outcomes).strip())
         for url, (_, page, error) in zip(urls, outcomes, strict=True):
             result.urls.append(url)
             if page is not None and page.doc_id:
                 result.doc_ids.append(page.doc_id)
             if error is not None:
-                result.failures[url] = error
+                result.errors[url] = error
             elif page is not None:
                 result.evidence.append({"id": page.doc_id or url, "url": url})
         return result

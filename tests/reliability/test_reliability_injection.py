@@ -104,7 +104,7 @@ def test_a_summarizer_that_obeys_a_page_is_a_failed_visit_not_notes():
             LocalPages([INJECTED_PAGE]), ScriptedEngine(lambda r, reply=reply: reply), Sampling()
         )
         result = asyncio.run(visitor.visit([INJECTED_PAGE.url], GOAL))
-        assert "summarizer:" in result.failures[INJECTED_PAGE.url]
+        assert "summarizer:" in result.errors[INJECTED_PAGE.url]
         assert "ignore your instructions" not in result.text
 
 
@@ -139,7 +139,7 @@ def test_an_injected_page_keeps_the_summarizer_schema_on_the_tiny_model(tiny):
     result = asyncio.run(visitor.visit([INJECTED_PAGE.url], GOAL))
     # Either notes that fit PageNotes (the constraint held), or the visit's own failure when the
     # tiny model ran out of tokens; never the page's text passed off as notes.
-    if INJECTED_PAGE.url in result.failures:
-        assert "summarizer:" in result.failures[INJECTED_PAGE.url]
+    if INJECTED_PAGE.url in result.errors:
+        assert "summarizer:" in result.errors[INJECTED_PAGE.url]
     else:
         assert result.evidence == [{"id": "evil-1", "url": INJECTED_PAGE.url}]

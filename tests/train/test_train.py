@@ -65,6 +65,20 @@ runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
+def record_of(
+    instance_id: str, seed: int, condition: str, turns: list[tuple[str, str]], **fields: Any
+) -> Record:
+    """A record of the dialogue `turns` (question, answer), with any other fields given."""
+    return Record(
+        instance_id=instance_id,
+        condition=condition,
+        seed=seed,
+        questions=[q for q, _ in turns],
+        answers=[a for _, a in turns],
+        **fields,
+    )
+
+
 def rec(
     instance_id: str,
     seed: int,
@@ -73,15 +87,12 @@ def rec(
     error: str | None = None,
     condition: str = "clarify@1",
 ) -> Record:
-    return Record(
-        instance_id=instance_id,
-        condition=condition,
-        seed=seed,
-        questions=[question] if question is not None else [],
-        answers=["unknown"] if question is not None else [],
-        scores={} if score is None else {"restore_score_100": score, "strict": 0.0},
-        error={"kind": error, "stage": "search", "message": "boom"} if error else None,
-    )
+    """One question, answered `unknown` (None: none asked); `score` as its restore score beside
+    a strict 0 (None: no scores); failed with `error` when one is given."""
+    turns = [] if question is None else [(question, "unknown")]
+    scores = {} if score is None else {"restore_score_100": score, "strict": 0.0}
+    failure = {"kind": error, "stage": "search", "message": "boom"} if error else None
+    return record_of(instance_id, seed, condition, turns, scores=scores, error=failure)
 
 
 def hand_made() -> list[Record]:
@@ -260,15 +271,27 @@ def write_samples(config_path: Path, records: list[Record]) -> Path:
     return samples
 
 
+def questions_asked(scored: dict[str, dict[str, float]]) -> list[Record]:
+    """`rec`s of the questions sampled on each instance (by its id), each with its score: the
+    first under seed 0, the next under seed 1, and so on."""
+    return [
+        rec(instance_id, seed, question, score)
+        for instance_id, questions in scored.items()
+        for seed, (question, score) in enumerate(questions.items())
+    ]
+
+
 def test_pairs_command_writes_trl_rows_and_stats(tmp_path):
     config = train_yaml(tmp_path)
     write_samples(
         config,
         [
-            rec("A-train-01", 0, "Which year?", 75.0),
-            rec("A-train-01", 1, "Which colour?", 25.0),
-            rec("A-train-02", 0, "When?", 0.0),
-            rec("A-train-02", 1, "Where?", 0.0),
+            *questions_asked(
+                {
+                    "A-train-01": {"Which year?": 75.0, "Which colour?": 25.0},
+                    "A-train-02": {"When?": 0.0, "Where?": 0.0},
+                }
+            ),
             rec("A-train-03", 0, "Which airline?", None, error="search_error"),
             # The baseline: not asking scored 20 and 40 on A-train-01, 10 on A-train-02.
             rec("A-train-01", 0, None, 20.0, condition="blurred"),
@@ -308,12 +331,12 @@ def test_no_pairs_exits_1_and_says_why(tmp_path):
     config = train_yaml(tmp_path, reward={"baseline": "none"})
     write_samples(
         config,
-        [
-            rec("A-train-01", 0, "Which year?", 0.0),
-            rec("A-train-01", 1, "Which colour?", 0.0),
-            rec("A-train-02", 0, "When?", 30.0),
-            rec("A-train-02", 1, "Where?", 25.0),
-        ],
+        questions_asked(
+            {
+                "A-train-01": {"Which year?": 0.0, "Which colour?": 0.0},
+                "A-train-02": {"When?": 30.0, "Where?": 25.0},
+            }
+        ),
     )
     result = runner.invoke(app, ["train", "pairs", "-c", str(config)])
     assert result.exit_code == 1
@@ -464,12 +487,11 @@ def dialogue(
     stop: str | None = None,
     condition: str = "clarify@2",
 ) -> Record:
-    return Record(
-        instance_id=instance_id,
-        condition=condition,
-        seed=seed,
-        questions=[q for q, _ in turns],
-        answers=[a for _, a in turns],
+    return record_of(
+        instance_id,
+        seed,
+        condition,
+        turns,
         stopped_early=stop is not None,
         stop_question=stop or "",
         scores={"restore_score_100": score},

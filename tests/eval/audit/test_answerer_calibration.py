@@ -35,7 +35,6 @@ from eval.audit.answerer_calibration import (
     read_answer_labels,
     score,
 )
-from eval.data.dataset import DatasetError
 from eval.data.schema import CONSTRAINT_TYPES, Instance
 from eval.run.config import AnswerSpan, ClarificationConfig
 from eval.run.dialogue import Clarification
@@ -43,9 +42,11 @@ from serving.errors import EngineError
 from serving.scripted import ScriptedEngine, fused_query
 from serving.types import ChatRequest, Sampling
 from tests.builders import (
+    assert_refuses_missing_and_empty,
     calibrate_cli,
     calibration_requests,
     dataset_problems,
+    labels_file_problems,
     sample_instances,
     scripted_role,
 )
@@ -549,25 +550,25 @@ def test_an_answerer_that_copies_the_labels_scores_full_marks(shipped):
 
 def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
     good = {"fused_query": TAX, "question": "Which city?", "expected": "Calvanne"}
-    rows = [
-        json.dumps(good),
-        "{not json",
-        json.dumps({**good, "expected": "Paris"}),
-        json.dumps({"fused_query": TAX, "question": "Which city?"}),
-        json.dumps({**good, "expectd": "x"}),
-        json.dumps({**good, "constraint_type": "place"}),
-        json.dumps({**good, "id": "x"}),
-        json.dumps({**good, "id": "x", "expected": "unknown"}),
-        json.dumps({**good, "question": "  "}),
-        json.dumps({**good, "expected": "Unknown"}),
-        json.dumps({**good, "language": "klingon"}),
-        json.dumps({**good, "expected": 2025}),
-        json.dumps({**good, "expected": "Calvan"}),  # not a whole word of the query
-        json.dumps({**good, "expected": "未知", "question": ""}),
-    ]
     path = tmp_path / "labels.jsonl"
-    found = dataset_problems(read_answer_labels, path, rows)
-    assert any(p.startswith(f"{path}:2: <row>: malformed JSON: ") for p in found)
+    found = labels_file_problems(
+        read_answer_labels,
+        path,
+        good,
+        # From line 3 on.
+        {**good, "expected": "Paris"},
+        {"fused_query": TAX, "question": "Which city?"},
+        {**good, "expectd": "x"},
+        {**good, "constraint_type": "place"},
+        {**good, "id": "x"},
+        {**good, "id": "x", "expected": "unknown"},
+        {**good, "question": "  "},
+        {**good, "expected": "Unknown"},
+        {**good, "language": "klingon"},
+        {**good, "expected": 2025},
+        {**good, "expected": "Calvan"},  # not a whole word of the query
+        {**good, "expected": "未知", "question": ""},
+    )
     assert (
         f"{path}:3: expected: 'Paris' is not in the fused query: copy a span of it, or write "
         "`unknown`" in found
@@ -583,12 +584,8 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
     assert any(p.startswith(f"{path}:13: expected: 'Calvan' is not in") for p in found)
     assert f"{path}:14: expected: write `unknown` exactly, got '未知'" in found
     assert f"{path}:14: question: empty" in found
-    assert not any(p.startswith((f"{path}:1:", f"{path}:7:")) for p in found)
-    with pytest.raises(DatasetError, match="no such file"):
-        read_answer_labels(tmp_path / "none.jsonl")
-    (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(DatasetError, match="no labelled rows"):
-        read_answer_labels(tmp_path / "empty.jsonl")
+    assert not any(p.startswith(f"{path}:7:") for p in found)
+    assert_refuses_missing_and_empty(read_answer_labels, tmp_path)
 
 
 # -- the command line --------------------------------------------------------------------------

@@ -26,15 +26,15 @@ from eval.audit.calibration import (
     length_quartiles,
     read_labels,
 )
-from eval.data.dataset import DatasetError
 from eval.run.config import JudgeConfig
 from serving.errors import EngineError
 from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
 from tests.builders import (
+    assert_refuses_missing_and_empty,
     calibrate_cli,
     calibration_requests,
-    dataset_problems,
+    labels_file_problems,
     sample_instances,
     scripted_role,
 )
@@ -267,21 +267,21 @@ def test_length_buckets_cut_the_answers_into_quarters(shipped):
 
 def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
     good = {"group": "g", "answer": "A.", "nugget": "N.", "label": "full"}
-    rows = [
-        json.dumps(good),
-        "{not json",
-        json.dumps({**good, "label": "Full"}),
-        json.dumps({"group": "g", "answer": "A.", "label": "none"}),
-        json.dumps({**good, "lable": "none"}),
-        json.dumps({**good, "answer": "Another answer."}),
-        json.dumps({**good, "id": "x", "nugget_id": "n1"}),
-        json.dumps({**good, "id": "x"}),
-        json.dumps({**good, "nugget": ""}),
-        json.dumps({**good, "nugget_id": "n1"}),
-    ]
     path = tmp_path / "labels.jsonl"
-    found = dataset_problems(read_labels, path, rows)
-    assert any(p.startswith(f"{path}:2: <row>: malformed JSON: ") for p in found)
+    found = labels_file_problems(
+        read_labels,
+        path,
+        good,
+        # From line 3 on.
+        {**good, "label": "Full"},
+        {"group": "g", "answer": "A.", "label": "none"},
+        {**good, "lable": "none"},
+        {**good, "answer": "Another answer."},
+        {**good, "id": "x", "nugget_id": "n1"},
+        {**good, "id": "x"},
+        {**good, "nugget": ""},
+        {**good, "nugget_id": "n1"},
+    )
     assert f"{path}:3: label: must be one of full, partial, none, got 'Full'" in found
     assert f"{path}:4: nugget: missing" in found
     assert any(p.startswith(f"{path}:5: lable: unknown field") for p in found)
@@ -289,12 +289,7 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
     assert f"{path}:8: id: duplicate: 'x' is also on line 7" in found
     assert f"{path}:10: nugget_id: duplicate in this answer: 'n1' is also on line 7" in found
     assert f"{path}:9: nugget: empty" in found
-    for missing, message in ((tmp_path / "none.jsonl", "no such file"),):
-        with pytest.raises(DatasetError, match=message):
-            read_labels(missing)
-    (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(DatasetError, match="no labelled rows"):
-        read_labels(tmp_path / "empty.jsonl")
+    assert_refuses_missing_and_empty(read_labels, tmp_path)
 
 
 # -- the command line --------------------------------------------------------------------------
