@@ -18,8 +18,10 @@ makes on the CPU), plus a burst of constrained requests. No network needed.
 6. replicas (`--replicas N`, N ≥ 2; the stages above then use the first copy): the pipeline on
    all N copies with `affinity` routing (each key on one copy) and with `round_robin`, each from
    empty prefix caches: generated tok/s and each copy's prefix-cache hit rate (bench/replicas.py
-   on the GPU). A shared judge is a Slurm-level choice (`cts slurm submit --shared-servers`),
-   not measured on one machine.
+   on the GPU).
+7. shared judge (with the ceiling): the judge's share of the pipeline's generated and prompt
+   tokens, and how many shards one shared judge server keeps up with (`cts slurm submit
+   --shared-servers judge`): the best ceiling ÷ the judge tok/s one shard's pipeline asks for.
 
     python bench/gpu_check.py                       # the tiny model (cts models prepare-tiny)
     python bench/gpu_check.py --model /ckpt/Qwen3-8B --instances 24 --concurrency 64
@@ -68,6 +70,7 @@ from bench.pipeline import (  # noqa: E402
     over_ceiling,
     saturate,
     save_calls,
+    shared_judge,
     warm_up,
 )
 from bench.replicas import measure_routing  # noqa: E402
@@ -267,6 +270,14 @@ def table_rows(results: dict[str, Any]) -> dict[str, str]:
         rows["pipeline's answered tokens ÷ best ceiling"] = str(
             ratios["pipeline_answered_over_ceiling"]
         )
+    if "shared_judge" in results:
+        judge = results["shared_judge"]
+        rows["judge's share of generated / prompt tokens"] = (
+            f"{judge['judge_generated_share']} / {judge['judge_prompt_share']}"
+        )
+        rows["shards one shared judge server keeps up with (generated tokens)"] = str(
+            judge["shards_per_judge_server"]
+        )
     if "burst" in results:
         probe = results["burst"]
         rows["burst requests"] = str(probe["requests"])
@@ -422,6 +433,7 @@ def run_stages(
             ),
         )
         stage("ratios", over_ceiling(figures, results["ceiling"]))
+        stage("shared_judge", shared_judge(figures, results["ceiling"]))
     else:
         console.print("[red]the pipeline sent no request: no ceiling to replay[/]")
     stage("burst", asyncio.run(fire(resolved, burst(args.requests))))

@@ -488,10 +488,40 @@ def measure_run(
         "prefix_cache_hit_rate": hit_rate(served),
         "samples": [list(s) for s in samples],
         "calls_by_role": dict(Counter(c.role for c in made)),
+        "completion_tokens_by_role": tokens_by_role(made, "completion_tokens"),
+        "prompt_tokens_by_role": tokens_by_role(made, "prompt_tokens"),
         # Attempts sent again (timeouts: work the server did for nothing), per model.
         "retried": {m: dict(s.retried) for m, s in result.engine_stats.items() if s.retried},
     }
     return figures, calls, result
+
+
+def tokens_by_role(calls: Sequence[Call], field: str) -> dict[str, int]:
+    """Each role's sum of `field` (prompt_tokens or completion_tokens) over `calls`."""
+    summed: Counter[str] = Counter()
+    for call in calls:
+        summed[call.role] += getattr(call, field)
+    return dict(summed)
+
+
+def shared_judge(pipeline: dict[str, Any], ceiling: dict[str, Any]) -> dict[str, Any]:
+    """How many shards one shared judge server keeps up with (`cts slurm submit
+    --shared-servers judge`): the judge's share of the pipeline's generated tokens, times the
+    pipeline's tok/s, is what one shard asks of the judge's server per second; the best ceiling
+    is what one server gives. Generated tokens only: the judge's long prompts cost prefill the
+    figure leaves out (its share of prompt tokens is beside it)."""
+    generated = pipeline["completion_tokens_by_role"]
+    prompted = pipeline["prompt_tokens_by_role"]
+    share = generated.get("judge", 0) / max(1, sum(generated.values()))
+    per_shard = share * pipeline["tokens_per_s"]
+    return {
+        "judge_generated_share": round(share, 3),
+        "judge_prompt_share": round(prompted.get("judge", 0) / max(1, sum(prompted.values())), 3),
+        "judge_tokens_per_s_per_shard": round(per_shard, 2),
+        "shards_per_judge_server": (
+            round(ceiling["best_tokens_per_s"] / per_shard, 1) if per_shard else None
+        ),
+    }
 
 
 @contextmanager

@@ -42,10 +42,13 @@ def recorded(bench, tmp_path_factory):  # type: ignore[no-untyped-def]
     return calls
 
 
-def test_every_role_s_requests_are_recorded_with_their_answers(recorded):
+def test_every_role_s_requests_are_recorded_with_their_answers(bench, recorded):
     roles = {c.role for c in recorded}
     assert roles == {"clarifier", "user_answerer", "rewriter", "searcher", "summarizer", "judge"}
     assert all(c.completion_tokens > 0 and c.ended >= c.started for c in recorded)
+    by_role = bench.tokens_by_role(recorded, "completion_tokens")
+    assert set(by_role) == roles
+    assert sum(by_role.values()) == sum(c.completion_tokens for c in recorded)
 
 
 def test_the_simulated_server_tells_each_role_by_its_request(bench, recorded):
@@ -212,6 +215,8 @@ def test_the_gpu_check_table_reads_every_figure_its_stages_write(gpu_check):
         "answered_tokens_per_s": 4.5,
         "tokens_per_s_queued": None,
         "prefix_cache_hit_rate": 0.5,
+        "completion_tokens_by_role": {"judge": 100, "searcher": 300},
+        "prompt_tokens_by_role": {"judge": 600, "searcher": 400},
     }
     ceiling = {"rows": [{"concurrency": 16, "tokens_per_s": 6.0, "in_flight": {}}]}
     ceiling["best_tokens_per_s"] = 6.0
@@ -223,6 +228,7 @@ def test_the_gpu_check_table_reads_every_figure_its_stages_write(gpu_check):
         "engine_stats": {**stats, "retried": {"timeout": 2}},
         "ceiling": ceiling,
         "ratios": gpu_check.over_ceiling(pipeline, ceiling),
+        "shared_judge": gpu_check.shared_judge(pipeline, ceiling),
         "burst": {"requests": 6, "completion_tokens": 60, "seconds": 2.0, "valid": 6, "errors": {}},
     }
     rows = gpu_check.table_rows(results)
@@ -230,3 +236,7 @@ def test_the_gpu_check_table_reads_every_figure_its_stages_write(gpu_check):
     assert rows["pipeline's answered tokens ÷ best ceiling"] == "0.75"
     assert rows["pipeline requests sent again"] == '{"timeout": 2}'
     assert rows["burst constrained validity"] == "6/6"
+    # The judge makes 100 of 400 generated tokens: 0.25 × 5 tok/s = 1.25 tok/s per shard, and a
+    # server's best 6 tok/s keeps up with 6 / 1.25 = 4.8 shards.
+    assert rows["judge's share of generated / prompt tokens"] == "0.25 / 0.6"
+    assert rows["shards one shared judge server keeps up with (generated tokens)"] == "4.8"
