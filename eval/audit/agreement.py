@@ -9,7 +9,8 @@ mismatch (different answers, different nuggets, failed before the judge on one s
 silently joined. On the paired labels: Cohen's κ over the three labels and strict (full vs the
 rest), the 3×3 confusion matrix, agreement per instance, and κ per language and per removed
 constraint type. On the paired records' scores: the restore score's difference per condition
-with a paired bootstrap CI (eval/score/metrics.py), and how many labels and score points move from
+with a paired bootstrap CI (eval/score/metrics.py) and the smallest difference the test could
+detect (its MDE, eval/score/power.py), and how many labels and score points move from
 one judgement to the other, with bootstrap CIs over instances: between two judgements by the same
 judge (the same model config, sampling, `judge:` options and prompts), that is the judge's
 noise floor — what re-reading alone moves — reported beside every comparison of that judge with
@@ -37,6 +38,7 @@ from eval.run.fingerprint import judge_setup
 from eval.run.run_dir import RunDir
 from eval.run.runner import Key, RecordStore
 from eval.score.metrics import paired_test, ratio_ci
+from eval.score.power import paired_mde
 from serving.model_config import model_label
 from serving.yaml_config import read_yaml
 
@@ -350,7 +352,12 @@ class InstanceAgreement:
 class ScoreDifference:
     """restore_score_100 under the second judgement minus under the first, on the instances
     both judged under the condition (each instance's mean over its paired seeds): a paired
-    bootstrap 95% CI and a sign-flip p-value (eval/score/metrics.paired_test). None when n = 0."""
+    bootstrap 95% CI and a sign-flip p-value (eval/score/metrics.paired_test). None when n = 0.
+    `mde`: the smallest true difference that test detects with 80% power at α = 0.05
+    (two-sided), given the n and the variance of the per-instance differences
+    (eval/score/power.py; the report's gains take theirs the same way); None below two
+    instances or when the differences do not vary. The rows are not a Holm family (no p here is
+    adjusted), so every row's MDE is at α itself."""
 
     condition: str
     first: float | None
@@ -360,6 +367,7 @@ class ScoreDifference:
     high: float | None
     p_value: float | None
     n: int
+    mde: float | None
 
 
 @dataclass(frozen=True)
@@ -492,6 +500,7 @@ def _score_differences(pairing: Pairing, resamples: int, seed: int) -> list[Scor
         first = [mean(s[0] for s in per_instance[i].values()) for i in ids]
         second = [mean(s[1] for s in per_instance[i].values()) for i in ids]
         test = paired_test(second, first, resamples=resamples, seed=seed)
+        detectable = paired_mde([b - a for a, b in zip(first, second, strict=True)])
         rows.append(
             ScoreDifference(
                 condition,
@@ -502,6 +511,7 @@ def _score_differences(pairing: Pairing, resamples: int, seed: int) -> list[Scor
                 test.high,
                 test.p_value,
                 test.n,
+                detectable,
             )
         )
     return rows

@@ -41,7 +41,7 @@ from eval.score.metrics import (
     paired_tests,
 )
 from eval.score.over_answer import MOST as MOST_OF_FUSED
-from eval.score.power import components, difference_noise, mde, seed_share_ci
+from eval.score.power import component_cis, components, difference_noise, mde, paired_mde
 
 SCORE = "restore_score_100"
 SCORE_VARIANTS = (SCORE, "strict", "unweighted")
@@ -206,16 +206,15 @@ def _detectable(scored: Scored, condition: str, other: str, ids: list[str]) -> d
 
 def variance_components(scored: Scored, conditions: list[str], ids: list[str]) -> dict[str, Any]:
     """Per condition, the between- and within-instance variance of restore scores over the
-    paired instances, the seeds' share of it with a bootstrap 95% CI (eval/score/power.py)."""
+    paired instances and the seeds' share of it, each with a bootstrap 95% CI over those
+    instances (`<part>_low`, `<part>_high`; eval/score/power.py)."""
     out: dict[str, Any] = {}
     if len(ids) < 2:
         return out
     for condition in conditions:
         by_instance = _seed_scores(scored, condition, ids)
-        found = components(by_instance).as_dict()
-        interval = seed_share_ci(np.array(list(by_instance.values()), dtype=np.float64))
-        found["seed_share_low"], found["seed_share_high"] = interval or (None, None)
-        out[condition] = found
+        table = np.array(list(by_instance.values()), dtype=np.float64)
+        out[condition] = {**components(by_instance).as_dict(), **component_cis(table).as_dict()}
     return out
 
 
@@ -577,7 +576,7 @@ def compare_systems(
     family_size = Counter((a, b) for a, b, condition, *_ in compared if clarify_turns(condition))
     by_pair: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for (a, b, condition, left, right), test in zip(compared, tests, strict=True):
-        differences = np.array([left[i] - right[i] for i in sorted(set(left) & set(right))])
+        differences = [left[i] - right[i] for i in sorted(set(left) & set(right))]
         alpha = 0.05 / family_size[(a, b)] if clarify_turns(condition) else 0.05
         by_pair.setdefault((a, b), []).append(
             {
@@ -590,7 +589,7 @@ def compare_systems(
                 "p_value": test.p_value,
                 "p_holm": None,
                 "n": test.n,
-                "mde": mde(float(differences.var(ddof=1)), test.n, alpha) if test.n > 1 else None,
+                "mde": paired_mde(differences, alpha),
             }
         )
     rows: list[dict[str, Any]] = []

@@ -483,6 +483,16 @@ def _gains_table(summary: dict[str, Any]) -> list[str]:
     return [*lines, "", *_variance_table(summary)]
 
 
+def _sd(variance: float | None, low: float | None, high: float | None) -> str:
+    """A variance as an sd, with its interval's square roots: the square root is monotone, so
+    the resampled variances' percentiles give the sds' (up to the interpolation between two
+    resamples)."""
+    if variance is None:
+        return "– (one seed)"
+    text = f"{variance**0.5:.1f}"
+    return text if low is None or high is None else f"{text} [{low**0.5:.1f}, {high**0.5:.1f}]"
+
+
 def _variance_table(summary: dict[str, Any]) -> list[str]:
     """Where the noise comes from: per condition, instances against seeds."""
     variance = summary.get("variance") or {}
@@ -490,21 +500,21 @@ def _variance_table(summary: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "Where the noise comes from: restore scores' variance between instances and within an "
-        "instance across seeds (one-way random effects); noise from seeds = within / (between + "
-        "within) [bootstrap 95% CI over instances]. High: more seeds narrow the intervals; low: "
-        "only more instances do.",
+        "instance across seeds (one-way random effects), as sds; noise from seeds = within / "
+        "(between + within); each [bootstrap 95% CI over the n instances]. High: more seeds "
+        "narrow the intervals; low: only more instances do.",
         "",
         "| condition | sd between instances | sd within (seeds) | noise from seeds | n, seeds |",
         "|---|---|---|---|---|",
     ]
     for condition, c in variance.items():
-        within = "– (one seed)" if c["within"] is None else f"{c['within'] ** 0.5:.1f}"
+        between = _sd(c["between"], c.get("between_low"), c.get("between_high"))
+        within = _sd(c["within"], c.get("within_low"), c.get("within_high"))
         share = "–" if c["seed_share"] is None else _pct(c["seed_share"])
         if c.get("seed_share_low") is not None:
             share += f" [{_pct(c['seed_share_low'])}, {_pct(c['seed_share_high'])}]"
         lines.append(
-            f"| {condition} | {c['between'] ** 0.5:.1f} | {within} | {share} | "
-            f"{c['instances']}, {c['seeds']:g} |"
+            f"| {condition} | {between} | {within} | {share} | {c['instances']}, {c['seeds']:g} |"
         )
     return [*lines, ""]
 

@@ -63,8 +63,9 @@ class SystemSummary(_Section):
     failures: dict[str, Any]
     oracle_independence: dict[str, Any] | None = None
     ignored_records: dict[str, Any] | None = None
-    #: condition → between, within, seed_share [low, high], icc (eval/score/power.py); absent
-    #: from summaries written before it.
+    #: condition → between, within (variances), seed_share, each with `<part>_low`/`_high`
+    #: (bootstrap 95% CI over instances), icc, instances, seeds (eval/score/power.py); absent
+    #: from summaries written before it, and the between/within CIs from those before them.
     variance: dict[str, Any] | None = None
 
     def score(self, condition: str, variant: str = "restore_score_100") -> dict[str, Any] | None:

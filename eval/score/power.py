@@ -152,6 +152,18 @@ def mde(variance: float, n: int, alpha: float = 0.05, wanted: float = 0.8) -> fl
     return float(optimize.brentq(lambda d: power(d, variance, n, alpha) - wanted, 0.0, high))
 
 
+def paired_mde(
+    differences: Sequence[float], alpha: float = 0.05, wanted: float = 0.8
+) -> float | None:
+    """`mde` of the paired test on these per-instance differences (each instance's a − b, its
+    seeds averaged first): their variance (ddof 1) on n = len(differences) instances, as the
+    report's gains take it from `difference_noise`."""
+    if len(differences) < 2:
+        return None
+    variance = float(np.var(np.asarray(differences, dtype=np.float64), ddof=1))
+    return mde(variance, len(differences), alpha, wanted)
+
+
 def mde_normal(variance: float, n: int, alpha: float = 0.05, wanted: float = 0.8) -> float:
     """The textbook closed form, (z_{1−α/2} + z_power) · sd / √n: what most power tables give.
     Smaller than `mde` for small n (it ignores the t distribution's heavier tails)."""
@@ -250,26 +262,70 @@ def plan(
     return Plans(detect, wanted, alpha, found, at_any, notes)
 
 
-def seed_share_ci(
-    table: np.ndarray, *, resamples: int = 2000, seed: int = 0, level: float = 0.95
-) -> tuple[float, float] | None:
-    """A percentile bootstrap interval, over instances, of the seeds' share of the variance of
-    one system's scores (`table`: one row per instance, one column per seed); None with fewer
-    than two instances or seeds."""
-    n, k = table.shape
-    if n < 2 or k < 2:
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class ComponentIntervals:
+    """Percentile bootstrap intervals, over instances, of one system's variance components
+    (variances, as `Components` gives them: an sd's interval is their square roots) and of the
+    seeds' share; each None where it cannot be had (see `component_cis`)."""
+
+    #: Instances each resample draws (with replacement): the n the intervals stand on.
+    instances: int
+    resamples: int
+    between: Interval | None
+    #: None with one seed per instance, as `Components.within` is.
+    within: Interval | None
+    seed_share: Interval | None
+
+    def as_dict(self) -> dict[str, float | None]:
+        """`<part>_low`, `<part>_high` for between, within and seed_share (None: no interval)."""
+        out: dict[str, float | None] = {}
+        for part in ("between", "within", "seed_share"):
+            interval: Interval | None = getattr(self, part)
+            out[f"{part}_low"], out[f"{part}_high"] = interval or (None, None)
+        return out
+
+
+def _percentiles(values: np.ndarray, level: float) -> Interval | None:
+    """The central `level` percentile interval of the values that are not NaN."""
+    values = values[~np.isnan(values)]
+    if not len(values):
         return None
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def component_cis(
+    table: np.ndarray, *, resamples: int = 2000, seed: int = 0, level: float = 0.95
+) -> ComponentIntervals:
+    """Percentile bootstrap intervals of between, within and the seeds' share of one system's
+    scores (`table`: one row per instance, one column per seed), from one set of resamples of
+    the instances: each resample's components are `components()` on its rows. Between needs
+    two instances; within and the share also two seeds."""
+    if table.ndim != 2:
+        raise ValueError(f"a seeds table has one row per instance, got shape {table.shape}")
+    n, k = table.shape
+    if n < 2:
+        return ComponentIntervals(n, resamples, None, None, None)
     means = table.mean(axis=1)
-    squares = ((table - means[:, None]) ** 2).sum(axis=1)
+    # Whole instances are resampled, seeds and all: instances are the sampling unit.
     rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    if k < 2:
+        spread = _percentiles(means[rows].var(axis=1, ddof=1), level)
+        return ComponentIntervals(n, resamples, spread, None, None)
+    squares = ((table - means[:, None]) ** 2).sum(axis=1)
     within = squares[rows].sum(axis=1) / (n * (k - 1))
     between = np.maximum(0.0, means[rows].var(axis=1, ddof=1) - within / k)
     total = between + within
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(total > 0, within / total, np.nan)
-    share = share[~np.isnan(share)]
-    if not len(share):
-        return None
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(share, [tail, 100 - tail])
-    return float(low), float(high)
+    return ComponentIntervals(
+        n,
+        resamples,
+        _percentiles(between, level),
+        _percentiles(within, level),
+        _percentiles(share, level),
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from eval.audit.agreement import (
 )
 from eval.data.schema import Record
 from eval.run.runner import RecordStore
+from eval.score.power import mde
 from serving.scripted import scripted_roles
 from tests.eval.test_rejudge import NEW_JUDGE, make_source, rejudge
 
@@ -219,6 +221,7 @@ def test_score_differences_topics_and_instances_carry_their_n():
     assert (oracle.first, oracle.second) == pytest.approx((40.0, 50.0))
     assert (oracle.difference, oracle.low, oracle.high) == pytest.approx((10.0, 10.0, 10.0))
     assert oracle.p_value == pytest.approx(2 / 8)  # exact: 2 of the 2³ sign flips as extreme
+    assert oracle.mde is None  # the differences do not vary: no variance to scale an MDE by
     languages = {g.group: g.kappa.n for g in found.by_language}
     assert languages == {"en": 4, "zh": 2}
     constraints = {g.group: g.kappa.n for g in found.by_removed_constraint}
@@ -229,6 +232,26 @@ def test_score_differences_topics_and_instances_carry_their_n():
         ("i0", 1.0, 2),
     ]
     assert found.confusion.counts == [[3, 0, 0], [0, 0, 0], [2, 0, 1]]
+
+
+def test_each_score_difference_has_the_mde_of_its_per_instance_differences():
+    """Two seeds, each instance's seeds averaged first (as the report's gains do). Scores
+    (first judgement → second) per seed: i0 (40, 44) → (50, 58), i1 (60, 60) → (62, 62),
+    i2 (20, 30) → (35, 33). Per-instance differences of seed means: 54 − 42 = 12, 2,
+    34 − 25 = 9; mean 23/3, variance (229 − 529/3) / 2 = 79/3 on n = 3."""
+    scores = {"i0": [(40, 50), (44, 58)], "i1": [(60, 62), (60, 62)], "i2": [(20, 35), (30, 33)]}
+    first, second = [], []
+    for instance, per_seed in scores.items():
+        for seed, (a, b) in enumerate(per_seed):
+            for side, score in ((first, a), (second, b)):
+                made = record(instance, "clarify@1", {"n1": "full"}, score=float(score))
+                side.append(made.model_copy(update={"seed": seed}))
+    (row,) = compare(judgement("a", first), judgement("b", second), resamples=1000).scores
+    assert (row.n, row.difference) == (3, pytest.approx(23 / 3))
+    assert row.mde == pytest.approx(mde(79 / 3, 3))
+    # By hand: at n = 3 (df 2) the t test needs (t_.975 + t_.8) · sd / √n at least, about
+    # (4.30 + 1.06) · √(79/9) = 15.9 points; the noncentral t asks slightly more.
+    assert 15.9 < row.mde < 17.5
 
 
 def test_systems_are_told_apart_by_their_answers_and_their_rankings_compared():
@@ -320,10 +343,27 @@ def test_a_run_against_its_rejudge(runs, tmp_path):
         "clarify@2",
         "oracle",
     }
+    # Each row's MDE stands on the variance of its per-instance differences (seeds averaged).
+    assert "MDE" in result.output
+    for row in versus_other["scores"]:
+        scored = [k for k in both if k[1] == row["condition"] and new[k].scores]
+        by_instance: dict[str, list[float]] = {}
+        for k in scored:
+            moved = new[k].scores["restore_score_100"] - old[k].scores["restore_score_100"]
+            by_instance.setdefault(k[0], []).append(moved)
+        differences = [sum(v) / len(v) for v in by_instance.values()]
+        assert row["n"] == len(differences)
+        spread = len(differences) > 1 and len(set(differences)) > 1
+        expected_mde = mde(statistics.variance(differences), len(differences)) if spread else None
+        assert row["mde"] == pytest.approx(expected_mde)
+    assert any(row["mde"] is not None for row in versus_other["scores"])
+    oracle = next(r for r in versus_other["scores"] if r["condition"] == "oracle")
+    assert f"{oracle['mde']:.1f} │" in result.output
     # The same judge asked again agrees with itself (the scripted judge is deterministic).
     versus_same = pairs[("source", "same")]
     assert versus_same["kappa"]["observed"] == 1.0 and versus_same["kappa"]["kappa"] == 1.0
     assert all(row["difference"] == 0 for row in versus_same["scores"])
+    assert all(row["mde"] is None for row in versus_same["scores"])  # shown "–"
 
 
 def test_runs_of_other_answers_are_reported_not_joined(runs, tmp_path):

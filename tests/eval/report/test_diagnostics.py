@@ -461,7 +461,14 @@ def test_a_multi_seed_report_shows_where_the_noise_comes_from_and_each_mde():
     assert gain["mde"] == pytest.approx(mde(208 / 3, 3))
     text = markdown([("sys", summary)], [], 3, "exclude")
     assert "Where the noise comes from" in text
-    assert f"| blurred | {385.33**0.5:.1f} | {(16 / 3) ** 0.5:.1f} | 1% [" in text
+    # The bootstrap over the 3 instances (squares about their seed means 8, 0, 8): resampling b
+    # thrice (1/27 of resamples) spreads nothing, so both intervals start at 0; b, b, c (3/27)
+    # has the most between, means 40, 40, 2 (variance 481.33) less within (8/3) / 2: 480; no b
+    # (8/27) the most within, 8.
+    assert (blurred["between_low"], blurred["between_high"]) == pytest.approx((0, 480))
+    assert (blurred["within_low"], blurred["within_high"]) == pytest.approx((0, 8))
+    assert f"| blurred | {385.33**0.5:.1f} [0.0, {480**0.5:.1f}] | {(16 / 3) ** 0.5:.1f} " in text
+    assert f"| {(16 / 3) ** 0.5:.1f} [0.0, {8**0.5:.1f}] | 1% [" in text
     assert f"| {gain['mde']:.1f} |" in text
 
     other = [

@@ -11,11 +11,14 @@ import pytest
 
 from eval.score.metrics import paired_tests
 from eval.score.power import (
+    ComponentIntervals,
     DifferenceNoise,
+    component_cis,
     components,
     difference_noise,
     mde,
     mde_normal,
+    paired_mde,
     plan,
     power,
 )
@@ -144,3 +147,83 @@ def test_plans_say_when_seeds_cannot_help_and_when_the_dataset_is_too_small():
     assert flat_zero.plans == [] and "do not vary" in flat_zero.notes[0]
     one_seed = plan(DifferenceNoise(30, 1, 100.0, None, None), 5.0, max_instances=500)
     assert [p.seeds for p in one_seed.plans] == [1] and "one seed" in one_seed.notes[0]
+
+
+def test_paired_mde_is_the_noncentral_t_mde_of_the_differences_variance():
+    # Differences 1, 3, 8: mean 4, variance (9 + 1 + 16) / 2 = 13 on n = 3 (df 2). The 80%-power
+    # difference of the two-sided t test at α = 0.05, solved here from scipy's noncentral t.
+    from scipy import optimize, stats
+
+    critical = stats.t.ppf(0.975, 2)
+
+    def power_at(d: float) -> float:
+        shift = d / math.sqrt(13 / 3)
+        return stats.nct.sf(critical, 2, shift) + stats.nct.cdf(-critical, 2, shift)
+
+    # Bracketed where scipy's nct is finite at df 2 (it gives NaN far in its tail): 12 points
+    # have power 0.812 there, 11 have 0.756.
+    by_hand = optimize.brentq(lambda d: power_at(d) - 0.8, 5, 15)
+    assert 11 < by_hand < 12
+    assert paired_mde([1, 3, 8]) == pytest.approx(by_hand, rel=1e-6)
+    assert paired_mde([1, 3, 8]) == pytest.approx(mde(13, 3))
+    assert paired_mde([8, 3, 1], alpha=0.05 / 3) == pytest.approx(mde(13, 3, 0.05 / 3))
+    # No variance, or one instance: nothing to scale a detectable difference by.
+    assert paired_mde([5, 5, 5]) is None and paired_mde([4]) is None and paired_mde([]) is None
+
+
+def test_component_cis_by_hand_on_two_instances():
+    """Instances (0, 2) and (10, 16): squares about their means 2 and 18, means 1 and 13.
+    Point: within (2 + 18) / 2 = 10, between 72 − 10 / 2 = 67. A resample of the two draws
+    a a or b b (a quarter of resamples each: within 2 or 18, no between, the share 1) or one
+    of each (the point estimate): the 2.5% and 97.5% percentiles are those extremes."""
+    table = np.array([[0.0, 2.0], [10.0, 16.0]])
+    point = components({"a": [0, 2], "b": [10, 16]})
+    assert (point.within, point.between) == pytest.approx((10, 67))
+    found = component_cis(table)
+    assert (found.instances, found.resamples) == (2, 2000)
+    assert found.within == pytest.approx((2, 18))
+    assert found.between == pytest.approx((0, 67))
+    assert found.seed_share == pytest.approx((10 / 77, 1))
+    assert found.as_dict() == pytest.approx(
+        {
+            "between_low": 0,
+            "between_high": 67,
+            "within_low": 2,
+            "within_high": 18,
+            "seed_share_low": 10 / 77,
+            "seed_share_high": 1,
+        }
+    )
+
+
+def test_component_cis_bracket_the_estimate_and_repeat_with_their_seed():
+    rng = np.random.default_rng(7)
+    table = rng.normal(0, 15, (40, 1)) + rng.normal(0, 8, (40, 3))
+    point = components({str(i): list(row) for i, row in enumerate(table)})
+    found = component_cis(table, seed=1)
+    assert point.within is not None and found.within and found.between and found.seed_share
+    assert found.between[0] < point.between < found.between[1]
+    assert found.within[0] < point.within < found.within[1]
+    assert point.seed_share is not None
+    assert found.seed_share[0] < point.seed_share < found.seed_share[1]
+    assert component_cis(table, seed=1) == found
+    assert component_cis(table, seed=2) != found
+    # One seed: between has an interval, within and the share cannot.
+    one = component_cis(table[:, :1])
+    assert one.between is not None and one.within is None and one.seed_share is None
+    assert one.as_dict()["within_low"] is None
+    # Under two instances, nothing to resample.
+    assert component_cis(table[:1]) == ComponentIntervals(1, 2000, None, None, None)
+    with pytest.raises(ValueError):
+        component_cis(table[0])
+
+
+def test_component_cis_are_degenerate_when_every_instance_is_the_same():
+    # Every instance scores 3 and 5: within (1 + 1) / 1 = 2 in every resample, no between.
+    found = component_cis(np.tile([3.0, 5.0], (6, 1)))
+    assert found.between == (0.0, 0.0)
+    assert found.within == (2.0, 2.0)
+    assert found.seed_share == (1.0, 1.0)
+    # Nothing varies at all: the share is undefined (0 / 0), the variances are [0, 0].
+    flat = component_cis(np.full((5, 2), 4.0))
+    assert (flat.between, flat.within, flat.seed_share) == ((0.0, 0.0), (0.0, 0.0), None)
