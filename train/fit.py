@@ -353,7 +353,7 @@ def _trainer(
     fp16: bool,
 ) -> Any:
     """TRL's DPO or SFT trainer over the base model with a fresh LoRA adapter, or over the
-    adapter `model` already carries (`continue_adapter`)."""
+    adapter `model` already carries (`load_policy`)."""
     from datasets import Dataset
     from peft import PeftModel
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
