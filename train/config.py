@@ -115,7 +115,9 @@ class TrainConfig(_Strict):
     #: The experiment whose pipeline scores each sampled question (a name or a path): its
     #: roles, search and budgets define what "a good question" means.
     experiment: str = "quickstart"
-    #: `--set`-style overrides of the experiment for sampling only, e.g. smaller budgets.
+    #: `--set`-style overrides of the experiment for sampling only, e.g. smaller budgets; a
+    #: clarifier set here (`roles.clarifier.model=...`) is also the one a loop's iteration 0
+    #: evaluates: the base every later iteration is compared with.
     experiment_overrides: list[str] = []
     #: Queries to sample on; None = the experiment's dataset path. Must not be the data the
     #: experiment evaluates on (checked), or the clarifier is trained on the test set.

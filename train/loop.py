@@ -41,6 +41,7 @@ from train.held_out import describe, held_out_overlap
 from train.sample import experiment_with, overlaps, sampling_experiment
 
 MAIN = "main"
+CLARIFIER = "roles.clarifier.model"
 ROLES: tuple[str, ...] = get_args(Role)
 
 
@@ -175,6 +176,14 @@ def variants(config: TrainConfig) -> dict[str, list[str]]:
     return {MAIN: base, **{name: [*base, *extra] for name, extra in config.loop.robustness.items()}}
 
 
+def base_clarifier(config: TrainConfig) -> list[str]:
+    """The override that makes iteration 0 evaluate the clarifier iteration 1 trains from:
+    `experiment_overrides` apply to sampling only, but a clarifier set there is the loop's
+    base, and "Δ vs base" against the experiment's own clarifier would compare two models."""
+    found = [o for o in config.experiment_overrides if o.partition("=")[0].strip() == CLARIFIER]
+    return found[-1:]
+
+
 def evaluation(
     config: TrainConfig, iteration: Iteration, variant: str, check_instances: bool = True
 ) -> ResolvedExperiment:
@@ -186,6 +195,8 @@ def evaluation(
     clarifier = iteration.clarifier()
     if clarifier is not None:
         overrides.append(f"roles.clarifier.model={clarifier.resolve()}")
+    else:
+        overrides += base_clarifier(config)
     resolved = experiment_with(config, overrides)
     sampled = sampling_experiment(config, check_instances).experiment.dataset
     if overlaps(sampled, resolved.experiment.dataset):

@@ -904,6 +904,24 @@ def test_loop_plans_iterations_on_the_previous_checkpoint_and_refuses_bad_setups
         load_train_config(train_yaml(tmp_path, loop={"robustness": {"main": []}}))
 
 
+def test_iteration_0_evaluates_the_clarifier_the_loop_trains_from(tmp_path):
+    """A clarifier set in `experiment_overrides` (sampling only) is the loop's base: iteration
+    0 evaluates it, not the experiment's own, or "Δ vs base" would compare two models."""
+    from train.fit import base_model
+
+    served = "smollm2-135m-instruct-vllm"
+    config = load_train_config(
+        train_yaml(tmp_path, experiment_overrides=[f"roles.clarifier.model={served}"])
+    )
+    base = iterations(config, 1)[0]
+    assert base_model(config)[0] == served
+    assert evaluation(config, base, "main").experiment.roles["clarifier"].model == served
+    plain = load_train_config(train_yaml(tmp_path))
+    assert evaluation(plain, base, "main").experiment.roles["clarifier"].model == (
+        "smollm2-135m-instruct"
+    )
+
+
 def test_the_loop_is_one_list_of_steps_that_pairs_each_sharded_run_with_its_finish(tmp_path):
     """`cts train loop` runs these in order, `loop-step` one of them, the Slurm chain one job
     per (sharded run, finishing step) pair."""
