@@ -114,8 +114,10 @@ def _fit_table(result: FitResult) -> None:
     if result.checkpoint_dir:
         console.print(f"merged checkpoint: {result.checkpoint_dir}", highlight=False)
     else:
+        base = result.model_config.lora_of
+        where = f"on {base}'s own server" if base else "on a server of its own for the base"
         console.print(
-            "adapter only (merge: false): the model config serves it with vLLM's LoRA support "
+            f"adapter only (merge: false): served with vLLM's LoRA support {where} "
             "(cts serve / cts run --serve)",
             highlight=False,
         )

@@ -11,11 +11,13 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from typer.testing import CliRunner
 
 from configs import CONFIG_DIR
+from cts.cli import app
 from serving.serve import plan_servers
 from train.config import TrainConfig, load_train_config
-from train.fit import base_model, fit, lora_base, result_config, write_model_config
+from train.fit import base_model, lora_base, result_config, write_model_config
 from train.loop import LoopError, evaluation, iterations
 
 SERVED = "smollm2-135m-instruct-vllm"
@@ -107,12 +109,14 @@ def test_an_in_process_or_external_clarifier_still_needs_merged_checkpoints(tmp_
 
 @pytest.mark.slow
 def test_a_fit_on_an_adapter_s_clarifier_goes_on_training_that_adapter(tmp_path):
-    """DPO on a clarifier that carries an adapter starts from it: at a rate too small to move
-    the weights, the saved adapter is the one it started from (a fresh one's B matrices are
-    zero), and TRL's frozen reference copy is neither saved nor left behind."""
+    """`cts train fit` (DPO) on a clarifier that is an adapter on a served base starts from
+    that adapter: at a rate too small to move the weights, the saved adapter is the one it
+    started from (a fresh one's B matrices are zero), TRL's frozen reference copy is neither
+    saved nor left behind, and the result hangs on the same base server."""
+    start = (ADAPTERS / "smollm2-135m-rewriter").resolve()
     config = train_yaml(
         tmp_path,
-        "smollm2-135m-rewriter",
+        "adapter.yaml",
         method="dpo",
         learning_rate=1e-12,
         epochs=1,
@@ -122,20 +126,31 @@ def test_a_fit_on_an_adapter_s_clarifier_goes_on_training_that_adapter(tmp_path)
         gradient_checkpointing=False,
         logging_steps=1,
     )
-    prompt = [{"role": "user", "content": "Ask one question about: train tickets"}]
+    clarifier = {
+        "name": "tiny-ft",
+        "path": "tiny:smollm2-135m-instruct",
+        "engine": "openai",
+        "lora_of": SERVED,
+        "adapter": str(start),
+    }
+    (tmp_path / "experiments" / "adapter.yaml").write_text(yaml.safe_dump(clarifier))
     row = {
-        "prompt": prompt,
+        "prompt": [{"role": "user", "content": "Ask one question about: train tickets"}],
         "chosen": [{"role": "assistant", "content": "Which date do you travel?"}],
         "rejected": [{"role": "assistant", "content": "Why?"}],
     }
     config.data_file().parent.mkdir(parents=True)
     config.data_file().write_text(json.dumps(row) + "\n")
-    result = fit(config)
-    start = ADAPTERS / "smollm2-135m-rewriter"
-    assert result.metrics["continued_adapter"] == str(start.resolve())
+    ran = CliRunner().invoke(app, ["train", "fit", "-c", str(tmp_path / "train.yaml")])
+    assert ran.exit_code == 0, ran.output
+    assert f"on {SERVED}'s own server" in " ".join(ran.output.split())
+    out = config.resolved_output_dir()
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    assert metrics["continued_adapter"] == str(start)
+    assert yaml.safe_load((out / "clarifier.yaml").read_text())["lora_of"] == SERVED
     before = load_file(start / "adapter_model.safetensors")
-    after = load_file(result.adapter_dir / "adapter_model.safetensors")
+    after = load_file(out / "adapter" / "adapter_model.safetensors")
     assert set(after) == set(before)
     assert all(torch.allclose(after[k], before[k], atol=1e-6) for k in before)
     assert any(bool(t.abs().sum() > 0) for k, t in after.items() if "lora_B" in k)
-    assert not (result.adapter_dir / "ref").exists()
+    assert not (out / "adapter" / "ref").exists()
