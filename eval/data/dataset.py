@@ -302,7 +302,13 @@ def read_rows(source: str | Path, split: str | None = None) -> Iterator[Row]:
             yield from readers[path.suffix](path)
         elif path.is_dir():
             yield from _hf_rows(str(path), split)  # expanded: `datasets` does not expand `~`
-        elif not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", str(source)):
+        elif (
+            not path.exists()
+            and path.suffix not in _NATIVE
+            and re.fullmatch(r"[\w.-]+/[\w.-]+", str(source))
+        ):
+            # owner/name is a hub id; data/queries.jsonl that is not there is a missing file,
+            # not a hub lookup that retries for half a minute before failing.
             yield from _hf_rows(str(source), split)
         elif path.is_file():
             yield from _hf_rows(str(path), split)

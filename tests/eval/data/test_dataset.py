@@ -157,6 +157,13 @@ def test_datasets_path_on_a_local_folder(tmp_path):
     assert loaded[1].fused_query == "2024年冬季公园步道"
 
 
+def test_a_missing_file_shaped_like_a_hub_id_is_a_missing_file(tmp_path, monkeypatch):
+    """`data/hard518.jsonl` before the file is placed: no such file, not a hub lookup."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError, match=r"data/hard518.jsonl: <file>: no such file or folder"):
+        load_instances(DatasetSource(path="data/hard518.jsonl"))
+
+
 def test_missing_hub_dataset_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
