@@ -34,14 +34,14 @@ from eval.report.summary import Comparison, Summary
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.pipeline import clarify_turns
 from eval.run.usage import role_usage
-from serving.yaml_config import ConfigError
+from serving.yaml_config import ConfigError, parse_override
 from train.config import TrainConfig
 from train.fit import fit_changes, lora_base
 from train.held_out import describe, held_out_overlap
 from train.sample import experiment_with, overlaps, sampling_experiment
 
 MAIN = "main"
-CLARIFIER = "roles.clarifier.model"
+CLARIFIER = ("roles", "clarifier", "model")
 ROLES: tuple[str, ...] = get_args(Role)
 
 
@@ -180,7 +180,7 @@ def base_clarifier(config: TrainConfig) -> list[str]:
     """The override that makes iteration 0 evaluate the clarifier iteration 1 trains from:
     `experiment_overrides` apply to sampling only, but a clarifier set there is the loop's
     base, and "Δ vs base" against the experiment's own clarifier would compare two models."""
-    found = [o for o in config.experiment_overrides if o.partition("=")[0].strip() == CLARIFIER]
+    found = [o for o in config.experiment_overrides if parse_override(o).keys == CLARIFIER]
     return found[-1:]
 
 
