@@ -47,7 +47,7 @@ from serving.serve import (
 )
 from serving.vllm_server import ServerError
 from serving.yaml_config import ConfigError
-from slurm.submit import SlurmOptionError, SubmitError
+from slurm.submit import CPUS_PER_GPU, MEM_GB_PER_GPU, SlurmOptionError, SlurmOptions, SubmitError
 from train.fit import FitError
 from train.loop import LoopError
 from train.pairs import PairsError
@@ -132,15 +132,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 def command(group: typer.Typer, name: str) -> Callable[[F], F]:
     """Register `name` on `group`; a domain error it raises ends it with its message and exit
     code (EXITS), so command bodies hold no try/except of their own. A parameter whose default
-    is `SERVING` (or another `serving(...)`) stands for the serving options: the command line
-    has them in its place, and the command gets the ServeOptions they make."""
+    is an `OptionGroup` (`SERVING`, `SBATCH`, ...) stands for its options: the command line has
+    them in its place, and the command gets the one value they make."""
 
     def register(fn: F) -> F:
         signature = inspect.signature(fn)
         grouped = [
             (p.name, p.default)
             for p in signature.parameters.values()
-            if isinstance(p.default, ServingOptions)
+            if isinstance(p.default, OptionGroup)
         ]
 
         @functools.wraps(fn)
@@ -151,7 +151,7 @@ def command(group: typer.Typer, name: str) -> Callable[[F], F]:
                 return fn(*args, **kwargs)
 
         if grouped:
-            _expand_serving(wrapped, signature)
+            _expand_groups(wrapped, signature)
         group.command(name)(wrapped)
         return fn
 
@@ -201,8 +201,26 @@ ENDPOINTS_WAIT_OPTION = typer.Option(
 )
 
 
+class OptionGroup:
+    """Options declared once that a command takes as one parameter (see `command`): what the
+    command line shows in its place, and the value their values make."""
+
+    def parameters(self) -> list[inspect.Parameter]:
+        raise NotImplementedError
+
+    def take(self, kwargs: dict[str, Any]) -> Any:
+        """The group's value, its options' values taken out of a command's `kwargs`."""
+        raise NotImplementedError
+
+
+def _parameters(options: list[tuple[str, Any, Any]]) -> list[inspect.Parameter]:
+    """(name, type, typer.Option) as a command line's parameters."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return [inspect.Parameter(n, kind, default=d, annotation=t) for n, t, d in options]
+
+
 @dataclass(frozen=True)
-class ServingOptions:
+class ServingOptions(OptionGroup):
     """The serving options as one parameter of a command (see `command`): --endpoints, --serve
     (its help `serve_help`), --gpus, --cpu, --vllm-python, --ready-timeout and --endpoints-wait,
     in that order."""
@@ -220,12 +238,9 @@ class ServingOptions:
             ("ready_timeout", float, READY_TIMEOUT_OPTION),
             ("endpoints_wait", float, ENDPOINTS_WAIT_OPTION),
         ]
-        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        return [inspect.Parameter(n, kind, default=d, annotation=t) for n, t, d in options]
+        return _parameters(options)
 
-    @staticmethod
-    def take(kwargs: dict[str, Any]) -> ServeOptions:
-        """The ServeOptions of the options' values, taken out of a command's `kwargs`."""
+    def take(self, kwargs: dict[str, Any]) -> ServeOptions:
         return ServeOptions(
             endpoints=kwargs.pop("endpoints"),
             serve=kwargs.pop("serve"),
@@ -247,19 +262,83 @@ def serving(serve_help: str = SERVE_HELP) -> Any:
 SERVING = serving()
 
 
-def _expand_serving(wrapped: Any, signature: inspect.Signature) -> None:
-    """`wrapped`'s signature (what typer reads) with the serving options in place of the
+def _expand_groups(wrapped: Any, signature: inspect.Signature) -> None:
+    """`wrapped`'s signature (what typer reads) with each group's options in place of the
     parameter that stands for them."""
     params: list[inspect.Parameter] = []
     annotations = {}
     for p in signature.parameters.values():
-        expanded = p.default.parameters() if isinstance(p.default, ServingOptions) else [p]
+        expanded = p.default.parameters() if isinstance(p.default, OptionGroup) else [p]
         params.extend(expanded)
         annotations.update({q.name: q.annotation for q in expanded})
     if signature.return_annotation is not inspect.Signature.empty:
         annotations["return"] = signature.return_annotation
     wrapped.__signature__ = signature.replace(parameters=params)
     wrapped.__annotations__ = annotations
+
+
+# -- sbatch options ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SbatchOptions(OptionGroup):
+    """What an array job asks Slurm for, declared once so that `cts doctor --slurm` tests the
+    very options `cts slurm submit` takes: --shards, --partition, --gpus-per-task,
+    --cpus-per-task, --mem, --time, --account and --sbatch-arg. Their value is the SlurmOptions
+    they make (the command adds what is its own with `dataclasses.replace`)."""
+
+    #: Put before every help (doctor's `--slurm: `: they apply only with --slurm).
+    prefix: str = ""
+    #: --shards' default (None: required).
+    shards: int | None = None
+
+    def parameters(self) -> list[inspect.Parameter]:
+        def option(default: Any, help: str, *names: str) -> Any:
+            return typer.Option(default, *names, help=self.prefix + help)
+
+        shards = ... if self.shards is None else self.shards
+        options: list[tuple[str, Any, Any]] = [
+            ("shards", int, option(shards, "Array tasks: shard i of N each.")),
+            ("partition", str | None, option(None, "sbatch --partition.")),
+            ("gpus_per_task", int, option(0, GPUS_PER_TASK_HELP)),
+            ("cpus_per_task", int | None, option(None, CPUS_PER_TASK_HELP)),
+            ("mem", str | None, option(None, MEM_HELP)),
+            ("time", str | None, option(None, "sbatch --time per task, e.g. 24:00:00.")),
+            ("account", str | None, option(None, "sbatch --account.")),
+            ("sbatch_arg", list[str], option([], SBATCH_ARG_HELP, "--sbatch-arg")),
+        ]
+        return _parameters(options)
+
+    def take(self, kwargs: dict[str, Any]) -> SlurmOptions:
+        return SlurmOptions(
+            shards=kwargs.pop("shards"),
+            partition=kwargs.pop("partition"),
+            gpus_per_task=kwargs.pop("gpus_per_task"),
+            cpus_per_task=kwargs.pop("cpus_per_task"),
+            mem=kwargs.pop("mem"),
+            time=kwargs.pop("time"),
+            account=kwargs.pop("account"),
+            extra_sbatch=kwargs.pop("sbatch_arg"),
+        )
+
+
+GPUS_PER_TASK_HELP = (
+    "GPUs per array task (its models are packed on them), asked as --nodes=1 --ntasks=1 "
+    "--gpus-per-task=G."
+)
+CPUS_PER_TASK_HELP = f"sbatch --cpus-per-task (with GPUs, default {CPUS_PER_GPU} per GPU)."
+MEM_HELP = f"sbatch --mem, e.g. 64G (with GPUs, default {MEM_GB_PER_GPU}G per GPU)."
+SBATCH_ARG_HELP = "Extra sbatch option for the array job, e.g. --qos=high."
+
+
+def sbatch(prefix: str = "", shards: int | None = None) -> Any:
+    """A command parameter's default that stands for the sbatch options (typed Any, as
+    typer.Option is, so that the parameter is annotated `SlurmOptions`)."""
+    return SbatchOptions(prefix, shards)
+
+
+#: The sbatch options, as `cts slurm submit` has them.
+SBATCH = sbatch()
 
 
 def output_dir_option(path: Path | None) -> Path | None:

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
-from cts.common import CONFIG_OPTION, SET_OPTION, command, output_console, output_dir_option
+from cts.common import (
+    CONFIG_OPTION,
+    SET_OPTION,
+    command,
+    output_console,
+    output_dir_option,
+    sbatch,
+)
 from eval.run.config import load_experiment
 from slurm.doctor import DoctorOptions, doctor
 from slurm.submit import SlurmOptions
 
 app = typer.Typer()
+
+#: The options `cts slurm submit` takes, to test with what will be submitted.
+_SBATCH = sbatch(prefix="--slurm: ", shards=2)
 
 
 @command(app, "doctor")
@@ -22,14 +33,7 @@ def doctor_command(
         False, "--slurm", help="Also ask Slurm: its version, sbatch --test-only, partitions."
     ),
     output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
-    shards: int = typer.Option(2, help="--slurm: the array's tasks, as you will submit it."),
-    partition: str | None = typer.Option(None, help="--slurm: sbatch --partition."),
-    gpus_per_task: int = typer.Option(0, help="--slurm: GPUs per array task."),
-    cpus_per_task: int | None = typer.Option(None, help="--slurm: sbatch --cpus-per-task."),
-    mem: str | None = typer.Option(None, help="--slurm: sbatch --mem."),
-    time: str | None = typer.Option(None, help="--slurm: sbatch --time."),
-    account: str | None = typer.Option(None, help="--slurm: sbatch --account."),
-    sbatch_arg: list[str] = typer.Option([], help="--slurm: extra option."),
+    sbatch: SlurmOptions = _SBATCH,
     vllm_python: str | None = typer.Option(
         None, help="Interpreter of the vLLM venv the servers run with (default `vllm`)."
     ),
@@ -51,19 +55,7 @@ def doctor_command(
         run_dir=run_dir,
         vllm_python=vllm_python,
         weights_dir=weights_dir,
-        slurm=SlurmOptions(
-            shards=shards,
-            partition=partition,
-            gpus_per_task=gpus_per_task,
-            cpus_per_task=cpus_per_task,
-            mem=mem,
-            time=time,
-            account=account,
-            vllm_python=vllm_python,
-            extra_sbatch=sbatch_arg,
-        )
-        if slurm
-        else None,
+        slurm=replace(sbatch, vllm_python=vllm_python) if slurm else None,
     )
     checks = doctor(resolved, options)
     console = output_console()

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from cts.common import SET_OPTION, command, output_console
+from cts.common import SBATCH, SET_OPTION, command, output_console
 from slurm.history import submissions
 from slurm.status import chain_status, servers_state, status
 from slurm.submit import (
-    CPUS_PER_GPU,
-    MEM_GB_PER_GPU,
     Job,
     SlurmOptions,
     Submission,
@@ -58,22 +56,7 @@ _SUBMIT_SOURCE = typer.Option(
     help="--job rejudge: the finished run to judge again (--config then defaults to its "
     "config.yaml; --set changes the judge).",
 )
-_SUBMIT_SHARDS = typer.Option(..., help="Array tasks: shard i of N each.")
 _SUBMIT_OUTPUT_DIR = typer.Option(None, help="Run directory (default from config).")
-_SUBMIT_PARTITION = typer.Option(None, help="sbatch --partition.")
-_SUBMIT_GPUS_PER_TASK = typer.Option(
-    0,
-    help="GPUs per array task (its models are packed on them), asked as --nodes=1 "
-    "--ntasks=1 --gpus-per-task=G.",
-)
-_SUBMIT_CPUS_PER_TASK = typer.Option(
-    None, help=f"sbatch --cpus-per-task (with GPUs, default {CPUS_PER_GPU} per GPU)."
-)
-_SUBMIT_MEM = typer.Option(
-    None, help=f"sbatch --mem, e.g. 64G (with GPUs, default {MEM_GB_PER_GPU}G per GPU)."
-)
-_SUBMIT_TIME = typer.Option(None, help="sbatch --time per task, e.g. 24:00:00.")
-_SUBMIT_ACCOUNT = typer.Option(None, help="sbatch --account.")
 _SUBMIT_ARRAY_PARALLELISM = typer.Option(None, help="At most M tasks at once (--array=0-N%M).")
 _SUBMIT_FIT_GPUS = typer.Option(1, help="--job train / train-loop: GPUs of the fine-tuning job(s).")
 _SUBMIT_ITERATIONS = typer.Option(
@@ -91,9 +74,6 @@ _SUBMIT_READY_TIMEOUT = typer.Option(
     "--ready-timeout",
     min=1.0,
     help="Seconds each task's servers together may take to become ready (default 1800).",
-)
-_SUBMIT_SBATCH_ARG = typer.Option(
-    [], "--sbatch-arg", help="Extra sbatch option for the array job, e.g. --qos=high."
 )
 _SUBMIT_SHARED_SERVERS = typer.Option(
     None,
@@ -124,21 +104,14 @@ def submit_command(
     set_: list[str] = SET_OPTION,
     job: str = _SUBMIT_JOB,
     source: Path | None = _SUBMIT_SOURCE,
-    shards: int = _SUBMIT_SHARDS,
+    sbatch: SlurmOptions = SBATCH,
     output_dir: Path | None = _SUBMIT_OUTPUT_DIR,
-    partition: str | None = _SUBMIT_PARTITION,
-    gpus_per_task: int = _SUBMIT_GPUS_PER_TASK,
-    cpus_per_task: int | None = _SUBMIT_CPUS_PER_TASK,
-    mem: str | None = _SUBMIT_MEM,
-    time: str | None = _SUBMIT_TIME,
-    account: str | None = _SUBMIT_ACCOUNT,
     array_parallelism: int | None = _SUBMIT_ARRAY_PARALLELISM,
     fit_gpus: int = _SUBMIT_FIT_GPUS,
     iterations: int | None = _SUBMIT_ITERATIONS,
     cpu: bool = _SUBMIT_CPU,
     vllm_python: str | None = _SUBMIT_VLLM_PYTHON,
     ready_timeout: float | None = _SUBMIT_READY_TIMEOUT,
-    sbatch_arg: list[str] = _SUBMIT_SBATCH_ARG,
     shared_servers: str | None = _SUBMIT_SHARED_SERVERS,
     shared_gpus: int | None = _SUBMIT_SHARED_GPUS,
     shared_time: str | None = _SUBMIT_SHARED_TIME,
@@ -154,18 +127,11 @@ def submit_command(
     RUN_DIR/slurm/. Submitting again on the same run directory runs only what is missing; a
     changed experiment is refused while jobs of the latest submission are queued or running."""
     console = output_console()
-    options = SlurmOptions(
-        shards=shards,
-        partition=partition,
-        gpus_per_task=gpus_per_task,
-        cpus_per_task=cpus_per_task,
-        mem=mem,
-        time=time,
-        account=account,
+    options = replace(
+        sbatch,
         array_parallelism=array_parallelism,
         cpu=cpu,
         vllm_python=vllm_python,
-        extra_sbatch=sbatch_arg,
         fit_gpus=fit_gpus,
         ready_timeout_s=ready_timeout,
         shared_servers=[r.strip() for r in (shared_servers or "").split(",") if r.strip()],
@@ -180,7 +146,7 @@ def submit_command(
         for which, line in done.commands.items():
             prefix = f"{done.stage} {which}" if done.stage else which
             print(f"{prefix}: {shlex.join(line)}")  # unwrapped, to copy and paste
-    _print_submitted(console, planned, chain, shards, dry_run)
+    _print_submitted(console, planned, chain, options.shards, dry_run)
 
 
 def _print_submitted(
