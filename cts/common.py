@@ -205,18 +205,21 @@ class OptionGroup:
     """Options declared once that a command takes as one parameter (see `command`): what the
     command line shows in its place, and the value their values make."""
 
-    def parameters(self) -> list[inspect.Parameter]:
+    def options(self) -> list[tuple[str, Any, Any]]:
+        """(parameter name, type, typer.Option) of each option, in the command line's order."""
         raise NotImplementedError
+
+    def make(self, values: dict[str, Any]) -> Any:
+        """The group's value, of its options' values by parameter name."""
+        raise NotImplementedError
+
+    def parameters(self) -> list[inspect.Parameter]:
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return [inspect.Parameter(n, kind, default=d, annotation=t) for n, t, d in self.options()]
 
     def take(self, kwargs: dict[str, Any]) -> Any:
         """The group's value, its options' values taken out of a command's `kwargs`."""
-        raise NotImplementedError
-
-
-def _parameters(options: list[tuple[str, Any, Any]]) -> list[inspect.Parameter]:
-    """(name, type, typer.Option) as a command line's parameters."""
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    return [inspect.Parameter(n, kind, default=d, annotation=t) for n, t, d in options]
+        return self.make({name: kwargs.pop(name) for name, _, _ in self.options()})
 
 
 @dataclass(frozen=True)
@@ -227,9 +230,8 @@ class ServingOptions(OptionGroup):
 
     serve_help: str = SERVE_HELP
 
-    def parameters(self) -> list[inspect.Parameter]:
-        """The options as the command line's parameters, with their types."""
-        options: list[tuple[str, Any, Any]] = [
+    def options(self) -> list[tuple[str, Any, Any]]:
+        return [
             ("endpoints", Path | None, ENDPOINTS_OPTION),
             ("serve", bool, typer.Option(False, "--serve", help=self.serve_help)),
             ("gpus", str | None, GPUS_OPTION),
@@ -238,17 +240,12 @@ class ServingOptions(OptionGroup):
             ("ready_timeout", float, READY_TIMEOUT_OPTION),
             ("endpoints_wait", float, ENDPOINTS_WAIT_OPTION),
         ]
-        return _parameters(options)
 
-    def take(self, kwargs: dict[str, Any]) -> ServeOptions:
+    def make(self, values: dict[str, Any]) -> ServeOptions:
         return ServeOptions(
-            endpoints=kwargs.pop("endpoints"),
-            serve=kwargs.pop("serve"),
-            gpus=kwargs.pop("gpus"),
-            cpu=kwargs.pop("cpu"),
-            vllm_python=kwargs.pop("vllm_python"),
-            ready_timeout_s=kwargs.pop("ready_timeout"),
-            endpoints_wait_s=kwargs.pop("endpoints_wait"),
+            ready_timeout_s=values.pop("ready_timeout"),
+            endpoints_wait_s=values.pop("endpoints_wait"),
+            **values,
         )
 
 
@@ -292,12 +289,12 @@ class SbatchOptions(OptionGroup):
     #: --shards' default (None: required).
     shards: int | None = None
 
-    def parameters(self) -> list[inspect.Parameter]:
-        def option(default: Any, help: str, *names: str) -> Any:
-            return typer.Option(default, *names, help=self.prefix + help)
+    def options(self) -> list[tuple[str, Any, Any]]:
+        def option(default: Any, help: str) -> Any:
+            return typer.Option(default, help=self.prefix + help)
 
         shards = ... if self.shards is None else self.shards
-        options: list[tuple[str, Any, Any]] = [
+        return [
             ("shards", int, option(shards, "Array tasks: shard i of N each.")),
             ("partition", str | None, option(None, "sbatch --partition.")),
             ("gpus_per_task", int, option(0, GPUS_PER_TASK_HELP)),
@@ -305,21 +302,11 @@ class SbatchOptions(OptionGroup):
             ("mem", str | None, option(None, MEM_HELP)),
             ("time", str | None, option(None, "sbatch --time per task, e.g. 24:00:00.")),
             ("account", str | None, option(None, "sbatch --account.")),
-            ("sbatch_arg", list[str], option([], SBATCH_ARG_HELP, "--sbatch-arg")),
+            ("sbatch_arg", list[str], option([], SBATCH_ARG_HELP)),
         ]
-        return _parameters(options)
 
-    def take(self, kwargs: dict[str, Any]) -> SlurmOptions:
-        return SlurmOptions(
-            shards=kwargs.pop("shards"),
-            partition=kwargs.pop("partition"),
-            gpus_per_task=kwargs.pop("gpus_per_task"),
-            cpus_per_task=kwargs.pop("cpus_per_task"),
-            mem=kwargs.pop("mem"),
-            time=kwargs.pop("time"),
-            account=kwargs.pop("account"),
-            extra_sbatch=kwargs.pop("sbatch_arg"),
-        )
+    def make(self, values: dict[str, Any]) -> SlurmOptions:
+        return SlurmOptions(extra_sbatch=values.pop("sbatch_arg"), **values)
 
 
 GPUS_PER_TASK_HELP = (
