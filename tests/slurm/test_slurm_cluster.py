@@ -257,14 +257,16 @@ def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
 @pytest.mark.slow
 def test_a_training_job_samples_in_shards_then_merges_pairs_and_fits(tmp_path, tiny_path):
     """`cts slurm submit --job train`: two sampling tasks, then one job that merges the
-    samples, builds the SFT data and trains (on the CPU here: --fit-gpus 0)."""
+    samples, builds the SFT data and trains (on the CPU here: --fit-gpus 0). The sampling runs
+    on scripted engines (the three-shard test runs the tiny model in the array); the fit is
+    real, on the tiny model."""
     cluster_up()
-    overrides = ["budgets.max_llm_calls=1", "search.top_k=1", "search.max_page_tokens=100"]
-    config = train_config(tmp_path, "cluster", overrides)
+    # The scripted searcher searches, then answers.
+    config = train_config(tmp_path, "cluster", ["budgets.max_llm_calls=2"])
     run_dir = tmp_path / "train run"
     result = cts(
         "slurm", "submit", "--job", "train", "--config", str(config), "--shards", "2",
-        "--fit-gpus", "0", "--output-dir", str(run_dir), *TASK,
+        "--fit-gpus", "0", "--output-dir", str(run_dir), *TASK, scripted=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("submitted sampling job"))
