@@ -7,15 +7,8 @@ from pathlib import Path
 
 import typer
 
-from cts.common import (
-    CONFIG_OPTION,
-    ENDPOINTS_OPTION,
-    SET_OPTION,
-    command,
-    labels_option,
-    role_experiment,
-    write_figures,
-)
+from cts.common import command, role_experiment, write_figures
+from cts.options import CONFIG_OPTION, ENDPOINTS_OPTION, SET_OPTION, labels_option
 from eval.audit.answerer_calibration import calibrate_experiment, read_answer_labels, render
 
 app = typer.Typer(

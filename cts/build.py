@@ -8,15 +8,8 @@ from typing import Literal, cast
 
 import typer
 
-from cts.common import (
-    SERVING,
-    SET_OPTION,
-    SHARD_OPTION,
-    output_console,
-    progress_for,
-    shard_of,
-    usage_error,
-)
+from cts.common import output_console, progress_for, usage_error
+from cts.options import SERVING, SET_OPTION, SHARD_OPTION, shard_of
 from eval.build.blur import DEFAULT_MIX, BlurPlan, blur_file, parse_mix
 from eval.build.fuse import fuse_file, parts_dir
 from eval.build.store import BuildControl, BuildOutcome

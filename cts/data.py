@@ -11,7 +11,8 @@ import typer
 from rich.table import Table
 
 from cts import build
-from cts.common import SET_OPTION, command, output_console, usage_error
+from cts.common import command, output_console, usage_error
+from cts.options import SET_OPTION
 from eval.data.data_stats import dataset_stats
 from eval.data.dataset import (
     SAMPLE_SPLITS,

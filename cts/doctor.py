@@ -7,14 +7,8 @@ from pathlib import Path
 
 import typer
 
-from cts.common import (
-    CONFIG_OPTION,
-    SET_OPTION,
-    command,
-    output_console,
-    output_dir_option,
-    sbatch,
-)
+from cts.common import command, output_console
+from cts.options import CONFIG_OPTION, SET_OPTION, output_dir_option, sbatch
 from eval.run.config import load_experiment
 from slurm.doctor import DoctorOptions, doctor
 from slurm.submit import SlurmOptions

@@ -11,17 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cts.common import (
-    CONFIG_OPTION,
-    SERVING,
-    SET_OPTION,
-    command,
-    output_console,
-    output_dir_option,
-    run_into,
-    run_keyed,
-    usage_error,
-)
+from cts.common import command, output_console, run_into, run_keyed, usage_error
+from cts.options import CONFIG_OPTION, SERVING, SET_OPTION, output_dir_option
 from eval.estimate import Estimate, Figure, ModelRow, RoleRow, attempts, estimate_run
 from eval.experiment import require_roles
 from eval.pilot import default_pilot_dir, pilot_experiment

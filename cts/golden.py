@@ -8,17 +8,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cts.common import (
+from cts.common import command, output_console, run_keyed, usage_error
+from cts.options import (
     CONFIG_OPTION,
     SERVING,
     SET_OPTION,
     SHARD_OPTION,
-    command,
-    output_console,
     output_dir_option,
-    run_keyed,
     shard_of,
-    usage_error,
 )
 from eval.audit.golden_audit import load_audit_dataset
 from eval.audit.golden_review import audit_golden, figure_rows, findings, review_title, unsupported

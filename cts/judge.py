@@ -14,17 +14,14 @@ from rich.table import Table
 from rich.text import Text
 
 from cts.common import (
-    CONFIG_OPTION,
-    ENDPOINTS_OPTION,
-    SET_OPTION,
     command,
-    labels_option,
     output_console,
     progress_for,
     role_experiment,
     usage_error,
     write_figures,
 )
+from cts.options import CONFIG_OPTION, ENDPOINTS_OPTION, SET_OPTION, labels_option
 from eval.audit.agreement import (
     AgreementReport,
     Kappa,

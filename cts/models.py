@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from configs import CONFIG_DIR
-from cts.common import CONFIG_OPTION, SET_OPTION, command, output_console
+from cts.common import command, output_console
+from cts.options import CONFIG_OPTION, SET_OPTION
 from eval.audit.model_check import DEFAULT_PROMPT, ModelCheck, check_models
 from eval.run.config import load_experiment
 from eval.run.local_models import download_experiment

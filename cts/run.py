@@ -11,21 +11,17 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from cts.common import (
+from cts.common import command, output_console, print_summary, run_into, run_keyed
+from cts.judge import moved
+from cts.options import (
     CONFIG_OPTION,
     SERVING,
     SET_OPTION,
     SHARD_OPTION,
-    command,
-    output_console,
     output_dir_option,
-    print_summary,
-    run_into,
-    run_keyed,
     serving,
     shard_of,
 )
-from cts.judge import moved
 from eval.audit.agreement import PairAgreement
 from eval.experiment import RunResult, merge_run, require_roles
 from eval.plan import ModelPlan, RunPlan, plan_run

@@ -8,14 +8,13 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cts.common import (
+from cts.common import command, output_console
+from cts.options import (
     CONFIG_OPTION,
     CPU_HELP,
     GPUS_HELP,
     PYTHON_HELP,
     SET_OPTION,
-    command,
-    output_console,
     output_dir_option,
 )
 from eval.run.config import load_experiment

@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cts.common import SBATCH, SET_OPTION, command, output_console
+from cts.common import command, output_console
+from cts.options import SBATCH, SET_OPTION
 from slurm.history import submissions
 from slurm.status import chain_status, servers_state, status
 from slurm.submit import (

@@ -11,16 +11,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from cts.common import (
-    SERVING,
-    SHARD_OPTION,
-    command,
-    output_console,
-    print_account,
-    print_summary,
-    progress_for,
-    shard_of,
-)
+from cts.common import command, output_console, print_account, print_summary, progress_for
+from cts.options import SERVING, SHARD_OPTION, shard_of
 from eval.run.run_dir import Shard
 from serving.serve import ServeOptions, served
 from train.adapters import ROLE_ADAPTERS

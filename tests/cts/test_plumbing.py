@@ -11,7 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cts.common import EXITS, SERVING, command, exit_for, serving
+from cts.common import EXITS, command, exit_for
+from cts.options import SERVING, serving
 from eval.data.dataset import DatasetError
 from eval.report.report import load_run
 from eval.run.config import ExperimentConfig, load_experiment
