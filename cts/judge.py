@@ -34,6 +34,7 @@ from eval.audit.agreement import (
 )
 from eval.audit.calibration import PASSES, calibrate_experiment, read_labels, render
 from eval.audit.nuggetizer import DEFAULT_WEIGHT_MAP, Format, export_assignments, parse_weight_map
+from eval.score.power import can_reject
 
 app = typer.Typer(
     help="Trust the judge: agreement between two judgements of the same answers, calibration "
@@ -150,9 +151,17 @@ def _score_table(found: PairAgreement) -> Table:
             f"{diff.second:.1f}" if diff.second is not None else "–",
             f"{_points(diff.difference)} [{_points(diff.low)}, {_points(diff.high)}]",
             f"{diff.p_value:.3f}" if diff.p_value is not None else "–",
-            f"{diff.mde:.1f}" if diff.mde is not None else "–",
+            _mde(diff.mde, diff.n),
         )
     return scores
+
+
+def _mde(detectable: float | None, n: int) -> str:
+    """An MDE cell: "–" when undefined, saying so when n is too small for the sign-flip test
+    to reach p ≤ 0.05 at all (eval/score/power.py)."""
+    if detectable is not None:
+        return f"{detectable:.1f}"
+    return "–" if can_reject(n, 0.05) else "– (n too small)"
 
 
 def _pair_tables(

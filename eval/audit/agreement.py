@@ -356,8 +356,9 @@ class ScoreDifference:
     `mde`: the smallest true difference that test detects with 80% power at α = 0.05
     (two-sided), given the n and the variance of the per-instance differences
     (eval/score/power.py; the report's gains take theirs the same way); None below two
-    instances or when the differences do not vary. The rows are not a Holm family (no p here is
-    adjusted), so every row's MDE is at α itself."""
+    instances, below the instances on which that test can reach p ≤ α at all (6: its p is
+    never below 2/2^n), or when the differences do not vary. The rows are not a Holm family (no
+    p here is adjusted), so every row's MDE is at α itself."""
 
     condition: str
     first: float | None
@@ -500,7 +501,8 @@ def _score_differences(pairing: Pairing, resamples: int, seed: int) -> list[Scor
         first = [mean(s[0] for s in per_instance[i].values()) for i in ids]
         second = [mean(s[1] for s in per_instance[i].values()) for i in ids]
         test = paired_test(second, first, resamples=resamples, seed=seed)
-        detectable = paired_mde([b - a for a, b in zip(first, second, strict=True)])
+        differences = [b - a for a, b in zip(first, second, strict=True)]
+        detectable = paired_mde(differences, resamples=resamples)
         rows.append(
             ScoreDifference(
                 condition,

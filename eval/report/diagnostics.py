@@ -53,6 +53,10 @@ DEGENERATE_SHARE = 0.95
 #: A language's or condition's labels are checked for one dominant label from this many on:
 #: fewer say little either way.
 DEGENERATE_MIN_LABELS = 10
+#: The level of every test and MDE in a report (α/m on a Holm row).
+ALPHA = 0.05
+#: How an instance's why reads when a failed record left it unscored (`score_records`).
+FAILED_AT = ": failed at "
 
 
 @dataclass
@@ -96,7 +100,7 @@ def score_records(
                         per_seed[seed] = dict.fromkeys(SCORE_VARIANTS, 0.0)
                         continue
                     why = (
-                        f"{condition} seed {seed}: failed at {record.error.get('stage', '?')} "
+                        f"{condition} seed {seed}{FAILED_AT}{record.error.get('stage', '?')} "
                         f"({record.error.get('kind', '?')})"
                     )
                 elif not record.scores:
@@ -114,6 +118,12 @@ def score_records(
                         SCORE
                     ]
     return scored
+
+
+def excluded_for_failures(excluded: dict[str, list[str]]) -> int:
+    """Of the excluded instances (summary `excluded_instances`: instance → why), those a failed
+    record of this run left out; the others lack a record, or a score in another run."""
+    return sum(any(FAILED_AT in why for why in whys) for whys in excluded.values())
 
 
 def _column(scored: Scored, condition: str, ids: list[str], variant: str = SCORE) -> list[float]:
@@ -197,11 +207,12 @@ def _seed_scores(scored: Scored, condition: str, ids: list[str]) -> dict[str, li
 
 def _detectable(scored: Scored, condition: str, other: str, ids: list[str]) -> dict[str, Any]:
     """`mde`: the smallest true difference the paired test on these instances detects with
-    80% power at α = 0.05 (eval/score/power.py); `noise`: its variance and the seeds' part."""
+    80% power at α = 0.05 (eval/score/power.py; None where the test cannot reject on so few);
+    `noise`: its variance and the seeds' part."""
     if len(ids) < 2:
         return {"mde": None, "noise": None}
     noise = difference_noise(_seed_scores(scored, condition, ids), _seed_scores(scored, other, ids))
-    return {"mde": mde(noise.variance, noise.instances), "noise": noise.as_dict()}
+    return {"mde": mde(noise.variance, noise.instances, ALPHA), "noise": noise.as_dict()}
 
 
 def variance_components(scored: Scored, conditions: list[str], ids: list[str]) -> dict[str, Any]:
@@ -577,7 +588,7 @@ def compare_systems(
     by_pair: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for (a, b, condition, left, right), test in zip(compared, tests, strict=True):
         differences = [left[i] - right[i] for i in sorted(set(left) & set(right))]
-        alpha = 0.05 / family_size[(a, b)] if clarify_turns(condition) else 0.05
+        alpha = ALPHA / family_size[(a, b)] if clarify_turns(condition) else ALPHA
         by_pair.setdefault((a, b), []).append(
             {
                 "a": systems[a][0],

@@ -17,6 +17,7 @@ import html
 import io
 import json
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +27,13 @@ from eval.data.dataset import DatasetError, load_instances
 from eval.data.schema import Instance, Record
 from eval.report.comparability import Unlike, parts, refusal, setup_of, unlike_pairs
 from eval.report.diagnostics import (
+    ALPHA,
     DEGENERATE_SHARE,
     QUESTION_TYPES,
     FailurePolicy,
     Scored,
     compare_systems,
+    excluded_for_failures,
     paired_instances,
     score_records,
     summarize,
@@ -42,6 +45,7 @@ from eval.run.config import ALL_CONDITIONS, ExperimentConfig
 from eval.run.oracle import oracle_independence, oracle_warning
 from eval.run.run_dir import RunDir
 from eval.run.runner import MergeReport, RecordStore, merge
+from eval.score.power import can_reject
 from serving.disk import write_whole
 
 if TYPE_CHECKING:
@@ -168,8 +172,7 @@ def warnings(name: str, summary: dict[str, Any]) -> list[str]:
         treated = (
             "scored 0"
             if summary["failure_policy"] == "zero"
-            else "their instances are left out of the paired tables "
-            f"({len(summary['excluded_instances'])} instances excluded)"
+            else f"their instances are left out of the paired tables ({_excluded(summary)})"
         )
         found.append(
             f"WARNING {name}: {f['total']} of {summary['records']} records failed "
@@ -203,6 +206,17 @@ def warnings(name: str, summary: dict[str, Any]) -> list[str]:
             "it does not tell answers apart, so these scores are uninformative."
         )
     return found + judge_warnings(name, judge)
+
+
+def _excluded(summary: dict[str, Any]) -> str:
+    """How many instances the failures left out; the total apart when other causes (a missing
+    record, no score in another run) left out more, lest all be blamed on the failures."""
+    excluded = summary["excluded_instances"]
+    failed = excluded_for_failures(excluded)
+    text = f"{failed} instance{'s' if failed != 1 else ''} excluded for a failed record"
+    if len(excluded) > failed:
+        text += f"; {len(excluded)} excluded in all, the others' why in `excluded_instances`"
+    return text
 
 
 def judge_warnings(name: str, judge: dict[str, Any]) -> list[str]:
@@ -386,9 +400,12 @@ def _comparisons_section(comparisons: list[dict[str, Any]]) -> list[str]:
         "| first − second | condition | difference [95% CI] | p | p (Holm) | MDE | n |" + warned,
         "|---|---|---|---|---|---|---|" + ("---|" if pairs else ""),
     ]
+    family = Counter((c["a"], c["b"]) for c in comparisons if c["p_holm"] is not None)
     for c in comparisons:
         holm_p = "–" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
-        detectable = "–" if c.get("mde") is None else f"{c['mde']:.1f}"
+        # The level its MDE is at (diagnostics.compare_systems): α/m on a Holm row.
+        alpha = ALPHA if c["p_holm"] is None else ALPHA / family[(c["a"], c["b"])]
+        detectable = _mde_cell(c.get("mde"), c["n"], alpha)
         differ = c.get("unlike") or []
         if pairs:
             warned = f" WARNING: differs in {', '.join(parts(differ))} |" if differ else " – |"
@@ -399,6 +416,14 @@ def _comparisons_section(comparisons: list[dict[str, Any]]) -> list[str]:
         )
     lines.append("")
     return lines
+
+
+def _mde_cell(detectable: float | None, n: int, alpha: float) -> str:
+    """An MDE as the tables print it; undefined, with why when n is too small for the sign-flip
+    test to reach p ≤ alpha at all (eval/score/power.py)."""
+    if detectable is not None:
+        return f"{detectable:.1f}"
+    return "–" if can_reject(n, alpha) else "– (n too small: p ≥ 2/2ⁿ)"
 
 
 def _system_section(name: str, summary: dict[str, Any]) -> list[str]:
@@ -473,11 +498,11 @@ def _gains_table(summary: dict[str, Any]) -> list[str]:
             if gain
             else "–"
         )
-        detectable = gain.get("mde") if gain else None
+        detectable = _mde_cell(gain.get("mde"), gain["n"], ALPHA) if gain else "–"
         lines.append(
             f"| {condition} | {'–' if strict is None else f'{strict:.1f}'} | "
             f"{'–' if unweighted is None else f'{unweighted:.1f}'} | {gain_text} | "
-            f"{'–' if detectable is None else f'{detectable:.1f}'} | "
+            f"{detectable} | "
             f"{_recovered(gain.get('gain_recovered') if gain else None)} | {entry['n']} |"
         )
     return [*lines, "", *_variance_table(summary)]
@@ -509,6 +534,8 @@ def _variance_table(summary: dict[str, Any]) -> list[str]:
     ]
     for condition, c in variance.items():
         between = _sd(c["between"], c.get("between_low"), c.get("between_high"))
+        if c["within"] is None:  # one seed: nothing to tell a seed's noise from an instance's
+            between += " (includes seed noise: one seed)"
         within = _sd(c["within"], c.get("within_low"), c.get("within_high"))
         share = "–" if c["seed_share"] is None else _pct(c["seed_share"])
         if c.get("seed_share_low") is not None:

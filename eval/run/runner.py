@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import math
 import os
 import threading
 from collections import Counter
@@ -109,8 +110,18 @@ def parse_jsonl(
 
 
 def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
-    """A records file's records (see `parse_jsonl`)."""
-    return parse_jsonl(path, data, Record, "a record", RecordFileError)
+    """A records file's records (see `parse_jsonl`). A score that is NaN or infinite (JSON
+    reads `NaN` and `Infinity`: a hand-edited or foreign line) is a RecordFileError naming the
+    file and line: no statistic of the report means anything with it, and some never end."""
+    records, complete = parse_jsonl(path, data, Record, "a record", RecordFileError)
+    for n, record in enumerate(records, 1):  # one record a line: parse_jsonl skips none
+        for name, value in record.scores.items():
+            if not math.isfinite(value):
+                raise RecordFileError(
+                    f"{path}:{n}: scores.{name}: {value} is not a finite number — not a "
+                    "record; fix or remove the line, then run again"
+                )
+    return records, complete
 
 
 class RecordStore:

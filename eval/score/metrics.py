@@ -17,7 +17,8 @@ Statistics, each written so that it cannot mislead:
   whole instances.
 - ``paired_test`` — a − b on the same instances: bootstrap CI and a two-sided sign-flip p-value,
   exact when all 2^n flips fit in ``resamples``, else Monte Carlo with p = (b + 1)/(B + 1), so
-  never 0.
+  never 0. ``smallest_p`` is the smallest p it can give on n instances (2/2^n when exact): an
+  MDE at a level below it is undefined (eval/score/power.py).
 - ``paired_difference`` — ``paired_test`` on two instance-id → score maps, on their common ids.
 - ``bootstrap_cis``, ``paired_tests``, ``paired_differences`` — the same for many columns (or
   pairs) at once, with the same numbers: columns of one length share their resamples, and
@@ -303,6 +304,20 @@ def _resampled_means(columns: Sequence[Sequence[float]], seed: int, resamples: i
     return np.concatenate(drawn) if drawn else np.empty((0, len(columns)))
 
 
+#: Sign flips a paired test draws unless told otherwise (its bootstrap takes as many).
+RESAMPLES = 10_000
+
+
+def smallest_p(n: int, resamples: int = RESAMPLES) -> float:
+    """The smallest two-sided p ``paired_test`` can give on n instances with `resamples`: with
+    every flip enumerated (2^n ≤ resamples), 2/2^n, since the identity and the flip of every
+    sign are always as extreme as the observed mean; with flips sampled, 1/(resamples + 1),
+    when no sampled flip is. A level below it can never be reached, whatever the difference."""
+    if n < 1:
+        return 1.0
+    return 2 / 2**n if 2**n <= resamples else 1 / (resamples + 1)
+
+
 @dataclass(frozen=True)
 class PairedTest:
     mean_difference: float
@@ -313,7 +328,7 @@ class PairedTest:
 
 
 def paired_test(
-    a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0
+    a: Sequence[float], b: Sequence[float], *, resamples: int = RESAMPLES, seed: int = 0
 ) -> PairedTest:
     """a − b over the same instances: a bootstrap CI of the mean difference and a two-sided
     paired sign-flip permutation p-value.
@@ -330,7 +345,7 @@ def paired_test(
 def paired_tests(
     pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
     *,
-    resamples: int = 10_000,
+    resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> list[PairedTest]:
     """``paired_test`` of each (a, b), the same numbers, computed together like
@@ -370,7 +385,7 @@ def paired_difference(
     a: Mapping[str, float],
     b: Mapping[str, float],
     *,
-    resamples: int = 10_000,
+    resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> PairedTest:
     """``paired_test`` of a − b on the instance ids both maps score (sorted, so the result does
@@ -382,7 +397,7 @@ def paired_difference(
 def paired_differences(
     pairs: Sequence[tuple[Mapping[str, float], Mapping[str, float]]],
     *,
-    resamples: int = 10_000,
+    resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> list[PairedTest]:
     """``paired_difference`` of each (a, b), computed together (``paired_tests``)."""

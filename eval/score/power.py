@@ -9,11 +9,16 @@ more instances or more seeds.
 A paired comparison of two systems (or conditions) works on D_i, the difference of the two
 per-instance means over seeds. Its variance is `interaction` (the true difference varying from
 instance to instance, which only more instances average out) plus the seeds' part,
-(within_a + within_b) / k, which more seeds shrink. The minimum detectable difference (MDE) of
+(within_a + within_b) / k (within_a / k_a + within_b / k_b with unequal counts), which more
+seeds shrink. The minimum detectable difference (MDE) of
 a paired test on n instances is the true mean difference it finds with the given power at
 level α (two-sided): from the noncentral t distribution of the paired t statistic, whose power
-our sign-flip permutation test matches closely (tests/eval/score/test_power.py checks both by
-simulation).
+our sign-flip permutation test matches closely from about 10 instances on
+(tests/eval/score/test_power.py checks both by simulation). On fewer the two part: the
+sign-flip test's p is never below 2/2^n (`smallest_p`), so where that exceeds α it cannot
+reject whatever the difference, and the MDE is None (the report prints "–" with why); no plan
+asks for fewer instances than `fewest_instances`. Just above that bound its power at the MDE
+falls short of the t test's (0.62 against 0.8 at 6 instances and α = 0.05; 0.78 at 8).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 
 import numpy as np
 from scipy import optimize, stats
+
+from eval.score.metrics import RESAMPLES, smallest_p
 
 #: Seeds-per-instance scores: instance → one score per seed.
 SeedScores = Mapping[str, Sequence[float]]
@@ -81,10 +88,12 @@ class DifferenceNoise:
     """The variance of a paired comparison's per-instance differences, and its parts."""
 
     instances: int
+    #: Seeds a side: with unequal counts, the k at which (within_a + within_b) / k is seed_part.
     seeds: float
     #: Observed variance of D_i (ddof 1): what the paired test's MDE stands on.
     variance: float
-    #: (within_a + within_b) / seeds; None when either side has one seed.
+    #: within_a / seeds_a + within_b / seeds_b, (within_a + within_b) / seeds with equal
+    #: counts; None when either side has one seed.
     seed_part: float | None
     #: variance − seed_part, floored at 0: only more instances average it out.
     interaction: float | None
@@ -117,8 +126,12 @@ def difference_noise(a: SeedScores, b: SeedScores) -> DifferenceNoise:
     variance = float(diffs.var(ddof=1))
     if left.within is None or right.within is None:
         return DifferenceNoise(len(common), left.seeds, variance, None, None)
-    seeds = 2.0 / (1.0 / left.seeds + 1.0 / right.seeds)
-    seed_part = (left.within + right.within) / seeds
+    # Each side's mean over its own k seeds has seed variance within / k: the parts add up
+    # side by side (pooling the withins over one mean seed count misweighs unequal counts).
+    seed_part = left.within / left.seeds + right.within / right.seeds
+    pooled = left.within + right.within
+    # The k that gives this seed part with k seeds a side, so that `at` scales from it.
+    seeds = pooled / seed_part if seed_part > 0 else 2.0 / (1.0 / left.seeds + 1.0 / right.seeds)
     return DifferenceNoise(len(common), seeds, variance, seed_part, max(0.0, variance - seed_part))
 
 
@@ -138,12 +151,43 @@ def power(difference: float, variance: float, n: int, alpha: float = 0.05) -> fl
     return min(1.0, found)
 
 
-def mde(variance: float, n: int, alpha: float = 0.05, wanted: float = 0.8) -> float | None:
+class NonFiniteNoise(ValueError):
+    """A variance that is NaN or infinite: some score was not a finite number."""
+
+
+def can_reject(n: int, alpha: float, resamples: int = RESAMPLES) -> bool:
+    """Whether the sign-flip test on n instances can give p ≤ alpha at all (`smallest_p`)."""
+    return smallest_p(n, resamples) <= alpha
+
+
+def fewest_instances(alpha: float, resamples: int = RESAMPLES) -> int | None:
+    """The fewest instances (at least 2) on which the sign-flip test can reject at alpha; None
+    when no number can (alpha below 1/(resamples + 1), the smallest sampled p)."""
+    n = 2
+    while not can_reject(n, alpha, resamples):
+        if 2**n > resamples:  # sampled from here on: the smallest p no longer falls
+            return None
+        n += 1
+    return n
+
+
+def mde(
+    variance: float,
+    n: int,
+    alpha: float = 0.05,
+    wanted: float = 0.8,
+    *,
+    resamples: int = RESAMPLES,
+) -> float | None:
     """The smallest true mean difference the paired test detects with power `wanted` at level
-    alpha (two-sided), on n instances whose differences have this variance; None below two
-    instances, and None when the differences do not vary: no variance to scale by, and a
-    sign-flip test's smallest p (2/2^n) decides what it can reject, not a difference."""
-    if n < 2 or variance <= 0:
+    alpha (two-sided), on n instances whose differences have this variance. None below two
+    instances; None when the sign-flip test on n instances cannot reach p ≤ alpha (`can_reject`:
+    its power is 0 at any difference); and None when the differences do not vary: no variance to
+    scale by, and a sign-flip test's smallest p (2/2^n) decides what it can reject, not a
+    difference. NonFiniteNoise for a NaN or infinite variance (the search would never end)."""
+    if not math.isfinite(variance):
+        raise NonFiniteNoise(f"the differences' variance is {variance}: a score is not finite")
+    if n < 2 or variance <= 0 or not can_reject(n, alpha, resamples):
         return None
     scale = math.sqrt(variance / n)
     high = scale
@@ -153,15 +197,23 @@ def mde(variance: float, n: int, alpha: float = 0.05, wanted: float = 0.8) -> fl
 
 
 def paired_mde(
-    differences: Sequence[float], alpha: float = 0.05, wanted: float = 0.8
+    differences: Sequence[float],
+    alpha: float = 0.05,
+    wanted: float = 0.8,
+    *,
+    resamples: int = RESAMPLES,
 ) -> float | None:
     """`mde` of the paired test on these per-instance differences (each instance's a − b, its
     seeds averaged first): their variance (ddof 1) on n = len(differences) instances, as the
-    report's gains take it from `difference_noise`."""
-    if len(differences) < 2:
+    report's gains take it from `difference_noise`; `resamples` those of the test's sign flips.
+    NonFiniteNoise when a difference is NaN or infinite."""
+    values = np.asarray(differences, dtype=np.float64)
+    if not np.isfinite(values).all():
+        bad = int(np.count_nonzero(~np.isfinite(values)))
+        raise NonFiniteNoise(f"{bad} of {len(values)} differences are NaN or infinite")
+    if len(values) < 2:
         return None
-    variance = float(np.var(np.asarray(differences, dtype=np.float64), ddof=1))
-    return mde(variance, len(differences), alpha, wanted)
+    return mde(float(np.var(values, ddof=1)), len(values), alpha, wanted, resamples=resamples)
 
 
 def mde_normal(variance: float, n: int, alpha: float = 0.05, wanted: float = 0.8) -> float:
@@ -197,14 +249,20 @@ class Plans:
 def instances_needed(
     variance: float, detect: float, most: int, alpha: float, wanted: float
 ) -> int | None:
-    """The fewest instances (2..most) whose MDE is at most `detect`; None if even `most` do
-    not reach it."""
+    """The fewest instances (`fewest_instances`..most) whose MDE is at most `detect`; None if
+    even `most` do not reach it. A variance of 0 needs no more than the test can reject on."""
     if detect <= 0:
         raise ValueError(f"the difference to detect must be positive, got {detect}")
+    fewest = fewest_instances(alpha)
+    if fewest is None or fewest > most:
+        return None
+    if variance <= 0:
+        return fewest
     fits = lambda n: (mde(variance, n, alpha, wanted) or math.inf) <= detect  # noqa: E731
     if not fits(most):
         return None
-    low, high = 2, most
+    # Fewer than `fewest` cannot reject at all (mde None): the search starts at the bound.
+    low, high = fewest, most
     while low < high:
         middle = (low + high) // 2
         low, high = (low, middle) if fits(middle) else (middle + 1, high)
@@ -240,11 +298,7 @@ def plan(
     at_any = None
     if splittable:
         assert noise.interaction is not None
-        at_any = (
-            instances_needed(noise.interaction, detect, max_instances, alpha, wanted)
-            if noise.interaction > 0
-            else 2
-        )
+        at_any = instances_needed(noise.interaction, detect, max_instances, alpha, wanted)
         share = noise.seed_share or 0.0
         if share < 0.1:
             notes.append(
@@ -257,6 +311,12 @@ def plan(
         notes.append(
             f"the dataset's {max_instances} instances cannot detect {detect:g} points at "
             f"power {wanted:g} with up to {max_seeds if splittable else 1} seed(s)"
+        )
+    fewest = fewest_instances(alpha)
+    if any(p.instances == fewest for p in found):
+        notes.append(
+            f"no plan has fewer than {fewest} instances: on fewer the sign-flip test's p cannot "
+            f"reach α = {alpha:g} (it is never below 2/2^n)"
         )
     found.sort(key=lambda p: (p.instances * p.seeds, p.seeds))
     return Plans(detect, wanted, alpha, found, at_any, notes)

@@ -439,9 +439,8 @@ def test_a_multi_seed_report_shows_where_the_noise_comes_from_and_each_mde():
     """Two seeds: blurred scores a = (10, 14), b = (40, 40), c = (0, 4); clarify@1 = blurred +
     20, 8, 2 on its seed means, with seeds (30, 34), (46, 50), (2, 10). By hand: blurred's
     within (8 + 0 + 8)/3 = 16/3, its instance means 12, 40, 2 (variance 388) less the seeds'
-    part 8/3: between 385.33. D = 20, 8, 4: variance 69.33 → MDE from the noncentral t."""
-    from eval.score.power import mde
-
+    part 8/3: between 385.33. D = 20, 8, 4: variance 69.33, but on 3 instances the sign-flip
+    p is never below 2/2³ = 0.25: no MDE."""
     scores = {"a": ((10, 14), (30, 34)), "b": ((40, 40), (46, 50)), "c": ((0, 4), (2, 10))}
     records = [
         rec(i, c, float(s), seed=seed)
@@ -458,7 +457,7 @@ def test_a_multi_seed_report_shows_where_the_noise_comes_from_and_each_mde():
     assert blurred["seed_share"] == pytest.approx((16 / 3) / (388 - 8 / 3 + 16 / 3))
     gain = summary["gains"]["clarify@1"]
     assert gain["noise"]["variance"] == pytest.approx(208 / 3)
-    assert gain["mde"] == pytest.approx(mde(208 / 3, 3))
+    assert gain["mde"] is None
     text = markdown([("sys", summary)], [], 3, "exclude")
     assert "Where the noise comes from" in text
     # The bootstrap over the 3 instances (squares about their seed means 8, 0, 8): resampling b
@@ -469,7 +468,8 @@ def test_a_multi_seed_report_shows_where_the_noise_comes_from_and_each_mde():
     assert (blurred["within_low"], blurred["within_high"]) == pytest.approx((0, 8))
     assert f"| blurred | {385.33**0.5:.1f} [0.0, {480**0.5:.1f}] | {(16 / 3) ** 0.5:.1f} " in text
     assert f"| {(16 / 3) ** 0.5:.1f} [0.0, {8**0.5:.1f}] | 1% [" in text
-    assert f"| {gain['mde']:.1f} |" in text
+    assert "| – (n too small: p ≥ 2/2ⁿ) |" in text
+    assert "includes seed noise" not in text  # two seeds: between is apart from them
 
     other = [
         rec(r.instance_id, r.condition, r.scores["restore_score_100"] - 5, seed=r.seed)
@@ -480,3 +480,94 @@ def test_a_multi_seed_report_shows_where_the_noise_comes_from_and_each_mde():
     )
     # Every difference is exactly 5: no variance to give an MDE by.
     assert [r["mde"] for r in rows] == [None, None]
+
+
+def test_the_failure_warning_counts_the_instances_failures_excluded():
+    """a's clarify@1 failed; b has no clarify@1 record; c is scored here but, as if another run
+    of the report lacked it, not among the paired ids. Three instances are excluded, one of
+    them for a failure."""
+    from eval.report.report import warnings
+
+    conditions = ["blurred", "clarify@1"]
+    records = [
+        *(rec(i, "blurred", 10.0) for i in "abcde"),
+        rec("a", "clarify@1", None, error=FAILED),
+        *(rec(i, "clarify@1", 20.0) for i in "cde"),
+    ]
+    scored = score_records(records, conditions, [0], "exclude")
+    summary = summarize(records, conditions, [0], ["d", "e"], scored)
+    assert sorted(summary["excluded_instances"]) == ["a", "b", "c"]
+    (line,) = [w for w in warnings("s", summary) if "records failed" in w]
+    assert "1 of 9 records failed" in line
+    assert "(1 instance excluded for a failed record; 3 excluded in all, the others' why" in line
+    records.append(rec("b", "clarify@1", 20.0))  # now only the failure excludes an instance
+    scored = score_records(records, conditions, [0], "exclude")
+    only_failed = summarize(records, conditions, [0], ["b", "c", "d", "e"], scored)
+    (line,) = [w for w in warnings("s", only_failed) if "records failed" in w]
+    assert "(1 instance excluded for a failed record)" in line
+
+
+def one_seed_run(n: int, base: float = 0.0) -> list[Record]:
+    """n instances, one seed: blurred 10·j, each clarify@k 10·j + 5 + (j mod 3) + k, so the
+    differences from blurred vary (5, 6, 7, … plus k)."""
+    return [
+        rec(f"i{j}", c, base + 10.0 * j + (5 + j % 3 + k if k else 0))
+        for j in range(n)
+        for k, c in enumerate(["blurred", "clarify@1", "clarify@2", "clarify@3"])
+    ]
+
+
+def test_an_mde_the_sign_flip_test_cannot_reach_is_undefined_and_says_why():
+    """At α = 0.05 a sign-flip test on 5 instances cannot give p ≤ α (2/2⁵ = 0.0625), on 6 it
+    can (0.03125): clarify@1 − blurred = 5, 6, 7, 5, 6, 7 has mean 6 and variance 4/5 = 0.8.
+    With one seed the sd between instances carries the seeds' noise, and says so."""
+    from eval.score.power import mde
+
+    conditions = ["blurred", "clarify@1"]
+    for n, expected in ((5, None), (6, mde(0.8, 6))):
+        records = [r for r in one_seed_run(n) if r.condition in conditions]
+        scored = score_records(records, conditions, [0], "exclude")
+        ids = paired_instances([(scored, conditions)])
+        summary = summarize(records, conditions, [0], ids, scored)
+        gain = summary["gains"]["clarify@1"]
+        assert gain["n"] == n and gain["noise"]["variance"] == pytest.approx(0.8 if n == 6 else 0.7)
+        text = markdown([("sys", summary)], [], n, "exclude")
+        if expected is None:
+            assert gain["mde"] is None and "| – (n too small: p ≥ 2/2ⁿ) |" in text
+        else:
+            assert gain["mde"] == pytest.approx(expected) and f"| {expected:.1f} |" in text
+            assert "n too small" not in text
+        assert "| blurred | " in text and "(includes seed noise: one seed) | – (one seed) |" in text
+
+
+def test_a_holm_row_has_no_mde_where_alpha_over_m_is_out_of_reach():
+    """Two systems on 6 instances, one seed: the blurred row is tested at α = 0.05 (2/2⁶ =
+    0.03125 ≤ α: an MDE), the three clarify@k rows form a Holm family, each at α/3 = 0.0167 <
+    2/2⁶: none."""
+    conditions = ["blurred", "clarify@1", "clarify@2", "clarify@3"]
+    first = one_seed_run(6)
+    # The second system: every score less 3 + (j mod 2), so the differences vary.
+    second = [
+        rec(
+            r.instance_id,
+            r.condition,
+            r.scores["restore_score_100"] - 3 - int(r.instance_id[1:]) % 2,
+        )
+        for r in first
+    ]
+    runs = [score_records(records, conditions, [0], "exclude") for records in (first, second)]
+    rows = compare_systems([("A", runs[0]), ("B", runs[1])], conditions)
+    mdes = {r["condition"]: r["mde"] for r in rows}
+    # blurred: D = 3, 4, 3, 4, 3, 4, variance 0.3.
+    from eval.score.power import mde
+
+    assert mdes["blurred"] == pytest.approx(mde(0.3, 6))
+    assert [mdes[c] for c in conditions[1:]] == [None, None, None]
+    summaries = [
+        ("A", summarize(first, conditions, [0], [f"i{j}" for j in range(6)], runs[0])),
+        ("B", summarize(second, conditions, [0], [f"i{j}" for j in range(6)], runs[1])),
+    ]
+    text = markdown(summaries, rows, 6, "exclude")
+    table = [line for line in text.splitlines() if line.startswith("| A − B |")]
+    assert len(table) == 4 and f"| {mdes['blurred']:.1f} | 6 |" in table[0]
+    assert all("| – (n too small: p ≥ 2/2ⁿ) | 6 |" in line for line in table[1:])

@@ -301,6 +301,23 @@ def test_a_corrupt_record_line_is_an_error_naming_file_and_line(tmp_path):
         store.completed()
 
 
+def test_a_non_finite_score_in_a_records_file_is_an_error_naming_file_and_line(tmp_path):
+    """JSON reads NaN and Infinity: a hand-edited or foreign line with one must stop the reader
+    with its file and line, not reach the statistics (where an MDE search never ended)."""
+    store = RecordStore(tmp_path)
+    path = store.path("blurred", Shard())
+    path.parent.mkdir(parents=True)
+    good = '{"instance_id": "a", "condition": "blurred", "seed": 0, "scores": {"strict": 5}}\n'
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        line = '{"instance_id": "b", "condition": "blurred", "seed": 0, "scores": '
+        path.write_text(good + line + f'{{"restore_score_100": {bad}}}}}\n')
+        with pytest.raises(
+            RecordFileError,
+            match=r"shard-0-of-1.jsonl:2: scores.restore_score_100: .* is not a finite number",
+        ):
+            store.completed()
+
+
 def test_retry_failed_reruns_only_failures_and_the_success_counts(search, tmp_path):
     ctx, roles = context(search)
     store = RecordStore(tmp_path)

@@ -9,13 +9,17 @@ import math
 import numpy as np
 import pytest
 
-from eval.score.metrics import paired_tests
+from eval.score.metrics import paired_tests, smallest_p
 from eval.score.power import (
     ComponentIntervals,
     DifferenceNoise,
+    NonFiniteNoise,
+    can_reject,
     component_cis,
     components,
     difference_noise,
+    fewest_instances,
+    instances_needed,
     mde,
     mde_normal,
     paired_mde,
@@ -47,6 +51,22 @@ def test_difference_noise_by_hand():
     assert noise.seed_part == pytest.approx((4 / 3 + 8 / 3) / 2)
     assert noise.interaction == pytest.approx(13 - 2)
     assert noise.at(4) == pytest.approx(11 + 1)  # the seeds' part halves with twice the seeds
+
+
+def test_difference_noise_with_unequal_seed_counts_by_hand():
+    """a has 2 seeds, b 4: each side's seed-mean carries within / its own seed count."""
+    a = {"x": [10, 14], "y": [20, 20], "z": [0, 2]}
+    b = {"x": [5, 5, 5, 5], "y": [10, 14, 10, 14], "z": [0, 0, 0, 0]}
+    noise = difference_noise(a, b)
+    # within a = (4 + 4 + 0 + 0 + 1 + 1) / 3 = 10/3; within b = (4 · 4) / 9 = 16/9.
+    # D = 12 − 5, 20 − 12, 1 − 0 = 7, 8, 1: mean 16/3, variance (25 + 64 + 169) / 9 / 2 = 43/3.
+    assert noise.variance == pytest.approx(43 / 3)
+    assert noise.seed_part == pytest.approx((10 / 3) / 2 + (16 / 9) / 4)  # 19/9, not 46/24
+    assert noise.interaction == pytest.approx(43 / 3 - 19 / 9)
+    # The seeds the parts stand on: (10/3 + 16/9) / (19/9) = 46/19; at 4 seeds a side the
+    # seeds' part is (10/3 + 16/9) / 4 = 23/18.
+    assert noise.seeds == pytest.approx(46 / 19)
+    assert noise.at(4) == pytest.approx(110 / 9 + 23 / 18)
 
 
 def test_mde_against_the_closed_form_and_the_power_it_gives():
@@ -150,25 +170,90 @@ def test_plans_say_when_seeds_cannot_help_and_when_the_dataset_is_too_small():
 
 
 def test_paired_mde_is_the_noncentral_t_mde_of_the_differences_variance():
-    # Differences 1, 3, 8: mean 4, variance (9 + 1 + 16) / 2 = 13 on n = 3 (df 2). The 80%-power
-    # difference of the two-sided t test at α = 0.05, solved here from scipy's noncentral t.
+    # Differences 1, 3, 8, 2, 6, 4: mean 4, variance (9 + 1 + 16 + 4 + 4 + 0) / 5 = 6.8 on n = 6
+    # (df 5). The 80%-power difference of the two-sided t test at α = 0.05, solved here from
+    # scipy's noncentral t.
     from scipy import optimize, stats
 
-    critical = stats.t.ppf(0.975, 2)
+    critical = stats.t.ppf(0.975, 5)
 
     def power_at(d: float) -> float:
-        shift = d / math.sqrt(13 / 3)
-        return stats.nct.sf(critical, 2, shift) + stats.nct.cdf(-critical, 2, shift)
+        shift = d / math.sqrt(6.8 / 6)
+        return stats.nct.sf(critical, 5, shift) + stats.nct.cdf(-critical, 5, shift)
 
-    # Bracketed where scipy's nct is finite at df 2 (it gives NaN far in its tail): 12 points
-    # have power 0.812 there, 11 have 0.756.
-    by_hand = optimize.brentq(lambda d: power_at(d) - 0.8, 5, 15)
-    assert 11 < by_hand < 12
-    assert paired_mde([1, 3, 8]) == pytest.approx(by_hand, rel=1e-6)
-    assert paired_mde([1, 3, 8]) == pytest.approx(mde(13, 3))
-    assert paired_mde([8, 3, 1], alpha=0.05 / 3) == pytest.approx(mde(13, 3, 0.05 / 3))
+    # 3.5 points have power 0.748 there, 4 have 0.848.
+    by_hand = optimize.brentq(lambda d: power_at(d) - 0.8, 2, 6)
+    assert 3.5 < by_hand < 4
+    differences = [1, 3, 8, 2, 6, 4]
+    assert paired_mde(differences) == pytest.approx(by_hand, rel=1e-6)
+    assert paired_mde(differences) == pytest.approx(mde(6.8, 6))
+    assert paired_mde(differences[::-1], alpha=0.05 / 2) == pytest.approx(mde(6.8, 6, 0.05 / 2))
     # No variance, or one instance: nothing to scale a detectable difference by.
     assert paired_mde([5, 5, 5]) is None and paired_mde([4]) is None and paired_mde([]) is None
+    # Three instances: the sign-flip test's p is at least 2/2^3 = 0.25, it cannot reject.
+    assert paired_mde([1, 3, 8]) is None
+
+
+def test_the_smallest_p_of_the_sign_flip_test_by_hand():
+    """Enumerated (2^n ≤ resamples): the identity and the all-flipped signs are always as
+    extreme as observed, so p ≥ 2/2^n, reached when every difference has one sign. Sampled:
+    p = (b + 1)/(B + 1) ≥ 1/(B + 1), reached when no sampled flip is as extreme."""
+    assert smallest_p(5) == 1 / 16 and smallest_p(6) == 1 / 32 and smallest_p(13) == 2 / 8192
+    assert smallest_p(14) == 1 / 10_001 and smallest_p(30, resamples=100) == 1 / 101
+    assert smallest_p(0) == 1.0
+    (six,) = paired_tests([([1.0, 2, 3, 4, 5, 6], [0.0] * 6)])
+    assert six.p_value == 1 / 32
+    # 14 instances, 100 sampled flips: each is the identity or all-flipped with chance
+    # 2/16384, and the seed's 100 draws hold neither.
+    (sampled,) = paired_tests([([1.0] * 14, [0.0] * 14)], resamples=100)
+    assert sampled.p_value == smallest_p(14, resamples=100)
+
+
+def test_no_mde_where_the_sign_flip_test_cannot_reject():
+    """At α = 0.05: 2/2^5 = 0.0625 > α, 2/2^6 = 0.03125 ≤ α. On a Holm row of three at α/3 =
+    0.0167: 2/2^6 > α/3, 2/2^7 = 0.0156 ≤ α/3."""
+    assert mde(100.0, 5) is None and mde(100.0, 6) == pytest.approx(14.35, abs=0.01)
+    assert mde(100.0, 6, 0.05 / 3) is None and mde(100.0, 7, 0.05 / 3) is not None
+    assert (fewest_instances(0.05), fewest_instances(0.05 / 3)) == (6, 7)
+    assert not can_reject(5, 0.05) and can_reject(6, 0.05) and not can_reject(6, 0.05 / 3)
+    # Below 1/(10000 + 1), the smallest sampled p, no number of instances can reject.
+    assert fewest_instances(0.5 / 10_001) is None and mde(100.0, 500, 0.5 / 10_001) is None
+
+
+def test_a_plan_never_asks_for_fewer_instances_than_the_test_can_reject_on():
+    """Detecting 30 points with Var(D) 100 (sd 10): the t test's MDE is 25.2 at 4 instances
+    (1 seed: variance 60 + 40 · 2 = 140), but the sign-flip test cannot reject below 6."""
+    noise = DifferenceNoise(10, 2.0, 100.0, 40.0, 60.0)
+    found = plan(noise, 30.0, max_instances=518)
+    assert [(p.instances, p.seeds) for p in found.plans] == [(6, 1)]
+    assert found.instances_at_any_seeds == 6
+    assert any("no plan has fewer than 6 instances" in note for note in found.notes)
+    assert instances_needed(100.0, 30.0, 518, 0.05, 0.8) == 6
+    assert instances_needed(100.0, 30.0, 518, 0.05 / 3, 0.8) == 7
+    assert instances_needed(0.0, 30.0, 518, 0.05, 0.8) == 6  # no noise: the bound alone
+    assert plan(noise, 30.0, max_instances=5).plans == []
+
+
+def test_a_non_finite_variance_is_refused_before_any_search(monkeypatch: pytest.MonkeyPatch):
+    """A NaN or infinite variance never raises power to 80%: the search for the MDE must not
+    start (counted, not timed: `power` is never called)."""
+    import eval.score.power as module
+
+    calls: list[float] = []
+
+    def counted(difference: float, variance: float, n: int, alpha: float = 0.05) -> float:
+        calls.append(variance)
+        if len(calls) > 100:
+            raise AssertionError("mde searched a non-finite variance")
+        return power(difference, variance, n, alpha)
+
+    monkeypatch.setattr(module, "power", counted)
+    for variance in (math.nan, math.inf):
+        with pytest.raises(NonFiniteNoise, match="not finite"):
+            mde(variance, 10)
+    with pytest.raises(NonFiniteNoise, match="1 of 3 differences are NaN or infinite"):
+        paired_mde([1.0, math.nan, 3.0])
+    assert calls == []
 
 
 def test_component_cis_by_hand_on_two_instances():
