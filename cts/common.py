@@ -220,10 +220,19 @@ def progress_for(console: Console) -> ShowProgress:
     return ProgressLog(emit, every_s)
 
 
-def run_into(root: Path, retry_failed: bool = False) -> Work:
-    """`run_keyed`'s work for an evaluation run: the experiment run into `root`."""
+def run_into(
+    root: Path, retry_failed: bool = False, notify: Callable[[str], None] = lambda line: None
+) -> Work:
+    """`run_keyed`'s work for an evaluation run: the experiment run into `root`; `notify`
+    shows what the run says before its first model call."""
     return lambda ready, part, watch, progress: run_experiment(
-        ready, root, shard=part, show_progress=progress, watch=watch, retry_failed=retry_failed
+        ready,
+        root,
+        notify=notify,
+        shard=part,
+        show_progress=progress,
+        watch=watch,
+        retry_failed=retry_failed,
     )
 
 

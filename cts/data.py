@@ -16,6 +16,7 @@ from cts.options import SET_OPTION
 from eval.data.data_stats import dataset_stats
 from eval.data.dataset import (
     SAMPLE_SPLITS,
+    Checked,
     DatasetError,
     DatasetSource,
     GoldTable,
@@ -23,9 +24,10 @@ from eval.data.dataset import (
     corpus_path,
     read_rows,
 )
-from eval.experiment import no_nuggets
+from eval.data.schema import Instance
+from eval.experiment import no_nuggets, unscored_note
 from eval.run.config import ResolvedExperiment, load_experiment
-from webdancer.corpus import CorpusError, check_corpus
+from webdancer.corpus import CorpusError, Problem, check_corpus
 
 app = typer.Typer(
     help="Validate and describe datasets and corpora; build a benchmark from your own queries "
@@ -36,6 +38,10 @@ app = typer.Typer(
 PATH_HELP = (
     "A dataset (JSONL, JSON, CSV, TSV, Parquet, a folder or hub id for `datasets`), a corpus "
     "JSONL, or `sample` for the shipped benchmark. Not with --config."
+)
+STATS_PATH_HELP = (
+    "A dataset (JSONL, JSON, CSV, TSV, Parquet, a folder or hub id for `datasets`), or `sample` "
+    "for the shipped benchmark; not a corpus (`cts data validate` checks one). Not with --config."
 )
 DATA_CONFIG_OPTION = typer.Option(
     None,
@@ -97,8 +103,23 @@ def _source(
 
 
 def _is_corpus(path: str) -> bool:
-    first = next(iter(read_rows(path)), None) if path != "sample" else None
+    """Whether PATH holds corpus documents: its first row that parses has a doc_id. Not the
+    first row alone: a malformed first line (a truncated write) would make a corpus a dataset
+    whose every row is reported, and the one line that is wrong drowned among them."""
+    if path == "sample":
+        return False
+    first = next((row for row in read_rows(path) if row.data is not None), None)
     return first is not None and first.data is not None and "doc_id" in first.data
+
+
+def _golden_notes(source: DatasetSource, instances: list[Instance]) -> list[str]:
+    """What `cts run` would say of the instances' golden nuggets: some lacking them run
+    unscored (a note), none having them is refused (valid for `cts golden build`)."""
+    unscorable = no_nuggets(source, instances) if instances else None
+    if unscorable is not None:
+        return [f"warning: {unscorable} (`cts run` refuses it)"]
+    note = unscored_note(instances)
+    return [] if note is None else [note]
 
 
 @command(app, "validate")
@@ -130,31 +151,40 @@ def data_validate(
         _validate_experiment(resolved)
         return
     assert path is not None
-    try:
-        if _is_corpus(path):
-            documents, problems = check_corpus(Path(path))
-            count = f"{len(documents)} documents"
-        else:
-            splits = list(SAMPLE_SPLITS) if path == "sample" and split is None else [split]
-            problems, total = [], 0
-            for one in splits:
-                checked = check_source(_source(path, one, corpus, field_map, gold, gold_id_field))
-                problems += checked.problems
-                total += len(checked.instances)
-            if path == "sample":
-                documents, corpus_problems = check_corpus(corpus_path("sample"))
-                problems += corpus_problems
-            count = f"{total} instances" + (
-                f", {len(documents)} documents" if path == "sample" else ""
-            )
-    except (DatasetError, CorpusError) as e:
-        problems, count = e.problems, "nothing"
+    splits = list(SAMPLE_SPLITS) if path == "sample" and split is None else [split]
+    sources = [_source(path, one, corpus, field_map, gold, gold_id_field) for one in splits]
+    problems, count, notes = _check_path(path, sources)
     for problem in problems:
         typer.echo(str(problem))
     if problems:
         typer.echo(f"{len(problems)} problem(s) in {path}", err=True)
         raise typer.Exit(1)
+    for note in notes:
+        typer.echo(note, err=True)  # not a problem: the exit code stays 0
     typer.echo(f"{path}: OK ({count})")
+
+
+def _check_path(path: str, sources: list[DatasetSource]) -> tuple[list[Problem], str, list[str]]:
+    """Every problem of PATH (a corpus, or the dataset `sources` read), what it holds, and
+    the notes on its golden nuggets."""
+    try:
+        if _is_corpus(path):
+            documents, problems = check_corpus(Path(path))
+            return problems, f"{len(documents)} documents", []
+        problems, total, notes = [], 0, []
+        for source in sources:
+            checked = check_source(source)
+            problems += checked.problems
+            total += len(checked.instances)
+            notes += _golden_notes(source, checked.instances)
+        count = f"{total} instances"
+        if path == "sample":
+            documents, corpus_problems = check_corpus(corpus_path("sample"))
+            problems += corpus_problems
+            count += f", {len(documents)} documents"
+        return problems, count, notes
+    except (DatasetError, CorpusError) as e:
+        return list(e.problems), "nothing", []
 
 
 def _validate_experiment(resolved: ResolvedExperiment) -> None:
@@ -172,10 +202,8 @@ def _validate_experiment(resolved: ResolvedExperiment) -> None:
         raise typer.Exit(1)
     limit = resolved.experiment.dataset.limit
     used = checked.instances[:limit] if limit else checked.instances
-    unscorable = no_nuggets(source, used)
-    if unscorable is not None:
-        # Valid for `cts golden build`, which makes the nuggets; `cts run` refuses it.
-        typer.echo(f"warning: {unscorable} (`cts run` refuses it)", err=True)
+    for note in _golden_notes(source, used):
+        typer.echo(note, err=True)  # not a problem: the exit code stays 0
     count = f"{len(checked.instances)} instances" + (
         f"; the experiment runs the first {len(used)}" if limit else ""
     )
@@ -188,7 +216,7 @@ def _experiment_stats(resolved: ResolvedExperiment) -> tuple[str, dict[str, Any]
     checked = check_source(_whole(resolved))
     if checked.problems:
         typer.echo(
-            f"{len(checked.problems)} invalid row(s): `cts run` refuses this dataset; "
+            f"{_invalid(checked)}: `cts run` refuses this dataset; "
             f"`cts data validate -c {resolved.path}` lists them",
             err=True,
         )
@@ -203,7 +231,7 @@ def _experiment_stats(resolved: ResolvedExperiment) -> tuple[str, dict[str, Any]
 
 @command(app, "stats")
 def data_stats(
-    path: str | None = typer.Argument(None, help=PATH_HELP),
+    path: str | None = typer.Argument(None, help=STATS_PATH_HELP),
     split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),
     field_map: list[str] = typer.Option([], help="OURS=THEIRS column rename (repeatable)."),
     gold: str | None = typer.Option(None, help="A separate gold table joined by id."),
@@ -228,21 +256,31 @@ def data_stats(
         path, report = _experiment_stats(resolved)
     else:
         assert path is not None
+        if _is_corpus(path):
+            # Its documents are no instances: statistics of none would read as an empty dataset.
+            raise usage_error(
+                f"{path} is a corpus (its rows have doc_id): `cts data stats` describes a "
+                f"dataset; `cts data validate {path}` checks a corpus"
+            )
         report = {}
         for one in list(SAMPLE_SPLITS) if path == "sample" and split is None else [split]:
             source = _source(path, one, None, field_map, gold, gold_id_field)
             checked = check_source(source.model_copy(update={"corpus": None}))
             if checked.problems:
-                typer.echo(
-                    f"{len(checked.problems)} invalid row(s) skipped; run `cts data validate`",
-                    err=True,
-                )
+                typer.echo(f"{_invalid(checked)}; run `cts data validate {path}`", err=True)
             report[one or path] = dataset_stats(checked.instances)
     if as_json:
         typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
         return
     for name, stats in report.items():
         _print_stats(path, name, stats)
+
+
+def _invalid(checked: Checked) -> str:
+    """How many rows `checked` left out, and how many problems it found: a row may have
+    several, and a problem may be no row's (a gold table's, an empty file)."""
+    problems = len(checked.problems)
+    return f"{checked.invalid_rows} invalid row(s) skipped ({problems} problem(s))"
 
 
 def _print_stats(path: str, name: str, stats: dict[str, Any]) -> None:

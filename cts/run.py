@@ -41,8 +41,13 @@ config_app = typer.Typer(help="Inspect experiment configs.", no_args_is_help=Tru
 
 @command(config_app, "show")
 def config_show(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION) -> None:
-    """Print the resolved config: the experiment with every role's model config filled in."""
-    print(load_experiment(config, set_).to_yaml(), end="")
+    """Print the resolved config: the experiment with every role's model config filled in.
+    A role override the role replaces with its own need is named on stderr, with the value its
+    requests use."""
+    resolved = load_experiment(config, set_)
+    print(resolved.to_yaml(), end="")
+    for unused in resolved.unused_sampling():
+        typer.echo(f"note: {unused}", err=True)
 
 
 @command(app, "run")
@@ -91,12 +96,16 @@ def run(
         f"experiment [bold]{resolved.experiment.name}[/bold] from {resolved.path} → {run_dir.root}",
         highlight=False,
     )
+
+    def note(line: str) -> None:
+        console.print(line, style="yellow", highlight=False, markup=False, soft_wrap=True)
+
     result = run_keyed(
         resolved,
         run_dir,
         part,
         options,
-        run_into(run_dir.root, retry_failed),
+        run_into(run_dir.root, retry_failed, note),
         console,
         merge_with=f"cts merge {run_dir.root}",
     )

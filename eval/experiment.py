@@ -206,16 +206,45 @@ def no_nuggets(dataset: DatasetSource, instances: list[Instance]) -> Problem | N
     )
 
 
+#: How many ids of the instances without golden nuggets the run's note names.
+UNSCORED_SHOWN = 3
+
+
+def unscored_note(instances: list[Instance]) -> str | None:
+    """A line saying which of `instances` have no golden nuggets (they run, costing every
+    model call, but are never scored), or None when all have them or none does (that run is
+    refused: `no_nuggets`)."""
+    lacking = [i.id for i in instances if not (i.golden and i.golden.nuggets)]
+    if not lacking or len(lacking) == len(instances):
+        return None
+    shown = ", ".join(lacking[:UNSCORED_SHOWN])
+    more = len(lacking) - UNSCORED_SHOWN
+    if more > 0:
+        shown += f" and {more} more"
+    return (
+        f"note: {len(lacking)} of {len(instances)} instance(s) have no golden nuggets "
+        f"({shown}): they run but are not scored"
+    )
+
+
 def _run_into(
     resolved: ResolvedExperiment,
     run_dir: Path,
     keys: tuple[list[str], list[int]],
     report: bool,
     control: RunControl,
+    notify: Callable[[str], None] = lambda line: None,
 ) -> RunResult:
     """Record `keys` (conditions, seeds) for the shard's instances into `run_dir`; with
-    `report`, a whole finished run also gets its summary and report."""
+    `report`, a whole finished run also gets its summary and report. `notify` is told what
+    the user should know before any model is called."""
     everything, instances = instances_for(resolved, keys[0])
+    for unused in resolved.unused_sampling():
+        notify(f"note: {unused}")
+    # Golden construction runs instances without nuggets by design: nothing to say there.
+    note = unscored_note(instances) if GOLDEN not in keys[0] else None
+    if note is not None:
+        notify(note)
     run = RunDir(run_dir)
     run.write_config(resolved, fingerprint(everything, corpus_digest(resolved)))
     started = time.perf_counter()
@@ -256,15 +285,21 @@ def require_roles(resolved: ResolvedExperiment, needed: Sequence[Role] = ()) -> 
 
 
 def run_experiment(
-    resolved: ResolvedExperiment, run_dir: Path, **control: Unpack[RunControl]
+    resolved: ResolvedExperiment,
+    run_dir: Path,
+    *,
+    notify: Callable[[str], None] = lambda line: None,
+    **control: Unpack[RunControl],
 ) -> RunResult:
     """Run (a shard of) an experiment into `run_dir`, resuming what is recorded there;
     `control` (eval/run/runner.py RunControl): `shard`, `show_progress`, `watch` (what it
-    raises stops the run, keeping every finished record), `retry_failed`. A whole run that
-    finishes gets its report."""
+    raises stops the run, keeping every finished record), `retry_failed`. `notify` gets a
+    line, before any model call, for each role override the role replaces
+    (`ResolvedExperiment.unused_sampling`) and when some instances have no golden nuggets. A
+    whole run that finishes gets its report."""
     require_roles(resolved)
     keys = ([str(c) for c in resolved.experiment.conditions], list(resolved.experiment.seeds))
-    return _run_into(resolved, run_dir, keys, True, control)
+    return _run_into(resolved, run_dir, keys, True, control, notify)
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,9 @@ def check_corpus(path: Path) -> tuple[list[CorpusDocument], list[Problem]]:
     problems: list[Problem] = []
     first_seen: dict[str, int] = {}
     try:
-        # surrogateescape: a bad byte is a problem on its line, not a UnicodeDecodeError.
-        f = path.open(encoding="utf-8", errors="surrogateescape") if path.is_file() else None
+        # surrogateescape: a bad byte is a problem on its line, not a UnicodeDecodeError;
+        # utf-8-sig: a BOM that an editor put at the start of the file is not a bad first row.
+        f = path.open(encoding="utf-8-sig", errors="surrogateescape") if path.is_file() else None
     except OSError as e:  # a name too long for the file system, permission denied
         return [], [Problem(str(path), None, "<file>", f"cannot read: {e.strerror or e}")]
     if f is None:

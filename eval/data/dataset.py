@@ -9,6 +9,7 @@ sources have no text lines: their "line" is the 1-based row number.
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import os
 import re
@@ -99,8 +100,14 @@ def _utf8_error(text: str) -> str | None:
     return None if bad is None else f"not valid UTF-8 (byte 0x{ord(bad.group()) - 0xDC00:02x})"
 
 
+#: Text files that are not CSV are read as utf-8-sig too: editors and exports on Windows begin
+#: them with a BOM, which json.loads refuses ("Unexpected UTF-8 BOM") on the first row only.
+#: The codec strips it at the start of the file alone; one further on stays a problem.
+_TEXT_ENCODING = "utf-8-sig"
+
+
 def _jsonl_rows(path: Path) -> Iterator[Row]:
-    with path.open(encoding="utf-8", errors="surrogateescape") as f:
+    with path.open(encoding=_TEXT_ENCODING, errors="surrogateescape") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -157,7 +164,7 @@ def _item_starts(text: str, key: str | None) -> list[int]:
 
 def _json_rows(path: Path) -> Iterator[Row]:
     """A JSON array of objects (or {"data"|"instances": [...]}), with each object's line."""
-    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    text = path.read_text(encoding=_TEXT_ENCODING, errors="surrogateescape")
     bad = _BAD_BYTE.search(text)
     if bad is not None:
         line = text.count("\n", 0, bad.start()) + 1
@@ -401,6 +408,57 @@ def _blank(value: Any) -> bool:
 _INSTANCE_FIELDS = set(Instance.model_fields)
 _REQUIRED = {"id", "blurred_query", "fused_query"}
 
+#: Other names datasets give our fields that are too unlike them for difflib (ratio < 0.8).
+_ALIASES = {
+    "golden_nuggets": "golden",
+    "gold_nuggets": "golden",
+    "nuggets": "golden",
+    "lang": "language",
+    "constraints": "removed_constraints",
+}
+#: How alike (difflib ratio) an unknown column and a field the row lacks must be for the
+#: column to be taken for a misspelling: "langauge" 0.88, "removed_constraint" 0.97,
+#: "gold" 0.8; unrelated extra columns ("category", "source") are far below. A column that
+#: is something else by a near name is renamed (the message says so).
+_TYPO_CUTOFF = 0.8
+
+
+def _meant(key: str, lacking: list[str]) -> str | None:
+    """The field of `lacking` that the column `key` most likely misspells, or None."""
+    name = key.casefold()
+    alias = _ALIASES.get(name)
+    if alias in lacking:
+        return alias
+    close = difflib.get_close_matches(name, lacking, n=1, cutoff=_TYPO_CUTOFF)
+    return close[0] if close else None
+
+
+def misspelled_fields(
+    data: dict[str, Any], adapted: dict[str, Any], field_map: dict[str, str]
+) -> list[tuple[str, str]]:
+    """The columns of the row `data` that look like a misspelt field (field, message).
+
+    Unknown columns are carried into `meta`, as foreign datasets have many; but one that is
+    close to a field the adapted row lacks would silently change the run (`langauge`: a
+    Chinese row prompted in English; `golden_nuggets`: an instance never scored)."""
+    mapped = {source.split(".")[0] for source in field_map.values()}
+    # meta is a free-form bag: a near miss of it only nests, so it is never suggested.
+    lacking = sorted(_INSTANCE_FIELDS - {"meta"} - set(adapted))
+    found = []
+    for key, value in data.items():
+        if key in _INSTANCE_FIELDS or key in mapped or key == "meta" or value in (None, ""):
+            continue  # a field, a mapped column, or an empty cell that carries nothing
+        meant = _meant(key, lacking)
+        if meant is not None:
+            found.append(
+                (
+                    key,
+                    f'unknown field; did you mean "{meant}"? (rename the column, or map it: '
+                    f"--set dataset.field_map.{meant}={key})",
+                )
+            )
+    return found
+
 
 def adapt_instance(data: dict[str, Any], field_map: dict[str, str]) -> dict[str, Any]:
     """Rename mapped columns, parse JSON-in-cells, and keep unknown columns under `meta`."""
@@ -525,6 +583,8 @@ class Checked:
     origin: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: The id of every row that has one, valid or not (the gold join's other side).
     ids: set[str] = field(default_factory=set)
+    #: Rows left out for their problems (a row may have several problems).
+    invalid_rows: int = 0
 
 
 def check_instances(
@@ -540,6 +600,7 @@ def check_instances(
     for row in rows:
         if row.data is None:
             checked.problems.append(Problem(row.file, row.line, "<row>", row.error or "unreadable"))
+            checked.invalid_rows += 1
             continue
         data = adapt_instance(row.data, field_map or {})
         missing_gold: list[Problem] = []
@@ -551,13 +612,20 @@ def check_instances(
                 # A join that matches nothing would otherwise run every model call unscored.
                 message = f"no gold row with id {str(data['id'])!r} in {gold_label}"
                 missing_gold.append(Problem(row.file, row.line, "golden", message))
-        problems = missing_gold + _row_problems(data, row, first_seen, corpus_ids, corpus_label)
+        # After the gold join: a row whose golden comes from the gold table lacks no golden.
+        misspelt = [
+            Problem(row.file, row.line, key, message)
+            for key, message in misspelled_fields(row.data, data, field_map or {})
+        ]
+        problems = misspelt + missing_gold
+        problems += _row_problems(data, row, first_seen, corpus_ids, corpus_label)
         try:
             instance = Instance.model_validate(data)
         except ValidationError as e:
             problems += _pydantic_problems(e, row.file, row.line)
             instance = None
         checked.problems += problems
+        checked.invalid_rows += bool(problems) or instance is None
         if instance is not None and not problems:
             checked.instances.append(instance)
             checked.origin[instance.id] = (row.file, row.line)

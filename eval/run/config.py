@@ -342,6 +342,15 @@ class ExperimentConfig(_Strict):
         return self
 
 
+#: Why a role's own sampling need replaces a configured value, by field.
+_WHY_FIXED = {
+    "max_tokens": "the room the role's output schema needs, so an answer is never cut off",
+    "temperature": "the role samples greedily, so its outputs reproduce",
+    "seed": "the role's fixed seed, so its outputs reproduce",
+    "stop": "the protocol's stop strings",
+}
+
+
 class ResolvedExperiment(BaseModel):
     """An experiment with every role's model config loaded: what a run actually uses."""
 
@@ -373,6 +382,21 @@ class ResolvedExperiment(BaseModel):
         What depends on one call stays with the call: the key's seed (`Sampling.with_seed`),
         all-at-once clarification's k questions."""
         return self._role_needs(role).apply(self.configured_sampling(role))
+
+    def unused_sampling(self) -> list[str]:
+        """The role overrides (`roles.<role>.sampling.<field>`) that the role's own needs replace
+        (`sampling_for`), each with the value its requests use instead: set, they would read as
+        applied in config.yaml and `cts config show`, so a command says they are not."""
+        notes = []
+        for role, settings in self.experiment.roles.items():
+            used = self.sampling_for(role)
+            for field, value in settings.sampling.model_dump(exclude_none=True).items():
+                if getattr(used, field) != value:
+                    notes.append(
+                        f"roles.{role}.sampling.{field}={value} is not used: the {role}'s "
+                        f"requests use {getattr(used, field)} ({_WHY_FIXED.get(field, 'the role')})"
+                    )
+        return notes
 
     def _role_needs(self, role: Role) -> RoleSampling:
         if role == "nugget_builder":

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 import yaml
+from typer.main import get_command
 from typer.testing import CliRunner
 
+import eval.experiment
 from cts.cli import app
-from tests.builders import cts
+from eval.experiment import run_experiment
+from eval.run.config import load_experiment
+from serving.scripted import scripted_roles
+from tests.builders import cts, scripted_cli
 
 runner = CliRunner()
 
@@ -224,3 +231,143 @@ def test_search_offline_with_an_empty_tool_cache_fails_clearly(tmp_path, tiny_pa
     )
     assert result.exit_code == 1
     assert "tool cache miss: tools are offline and the tool cache" in result.output
+
+
+# -- dataset input the audit found accepted silently or refused wrongly ---------------------------
+
+SAMPLE_DEV = Path(__file__).resolve().parents[2] / "eval" / "sample_data" / "dev.jsonl"
+
+
+def _sample_rows(n: int) -> list[dict]:
+    return [json.loads(line) for line in SAMPLE_DEV.read_text().splitlines()[:n]]
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def test_a_misspelt_field_fails_validate_and_run_naming_the_field_it_means(tmp_path):
+    rows = _sample_rows(2)
+    rows[1]["langauge"] = rows[1].pop("language")
+    data = _jsonl(tmp_path / "typo.jsonl", rows)
+    expected = (
+        f'{data}:2: langauge: unknown field; did you mean "language"? (rename the column, or '
+        "map it: --set dataset.field_map.language=langauge)"
+    )
+    validated = runner.invoke(app, ["data", "validate", str(data)])
+    assert validated.exit_code == 1 and validated.output.splitlines()[0] == expected
+    args = ["run", "--output-dir", str(tmp_path / "r"), "--set", f"dataset.path={data}"]
+    ran = runner.invoke(app, [*args, "--set", "dataset.split=null"])
+    assert ran.exit_code == 2 and expected in ran.output.splitlines()
+    assert not (tmp_path / "r" / "records").exists()
+
+
+def _partly_golden(tmp_path: Path) -> Path:
+    """Four sample instances, the second and the fourth without golden nuggets."""
+    rows = _sample_rows(4)
+    for row in rows[1::2]:
+        del row["golden"]
+    return _jsonl(tmp_path / "partly.jsonl", rows)
+
+
+def _unscored_note(data: Path) -> str:
+    ids = [json.loads(line)["id"] for line in data.read_text().splitlines()]
+    return (
+        f"note: 2 of 4 instance(s) have no golden nuggets ({ids[1]}, {ids[3]}): "
+        "they run but are not scored"
+    )
+
+
+def test_data_validate_notes_instances_without_golden_nuggets(tmp_path):
+    data = _partly_golden(tmp_path)
+    result = runner.invoke(app, ["data", "validate", str(data)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [_unscored_note(data), f"{data}: OK (4 instances)"]
+
+
+RUN_PARTLY = ["--limit", "4", "--set", "dataset.split=null", "--set", "conditions=[blurred]"]
+
+
+JUDGE_AT_07 = "roles.judge.sampling.temperature=0.7"
+JUDGE_NOTE = (
+    "note: roles.judge.sampling.temperature=0.7 is not used: the judge's requests use 0.0 (the "
+    "role samples greedily, so its outputs reproduce)"
+)
+
+
+def test_an_override_the_role_replaces_is_named_by_config_show_and_run(tmp_path, monkeypatch):
+    shown = runner.invoke(app, ["config", "show", "--set", JUDGE_AT_07])
+    assert shown.exit_code == 0 and shown.stderr.splitlines() == [JUDGE_NOTE]
+    assert (
+        yaml.safe_load(shown.stdout)["experiment"]["roles"]["judge"]["sampling"]["temperature"]
+        == 0.7
+    )  # what the config says, as it says it
+    scripted_cli(tmp_path, monkeypatch, scripted_roles)
+    args = ["run", "--output-dir", str(tmp_path / "r"), "--set", JUDGE_AT_07, *RUN_PARTLY]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1] == JUDGE_NOTE
+
+
+def test_run_says_which_instances_run_unscored_before_its_first_key(tmp_path, monkeypatch):
+    scripted_cli(tmp_path, monkeypatch, scripted_roles)
+    data = _partly_golden(tmp_path)
+    args = ["run", "--output-dir", str(tmp_path / "r"), "--set", f"dataset.path={data}"]
+    result = runner.invoke(app, [*args, *RUN_PARTLY])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    # The experiment line, then the note, before any progress line.
+    assert lines[1] == _unscored_note(data) and lines[2].startswith("quickstart: 0/4 done")
+
+
+def test_the_unscored_note_comes_before_any_model_is_opened(tmp_path, monkeypatch):
+    scripted_cli(tmp_path, monkeypatch, scripted_roles)
+    data = _partly_golden(tmp_path)
+    events: list[str] = []
+    scripted = eval.experiment.open_engines
+
+    @asynccontextmanager
+    async def recorded(*args, **kwargs):
+        events.append("engines opened")
+        async with scripted(*args, **kwargs) as engines:
+            yield engines
+
+    monkeypatch.setattr(eval.experiment, "open_engines", recorded)
+    overrides = [f"dataset.path={data}", "dataset.split=null", "dataset.limit=4"]
+    resolved = load_experiment(None, [*overrides, "conditions=[blurred]"])
+    run_experiment(resolved, tmp_path / "r", notify=events.append, show_progress=False)
+    assert events == [_unscored_note(data), "engines opened"]
+
+
+def test_data_validate_takes_a_corpus_with_a_bad_first_line_for_a_corpus(tmp_path):
+    document = '{"doc_id": "d1", "url": "u", "text": "t"}\n'
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"doc_id": "d0", "url": \n' + document)
+    result = runner.invoke(app, ["data", "validate", str(corpus)])
+    assert result.exit_code == 1
+    first, count = result.output.splitlines()[:2]
+    assert first.startswith(f"{corpus}:1: <row>: malformed JSON") and count.startswith("1 problem")
+    # A BOM on the first row: a corpus still, read past its BOM; not a dataset whose every row
+    # misses id and both queries.
+    corpus.write_bytes(b"\xef\xbb\xbf" + (document + document.replace("d1", "d2")).encode())
+    lines = runner.invoke(app, ["data", "validate", str(corpus)]).output.splitlines()
+    assert lines[0] == f"{corpus}: OK (2 documents)"
+
+
+def test_data_stats_refuses_a_corpus_and_counts_skipped_rows(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"doc_id": "d1", "url": "u", "text": "t"}\n' * 2)
+    result = runner.invoke(app, ["data", "stats", str(corpus)])
+    assert result.exit_code == 2 and "instances" not in result.output
+    assert f"{corpus} is a corpus (its rows have doc_id)" in result.output
+    stats = get_command(app).commands["data"].commands["stats"]  # type: ignore[attr-defined]
+    (path,) = [p for p in stats.params if p.name == "path"]
+    assert "not a corpus" in path.help and "a corpus JSONL" not in path.help
+    rows = _sample_rows(2)
+    rows[1]["blurred_query"] = rows[1]["fused_query"]
+    rows[1]["language"] = "qq"  # two problems, one row
+    data = _jsonl(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(app, ["data", "stats", str(data), "--json"])
+    assert result.exit_code == 0
+    assert result.output.startswith("1 invalid row(s) skipped (2 problem(s));")

@@ -483,3 +483,93 @@ def test_removed_constraints_may_carry_their_spans(tmp_path):
     # A dataset without spans dumps as before spans existed (its digest is unchanged).
     plain = Instance(id="b", blurred_query="x", fused_query="x y", removed_constraints=["time"])
     assert "removed_spans" not in plain.model_dump()
+
+
+# -- misspelt fields (a typo used to be carried into meta, silently) ------------------------------
+
+
+def _problems_of(path: Path, **source: object) -> list[str]:
+    return [str(p) for p in check_source(DatasetSource(path=str(path), **source)).problems]
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "meant"),
+    [
+        ("langauge", "zh", "language"),  # a Chinese row would have run with English prompts
+        ("Language", "zh", "language"),
+        ("removed_constraint", ["time"], "removed_constraints"),
+        ("gold", GOOD["golden"], "golden"),  # unscored
+        ("golden_nuggets", GOOD["golden"]["nuggets"], "golden"),  # an alias, not close
+        ("lang", "zh", "language"),
+    ],
+)
+def test_a_misspelt_field_is_an_error_naming_the_field_it_means(tmp_path, column, value, meant):
+    row = {k: v for k, v in GOOD.items() if k not in (meant, "meta")} | {column: value}
+    path = write_jsonl(tmp_path / "d.jsonl", [GOOD | {"id": "q0"}, row])
+    assert _problems_of(path) == [
+        f'{path}:2: {column}: unknown field; did you mean "{meant}"? (rename the column, or '
+        f"map it: --set dataset.field_map.{meant}={column})"
+    ]
+    with pytest.raises(DatasetError, match=f'{column}: unknown field; did you mean "{meant}"'):
+        load(path)
+
+
+def test_extra_columns_unlike_a_missing_field_still_go_to_meta(tmp_path):
+    """Foreign datasets carry columns of their own: kept, under meta. So is a near miss of a
+    field the row has (`gold` beside `golden`), or of a field a field map fills."""
+    second = {k: v for k, v in SECOND.items() if k != "language"}
+    rows = [
+        GOOD | {"category": "travel", "source": "forum", "gold": "yes"},
+        second | {"langue": "zh"},
+        second | {"id": "q3", "langauge": ""},  # an empty cell (a CSV's) carries nothing
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    first, mapped, empty = load_instances(
+        DatasetSource(path=str(path), split=None, field_map={"language": "langue"})
+    )
+    assert first.meta == GOOD["meta"] | {"category": "travel", "source": "forum", "gold": "yes"}
+    assert (mapped.language, mapped.meta, empty.language) == ("zh", {}, "en")
+
+
+def test_a_golden_from_the_gold_table_leaves_no_golden_to_misspell(tmp_path):
+    row = {k: v for k, v in GOOD.items() if k != "golden"} | {"gold": "see the table"}
+    path = write_jsonl(tmp_path / "q.jsonl", [row])
+    nuggets = [{"id": "q1", "nuggets": GOOD["golden"]["nuggets"]}]
+    gold = GoldTable(path=str(write_jsonl(tmp_path / "g.jsonl", nuggets)))
+    (instance,) = load_instances(DatasetSource(path=str(path), split=None, gold=gold))
+    assert instance.golden is not None and instance.meta["gold"] == "see the table"
+
+
+# -- a UTF-8 BOM (editors and exports on Windows) -------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_bom_at_the_start_of_a_json_file_is_read_past(tmp_path, suffix):
+    path = tmp_path / f"d{suffix}"
+    rows = [GOOD, SECOND]
+    text = json.dumps(rows) if suffix == ".json" else "".join(json.dumps(r) + "\n" for r in rows)
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load(path) == instances()
+
+
+def test_a_bom_at_the_start_of_a_corpus_is_read_past(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    document = {"doc_id": "d1", "url": "https://example.org/1", "text": "The Ridge Loop."}
+    path.write_bytes(b"\xef\xbb\xbf" + (json.dumps(document) + "\n").encode())
+    documents, problems = check_corpus(path)
+    assert ([d.doc_id for d in documents], problems) == (["d1"], [])
+
+
+def test_a_bom_further_into_a_jsonl_file_is_a_problem_on_its_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(f"{json.dumps(GOOD)}\n\ufeff{json.dumps(SECOND)}\n".encode())
+    (problem,) = _problems_of(path)
+    assert problem.startswith(f"{path}:2: <row>: malformed JSON: Unexpected UTF-8 BOM")
+
+
+def test_invalid_rows_count_rows_not_problems(tmp_path):
+    bad = {"id": "b", "blurred_query": "x", "fused_query": "x", "language": "qq"}  # 2 problems
+    path = write_jsonl(tmp_path / "d.jsonl", [GOOD, bad])
+    path.write_text(path.read_text() + "not json\n")
+    checked = check_source(DatasetSource(path=str(path), split=None))
+    assert (len(checked.instances), checked.invalid_rows, len(checked.problems)) == (1, 2, 3)

@@ -88,6 +88,26 @@ def test_role_sampling_overrides_model_defaults():
     assert resolved.sampling_for("judge").max_tokens == 1024
 
 
+def test_a_role_override_its_own_needs_replace_is_named_with_the_value_used():
+    resolved = load_experiment(
+        None,
+        [
+            "roles.judge.sampling.temperature=0.7",
+            "roles.clarifier.sampling.max_tokens=20",
+            "roles.clarifier.sampling.temperature=0.9",  # used: the clarifier may sample
+            "roles.rewriter.sampling.top_p=0.5",  # used
+            "roles.judge.sampling.max_tokens=1024",  # what the judge uses anyway
+        ],
+    )
+    assert resolved.unused_sampling() == [
+        "roles.clarifier.sampling.max_tokens=20 is not used: the clarifier's requests use 96 "
+        "(the room the role's output schema needs, so an answer is never cut off)",
+        "roles.judge.sampling.temperature=0.7 is not used: the judge's requests use 0.0 (the "
+        "role samples greedily, so its outputs reproduce)",
+    ]
+    assert load_experiment(None, []).unused_sampling() == []
+
+
 def refused(project: Path, text: str) -> tuple[Path, str]:
     """Experiment `text` written to the project's experiments/bad.yaml and loaded: the file and
     the ConfigError it must be refused with."""
