@@ -26,10 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from eval.data.schema import Record
-from eval.report.report import load_run
+from eval.report.diagnostics import FailurePolicy, compare_systems, paired_instances, score_records
+from eval.report.report import MAIN_COLUMNS, RunView, load_run
 from eval.report.summary import Comparison, Summary
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.pipeline import clarify_turns
@@ -238,8 +239,8 @@ def _questions_asked(records: Iterable[Record]) -> dict[str, float]:
 
 
 def _delta(comparisons: list[Comparison], earlier: str, later: str) -> dict[str, Any]:
-    """later − earlier per condition, from the report's paired comparisons (which give the
-    first system listed minus the second, the earlier iteration first)."""
+    """later − earlier per condition, from paired comparisons (`paired_comparisons`, which
+    give the first system listed minus the second, the earlier iteration first)."""
     out: dict[str, Any] = {}
     for row in comparisons:
         if (row.a, row.b) == (earlier, later):
@@ -256,16 +257,46 @@ def _delta(comparisons: list[Comparison], earlier: str, later: str) -> dict[str,
     return out
 
 
+def paired_comparisons(summary: Summary, runs: list[RunView]) -> list[Comparison]:
+    """Every two iterations compared per condition on the instances the report's scores
+    (`summary`, of `runs`) stand on: those every run scored under every condition. The report's
+    own comparisons pair two runs on what those two scored, more instances where a third run
+    failed one; beside scores on the paired instances such a Δ would describe other instances,
+    and Δ vs base would not be Δ vs previous plus the previous iteration's Δ vs base."""
+    if summary.report.failure_policy not in get_args(FailurePolicy):
+        raise LoopError(f"{summary.report.runs}: no failure policy {summary.report.failure_policy}")
+    policy = cast(FailurePolicy, summary.report.failure_policy)
+    scored = [
+        score_records(run.records, list(run.experiment.conditions), run.experiment.seeds, policy)
+        for run in runs
+    ]
+    ids = paired_instances(
+        [(s, list(run.experiment.conditions)) for s, run in zip(scored, runs, strict=True)]
+    )
+    if len(ids) != summary.report.paired_instances:
+        # A summary written before a run changed: its scores would stand on other instances.
+        raise LoopError(
+            f"{summary.report.runs}: the report pairs {summary.report.paired_instances} "
+            f"instances, its runs now {len(ids)}; write the report again"
+        )
+    conditions = [c for c in MAIN_COLUMNS if any(c in r.experiment.conditions for r in runs)]
+    systems = list(zip(summary.systems, scored, strict=True))
+    return [Comparison(**row) for row in compare_systems(systems, conditions, ids)]
+
+
 def table(summary: Summary, loop: list[Iteration], eval_dirs: list[Path]) -> list[dict[str, Any]]:
     """One row per iteration from the combined report of its evaluation runs (`summary`, the
     report's summary.json, systems in iteration order): restore score per condition with its
     CI, the paired Δ against the base and the previous iteration, User Answerer answerability,
-    questions asked, and what the iteration spent (its sampling and evaluation runs)."""
+    questions asked, and what the iteration spent (its sampling and evaluation runs). Scores
+    and Δs all stand on the report's paired instances (`paired_comparisons`)."""
     names = list(summary.systems)
+    runs = [load_run(run_dir) for run_dir in eval_dirs]
+    comparisons = paired_comparisons(summary, runs)
     rows = []
-    for position, (iteration, run_dir) in enumerate(zip(loop, eval_dirs, strict=True)):
+    for position, (iteration, run) in enumerate(zip(loop, runs, strict=True)):
         system = summary.systems[names[position]]
-        evaluated = load_run(run_dir).records
+        evaluated = run.records
         sampled = load_run(iteration.train.samples_dir()).records if iteration.train else []
         rows.append(
             {
@@ -280,12 +311,8 @@ def table(summary: Summary, loop: list[Iteration], eval_dirs: list[Path]) -> lis
                     | {"n": entry["n"], "failed": entry["failed"]}
                     for c, entry in system.scores.items()
                 },
-                "delta_vs_base": _delta(summary.comparisons, names[0], names[position])
-                if position
-                else {},
-                "delta_vs_previous": _delta(
-                    summary.comparisons, names[position - 1], names[position]
-                )
+                "delta_vs_base": _delta(comparisons, names[0], names[position]) if position else {},
+                "delta_vs_previous": _delta(comparisons, names[position - 1], names[position])
                 if position
                 else {},
                 "answerability": {
@@ -321,9 +348,10 @@ def markdown(rows: list[dict[str, Any]], variant: str) -> str:
     lines = [
         f"# Clarifier loop — evaluation `{variant}`",
         "",
-        f"restore_score_100 [95% CI] on {rows[0]['paired_instances']} paired instances; Δ is "
-        "the paired difference (this iteration − the other) with a bootstrap CI and the "
-        "Holm-corrected sign-flip p over the clarify@k conditions.",
+        f"restore_score_100 [95% CI] and every Δ on the {rows[0]['paired_instances']} "
+        "instances every iteration scored under every condition; Δ is the paired difference "
+        "(this iteration − the other) with a bootstrap CI and the Holm-corrected sign-flip p "
+        "over the clarify@k conditions.",
         "",
         "| iteration | condition | score | Δ vs base | Δ vs previous |",
         "|---|---|---|---|---|",

@@ -39,6 +39,10 @@ CONDITION = "clarify@1"
 BASELINE = "blurred"
 #: A state: the earlier turns, questions normalised (what makes two dialogues the same so far).
 State = tuple[tuple[str, str], ...]
+#: Rewards this close are equal. Scores are float sums and means of nugget weights (100/3 is
+#: stored rounded), so rewards equal in exact arithmetic differ by 1e-15 or so; a restore-score
+#: point is 1e9 times this, so no real difference is ever taken for a tie.
+TIE = 1e-9
 
 
 class PairsError(ValueError):
@@ -207,20 +211,28 @@ def collect(
 
 def _candidate(stop: bool, took: list[Took]) -> Candidate:
     """The action the dialogues in `took` (record, reward, turns before, question) took;
-    its text is the first dialogue's."""
+    its text is the first dialogue's. Its reward is made of its mean score and costs (equal to
+    the mean of the dialogues' rewards), so that two actions of one mean score and costs get
+    the very same reward, and the parts written beside it add up to it."""
     rewards = [r for _, r, _, _ in took]
+    mean_reward = Reward(
+        mean(r.score for r in rewards),
+        mean(r.baseline for r in rewards),
+        mean(r.question_cost for r in rewards),
+        mean(r.unknown_cost for r in rewards),
+    )
     return Candidate(
         question=took[0][3],
-        score=mean(r.score for r in rewards),
+        score=mean_reward.score,
         seeds=tuple(record.seed for record, _, _, _ in took),
-        reward=mean(r.value for r in rewards),
+        reward=mean_reward.value,
         history=took[0][2],
         stop=stop,
         parts={
-            "baseline": mean(r.baseline for r in rewards),
-            "gain": mean(r.gain for r in rewards),
-            "question_cost": mean(r.question_cost for r in rewards),
-            "unknown_cost": mean(r.unknown_cost for r in rewards),
+            "baseline": mean_reward.baseline,
+            "gain": mean_reward.gain,
+            "question_cost": mean_reward.question_cost,
+            "unknown_cost": mean_reward.unknown_cost,
         },
     )
 
@@ -248,14 +260,29 @@ def _unusable(record: Record, known_ids: set[str] | None, condition: str) -> str
     return _unscored(record, known_ids)
 
 
+def _steadiest(candidates: list[Candidate]) -> Candidate:
+    """Of equally rewarded candidates, the one with more samples (a steadier mean), then the
+    earliest seed, so the choice never depends on file order nor on float noise."""
+    return min(candidates, key=lambda c: (-c.samples, c.seeds[0]))
+
+
 def best(candidates: list[Candidate]) -> Candidate:
-    """Highest reward; among equals the one with more samples (a steadier mean), then the
-    earliest seed, so the choice never depends on file order."""
-    return min(candidates, key=lambda c: (-c.reward, -c.samples, c.seeds[0]))
+    """Highest reward (within TIE of it: equal); among equals `_steadiest`."""
+    top = max(c.reward for c in candidates)
+    return _steadiest([c for c in candidates if c.reward >= top - TIE])
 
 
 def worst(candidates: list[Candidate]) -> Candidate:
-    return min(candidates, key=lambda c: (c.reward, -c.samples, c.seeds[0]))
+    """Lowest reward (within TIE of it: equal); among equals `_steadiest`."""
+    low = min(c.reward for c in candidates)
+    return _steadiest([c for c in candidates if c.reward <= low + TIE])
+
+
+def preferred(margin: float, min_margin: float) -> bool:
+    """Whether rewards `margin` apart make a preference pair: more than TIE apart (a tie is no
+    preference, even with min_margin 0) and at least `min_margin` apart, up to TIE (a margin of
+    exactly min_margin in exact arithmetic may come out a hair below it)."""
+    return margin > TIE and margin >= min_margin - TIE
 
 
 def dpo_pairs(
@@ -277,7 +304,7 @@ def dpo_pairs(
             )
             for other in others:
                 pair = Pair(instance_id, top, other)
-                if pair.margin > 0 and pair.margin >= min_margin:
+                if preferred(pair.margin, min_margin):
                     pairs.append(pair)
     return pairs
 
@@ -286,13 +313,14 @@ def sft_examples(
     candidates: dict[str, list[Candidate]], min_score: float = 0.0, above_mean: bool = False
 ) -> list[Example]:
     """Each state's best action when its reward is above `min_score` and, with `above_mean`,
-    above the state's mean reward."""
+    above the state's mean reward: by more than TIE, as no reward is above one it ties with
+    (a state whose actions all tie has nothing to teach above its mean)."""
     examples = []
     for instance_id, found in candidates.items():
         for group in states(found):
             top = best(group)
             average = sum(c.reward * c.samples for c in group) / sum(c.samples for c in group)
-            if top.reward > min_score and (not above_mean or top.reward > average):
+            if top.reward > min_score + TIE and (not above_mean or top.reward > average + TIE):
                 examples.append(Example(instance_id, top, average))
     return examples
 
@@ -381,8 +409,9 @@ def stats(
         "stops": sum(c.stop for c in every),
         # Why states give no pair: one action only, all rewarded equal, or too close.
         "single_question": sum(len(g) == 1 for g in groups),
-        "all_equal": sum(s == 0 for s in spread),
-        "below_margin": sum(0 < s < min_margin for s in spread),
+        # By the rule of `dpo_pairs`: equal within TIE, apart but not `preferred`.
+        "all_equal": sum(s <= TIE for s in spread),
+        "below_margin": sum(s > TIE and not preferred(s, min_margin) for s in spread),
         "mean_score": round(mean(c.score for c in every), 3) if every else None,
         "mean_reward": round(mean(c.reward for c in every), 3) if every else None,
         "pairs" if method == "dpo" else "examples": len(rows),

@@ -565,20 +565,29 @@ def paired_instances(runs: list[tuple[Scored, list[str]]]) -> list[str]:
     return sorted(set.intersection(*sets)) if sets else []
 
 
+def _scores_on(scored: Scored, condition: str, keep: set[str] | None) -> dict[str, float]:
+    """Instance → restore score under `condition`, only the instances of `keep` when given."""
+    found = scored.values.get(condition, {})
+    return {i: v[SCORE] for i, v in found.items() if keep is None or i in keep}
+
+
 def compare_systems(
-    systems: list[tuple[str, Scored]], conditions: list[str]
+    systems: list[tuple[str, Scored]], conditions: list[str], ids: Iterable[str] | None = None
 ) -> list[dict[str, Any]]:
-    """Every pair of systems, per condition, on the instances both scored under it: the mean
-    difference (first − second) with a paired bootstrap CI and sign-flip test; p-values
-    Holm-corrected across the clarify@k conditions of each pair (the family of the question
-    "does this clarifier beat that one")."""
+    """Every pair of systems, per condition, on the instances both scored under it (with `ids`:
+    those of `ids` both scored): the mean difference (first − second) with a paired bootstrap
+    CI and sign-flip test; p-values Holm-corrected across the clarify@k conditions of each pair
+    (the family of the question "does this clarifier beat that one"). `ids` serves a table
+    that sets scores and differences side by side (the training loop's): there every figure
+    must stand on the same instances, or a Δ would not be the difference of the scores shown."""
+    keep = None if ids is None else set(ids)
     compared: list[tuple[int, int, str, dict[str, float], dict[str, float]]] = []
     for a in range(len(systems)):
         for b in range(a + 1, len(systems)):
             first, second = systems[a][1], systems[b][1]
             for condition in conditions:
-                left = {i: v[SCORE] for i, v in first.values.get(condition, {}).items()}
-                right = {i: v[SCORE] for i, v in second.values.get(condition, {}).items()}
+                left = _scores_on(first, condition, keep)
+                right = _scores_on(second, condition, keep)
                 if set(left) & set(right):
                     compared.append((a, b, condition, left, right))
     # Every test at once: those on as many instances share their flips and resamples.

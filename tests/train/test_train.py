@@ -48,6 +48,7 @@ from train.loop import (
     variants,
 )
 from train.pairs import (
+    candidate_row,
     collect,
     dpo_pairs,
     dpo_row,
@@ -170,6 +171,102 @@ def test_ties_prefer_the_steadier_mean_then_the_first_seed():
     collected = collect([rec("A", 3, "Later?", 50.0), rec("A", 1, "Earlier?", 50.0)])
     (example,) = sft_examples(collected.candidates)
     assert example.best.question == "Earlier?"
+
+
+def tied_candidates() -> list[tuple[list[Record], RewardSettings, float]]:
+    """Two actions of one instance whose rewards are equal in exact arithmetic, not in floats:
+    records, reward settings and the reward by hand. "Which year?" (seeds 0, 1) scores 0 and
+    100, mean 50, "Which city?" (seed 2) 50; blurred 100/3 and 200/7: baseline 650/21, each
+    reward 50 − 650/21 = 400/21 (as a mean of per-dialogue rewards, the floats differ by
+    3.6e-15). Then, without a baseline, 100·5/12 thrice (seeds 0-2) against 100/3 and 50
+    (seeds 3, 4), both 125/3, whose float means differ by 7.1e-15, the one sampled less
+    above."""
+    return [
+        (
+            [
+                rec("A", 0, None, 100 / 3, condition="blurred"),
+                rec("A", 1, None, 100 * 2 / 7, condition="blurred"),
+                rec("A", 0, "Which year?", 0.0),
+                rec("A", 1, "Which year?", 100.0),
+                rec("A", 2, "Which city?", 50.0),
+            ],
+            RewardSettings(),
+            400 / 21,
+        ),
+        (
+            [
+                *(rec("A", seed, "Which year?", 100 * 5 / 12) for seed in range(3)),
+                rec("A", 3, "Which city?", 100 / 3),
+                rec("A", 4, "Which city?", 50.0),
+            ],
+            RewardSettings(baseline="none"),
+            125 / 3,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["mean_of_differences", "float_scores"])
+def test_rewards_equal_in_exact_arithmetic_tie(case):
+    """A tie is no preference, even with min_margin 0: no pair, every state counted all-equal,
+    the SFT pick the action sampled more, and nothing above the state's mean."""
+    records, settings, reward = tied_candidates()[case]
+    collected = collect(records, None, settings)
+    year, city = collected.candidates["A"]
+    assert (year.question, city.question) == ("Which year?", "Which city?")
+    assert year.samples > city.samples
+    assert year.reward == pytest.approx(reward) and city.reward == pytest.approx(reward)
+    assert dpo_pairs(collected.candidates, 0.0) == []
+    assert dpo_pairs(collected.candidates, 0.0, "best_vs_rest") == []
+    (example,) = sft_examples(collected.candidates, min_score=-1.0)
+    assert example.best is year
+    assert sft_examples(collected.candidates, min_score=-1.0, above_mean=True) == []
+    summary = stats(collected, [], "dpo", 0.0)
+    assert (summary["all_equal"], summary["below_margin"]) == (1, 0)
+
+
+def test_a_candidates_reward_is_made_of_its_mean_score_and_costs():
+    """The first tied case gives one float for both rewards (its mean score less the baseline),
+    and candidates.jsonl's parts add up to the reward: 400/21 = 50 − 650/21 − 0 − 0."""
+    records, settings, _ = tied_candidates()[0]
+    year, city = collect(records, None, settings).candidates["A"]
+    assert year.reward == city.reward
+    row = candidate_row("A", year)
+    assert row["gain"] == row["score"] - row["baseline"] == year.reward
+    priced = collect(records, None, RewardSettings(question_cost=2.0, unknown_cost=5.0))
+    row = candidate_row("A", priced.candidates["A"][0])
+    assert row["reward"] == row["gain"] - 2.0 - 5.0 == pytest.approx(400 / 21 - 7)
+
+
+def test_the_worst_and_the_sft_bar_see_ties_too():
+    """Rejected: of the two worst, 125/3 both in exact arithmetic ("Low?" once at 100·5/12,
+    "Lower?" at 100/3 and 50, a hair above in floats), the one sampled more. SFT: a gain of
+    125/3 − 125/3 = 0 over the blurred 100·5/12 is not above sft_min_score 0."""
+    collected = collect(
+        [
+            rec("A", 0, "Top?", 80.0),
+            rec("A", 1, "Low?", 100 * 5 / 12),
+            rec("A", 2, "Lower?", 100 / 3),
+            rec("A", 3, "Lower?", 50.0),
+        ]
+    )
+    (pair,) = dpo_pairs(collected.candidates, 0.0)
+    assert (pair.chosen.question, pair.rejected.question) == ("Top?", "Lower?")
+    assert pair.margin == pytest.approx(80 - 125 / 3)
+    records = [
+        rec("A", 0, None, 100 * 5 / 12, condition="blurred"),
+        rec("A", 0, "Which?", 100 / 3),
+        rec("A", 1, "Which?", 50.0),
+    ]
+    assert sft_examples(collect(records, None, RewardSettings()).candidates, 0.0) == []
+
+
+def test_a_margin_of_min_margin_in_exact_arithmetic_makes_a_pair():
+    """125/3 − 95/3 is 10 exactly, 9.999999999999996 in floats: at min_margin 10 a pair, not a
+    state below the margin."""
+    collected = collect([rec("A", 0, "Yes?", 100 * 5 / 12), rec("A", 1, "No?", 95 / 3)])
+    (pair,) = dpo_pairs(collected.candidates, 10.0)
+    assert (pair.chosen.question, pair.margin) == ("Yes?", pytest.approx(10.0))
+    assert stats(collected, [], "dpo", 10.0)["below_margin"] == 0
 
 
 def test_sft_keeps_the_best_question_above_the_bar():

@@ -261,6 +261,27 @@ def test_systems_are_compared_on_common_instances_with_holm_across_k():
     )
 
 
+def test_systems_are_compared_on_the_given_instances_only():
+    """With `ids` (the loop table's paired instances) only those both systems scored count:
+    a, b of a-d (e scored by neither): differences 10, 11, mean 10.5, n 2; the sign-flip p
+    over the 4 flips of 2 instances is 2/4; without `ids` all 4: mean of 10..13, 11.5."""
+    from eval.score.power import paired_mde
+
+    first = [rec(i, "clarify@1", 50 + n) for n, i in enumerate("abcd")]
+    second = [rec(i, "clarify@1", 40) for i in "abcd"]
+    systems = [
+        ("A", score_records(first, ["clarify@1"], [0], "exclude")),
+        ("B", score_records(second, ["clarify@1"], [0], "exclude")),
+    ]
+    (row,) = compare_systems(systems, ["clarify@1"], ids=["a", "b", "e"])
+    assert (row["n"], row["difference"], row["p_value"]) == (2, 10.5, 0.5)
+    assert row["p_holm"] == 0.5  # a family of one
+    assert row["mde"] == paired_mde([10.0, 11.0], 0.05)
+    (every,) = compare_systems(systems, ["clarify@1"])
+    assert (every["n"], every["difference"]) == (4, 11.5)
+    assert compare_systems(systems, ["clarify@1"], ids=["e"]) == []
+
+
 @pytest.fixture(scope="module")
 def search(tmp_path_factory) -> LocalSearch:
     return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
