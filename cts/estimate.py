@@ -254,6 +254,7 @@ def _print_servers(console: Console, found: Estimate) -> None:
             "tok/s per server",
             "server-hours",
             "GPUs/server",
+            "servers/shard",
             "GPU-hours",
             f"shards for {found.target_hours:g} h",
         ],
@@ -270,6 +271,7 @@ def _server_cells(m: ModelRow) -> list[str]:
         "unknown" if throughput is None else f"{throughput:g}",
         hours(m.server_hours),
         str(m.gpus_per_server),
+        str(m.replicas),
         hours(m.gpu_hours),
         "unknown" if m.shards is None else f"{m.shards} (≤ {m.shards_high})",
     ]
@@ -304,29 +306,38 @@ def _print_shards(console: Console, found: Estimate) -> None:
             f"suggested: --shards {found.shards} for about {found.target_hours:g} h of wall time "
             f"per shard ({high} at the intervals' upper ends"
             + ("; models without a throughput not counted" if partly else "")
-            + "): one server per model per shard, each sustaining its throughput_tokens_per_s, "
-            "the instances split evenly",
+            + "): each shard running every model on its vllm.replicas servers (one unless "
+            "set), each sustaining its throughput_tokens_per_s, the instances split evenly",
             highlight=False,
             markup=False,
         )
 
 
 def _print_held(console: Console, found: Estimate) -> None:
-    """GPU-hours the servers are held per task against shared, where sharing saves any."""
-    saved = [h for h in found.held if h.shared_gpu_hours < h.per_task_gpu_hours]
-    if not saved:
+    """GPU-hours the servers are held per task, what a shard holds of each model, and shared
+    where sharing saves any."""
+    if not found.held:
         return
     per_task = sum(h.per_task_gpu_hours for h in found.held)
-    shared = sum(min(h.shared_gpu_hours, h.per_task_gpu_hours) for h in found.held)
-    lines = ", ".join(f"{h.model} {h.per_task_gpu_hours:g} → {h.shared_gpu_hours:g}" for h in saved)
-    console.print(
-        f"GPU-hours held by the servers at --shards {found.shards}: {per_task:g} with every "
-        f"shard serving every model; {shared:g} with --shared-servers for the roles of "
-        f"{', '.join(h.model for h in saved)} (one job serving only the servers their work "
-        f"needs: {lines})",
-        highlight=False,
-        markup=False,
+    each = ", ".join(
+        f"{h.model} {h.replicas} server(s) × {h.gpus_per_server} GPU(s)" for h in found.held
     )
+    text = (
+        f"GPU-hours held by the servers at --shards {found.shards}: {per_task:g} with every "
+        f"shard serving every model for {found.target_hours:g} h (per shard: {each})"
+    )
+    saved = [h for h in found.held if h.shared_gpu_hours < h.per_task_gpu_hours]
+    if saved:
+        shared = sum(min(h.shared_gpu_hours, h.per_task_gpu_hours) for h in found.held)
+        lines = ", ".join(
+            f"{h.model} {h.per_task_gpu_hours:g} → {h.shared_gpu_hours:g}" for h in saved
+        )
+        text += (
+            f"; {shared:g} with --shared-servers for the roles of "
+            f"{', '.join(h.model for h in saved)} (one job serving only the servers their work "
+            f"needs: {lines})"
+        )
+    console.print(text, highlight=False, markup=False)
 
 
 def print_estimate(console: Console, found: Estimate) -> None:

@@ -9,9 +9,17 @@ first keeps the keys of one instance together: they share a dialogue and a query
 not independent draws. The interval is a 95% percentile bootstrap over the pilot's instances:
 with five instances it is rough, and it says only how much the pilot's instances differ.
 
+Work the pilot's own records do not hold is counted where it is kept: a sequential dialogue's
+calls from its lines in dialogues/ (each call on one line, whichever key took the turn, recorded
+or not), and the calls of a key the run stopped before its record from unrecorded/ (its rerun on
+resume finds them in the pilot's response cache, answered for no work). A resumed pilot then
+counts what an uninterrupted one would.
+
 Server-hours divide a model's generated tokens by its `throughput_tokens_per_s` (a figure
 measured under a pipeline's load, prefill included); GPU-hours multiply by the GPUs one server
-spans. Without a throughput the hours are unknown, never guessed.
+spans. A model served with `vllm.replicas: r` runs r servers in every shard: its shards are
+those of r servers' throughput, and each shard holds r × its GPUs. Without a throughput the
+hours are unknown, never guessed.
 """
 
 from __future__ import annotations
@@ -30,11 +38,12 @@ from eval.data.schema import Record
 from eval.experiment import CLARIFY_ROLES, SEARCH_ROLES
 from eval.pilot import read_draw
 from eval.run.config import ResolvedExperiment
+from eval.run.dialogue import LineUsage, asked_per_dialogue
 from eval.run.pipeline import clarify_turns
 from eval.run.run_dir import RunDir, RunDirError
-from eval.run.runner import RecordStore, counts_over
+from eval.run.runner import RecordStore, UnrecordedStore, counts_over
 from eval.run.traces import inside, read_trace_file
-from eval.run.usage import RoleUsage, role_usage
+from eval.run.usage import ROLE_FIGURES, RoleUsage, role_usage
 from serving.yaml_config import ConfigError
 
 #: Bootstrap resamples of the pilot's instances (a fixed seed: the same pilot, the same
@@ -44,6 +53,15 @@ BOOTSTRAP_SEED = 0
 
 #: Per role, the figures a table shows.
 ROLE_COLUMNS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
+
+#: The roles a sequential dialogue's own task calls (eval/run/dialogue.py): where its lines
+#: record their calls, those count, and the records' share of them (the turns their keys
+#: took) does not.
+DIALOGUE_ROLES = ("clarifier", "user_answerer", "question_classifier")
+_DIALOGUE_USAGE = frozenset(f"{role}_{name}" for role in DIALOGUE_ROLES for name in ROLE_FIGURES)
+
+#: A dialogue's key: (instance id, seed).
+DialogueKey = tuple[str, int]
 
 
 class PilotError(RunDirError):
@@ -90,23 +108,36 @@ class ModelRow:
     throughput_tokens_per_s: float | None
     gpus_per_server: int
     server_hours: Figure | None
+    #: Server-hours × GPUs per server: GPU-hours busy with the work, however many copies.
     gpu_hours: Figure | None
-    #: Shards that bring this model's work under the target wall time (None: unknown).
+    #: Shards that bring this model's work under the target wall time, each running
+    #: `replicas` servers of it (None: unknown).
     shards: int | None
     #: The same at the interval's upper end.
     shards_high: int | None
+    #: Servers of it in every shard (`vllm.replicas`; `auto` counts as one, see the notes).
+    replicas: int = 1
+    #: Servers its work needs to end within the target wall time (what a shared job holds).
+    servers: int | None = None
+
+    @property
+    def gpus_per_shard(self) -> int:
+        return self.gpus_per_server * self.replicas
 
 
 @dataclass(frozen=True)
 class HeldServers:
     """GPU-hours a model's servers are held (loaded, busy or idle) over a sweep of `shards`
     shards of about `target_hours` each. Per task, every shard serves the model for its whole
-    run; shared (`cts slurm submit --shared-servers`), one job serves it with only the servers
-    its own work needs (its `shards`), for the same wall time."""
+    run on its `replicas` servers of `gpus_per_server` GPUs each; shared (`cts slurm submit
+    --shared-servers`), one job serves it with only the servers its own work needs, for the
+    same wall time."""
 
     model: str
     per_task_gpu_hours: float
     shared_gpu_hours: float
+    replicas: int = 1
+    gpus_per_server: int = 1
 
 
 def held_servers(models: Sequence[ModelRow], shards: int, target_hours: float) -> list[HeldServers]:
@@ -114,8 +145,10 @@ def held_servers(models: Sequence[ModelRow], shards: int, target_hours: float) -
     return [
         HeldServers(
             m.model_name,
-            round(shards * target_hours * m.gpus_per_server, 2),
-            round(m.shards * target_hours * m.gpus_per_server, 2),
+            round(shards * target_hours * m.gpus_per_shard, 2),
+            round((m.servers or m.shards * m.replicas) * target_hours * m.gpus_per_server, 2),
+            m.replicas,
+            m.gpus_per_server,
         )
         for m in models
         if m.shards is not None
@@ -177,6 +210,9 @@ class Estimate:
     pilot_replaced: int = 0
     #: Per model, GPU-hours held at the suggested shards: per-task servers against shared ones.
     held: list[HeldServers] = field(default_factory=list)
+    #: Keys of the pilot the run stopped before their record (then resumed): their model
+    #: calls, kept in unrecorded/, are counted.
+    pilot_unrecorded: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -423,6 +459,65 @@ def _pilot_roles(pilot: Sequence[Record], sweep: ResolvedExperiment) -> tuple[di
     return {role: all_roles[role] for role in shown}, metered
 
 
+@dataclass(frozen=True)
+class _Work:
+    """The pilot's records as the estimate counts them, and the work added to their keys."""
+
+    records: list[Record]
+    added: list[Record]
+    #: Dialogues whose calls are counted from their lines (their keys' share is not).
+    from_lines: frozenset[DialogueKey]
+
+    def stripped(self, records: Sequence[Record]) -> list[Record]:
+        return _stripped(records, self.from_lines)
+
+
+def _stripped(records: Sequence[Record], from_lines: frozenset[DialogueKey]) -> list[Record]:
+    """`records`, those of a dialogue counted from its lines without the dialogue's calls."""
+    return [_without_dialogue(r) if _dialogue_of(r) in from_lines else r for r in records]
+
+
+def _dialogue_of(record: Record) -> DialogueKey | None:
+    """The sequential dialogue a clarify@k record took turns of; None for other conditions."""
+    if clarify_turns(record.condition) is None:
+        return None
+    return (record.instance_id, record.seed)
+
+
+def _without_dialogue(record: Record) -> Record:
+    """`record` without the dialogue roles' calls (its turns, counted from the lines)."""
+    usage = {k: v for k, v in record.usage.items() if k not in _DIALOGUE_USAGE}
+    return record.model_copy(update={"usage": usage})
+
+
+def with_dialogues(
+    pilot: Sequence[Record],
+    added: Sequence[Record],
+    dialogues: Mapping[DialogueKey, Sequence[LineUsage | None]],
+    conditions: Sequence[str],
+) -> _Work:
+    """The pilot's records and the attempts added to their keys, with each dialogue whose
+    every line records its calls counted from those lines: turn j under the sweep's first
+    clarify@k with k ≥ j (turns no condition of the sweep asks are left out), and not in the
+    records, whose keys took only the turns they reached — none, if their dialogue was read
+    back from an earlier session. Other dialogues (lines of older runs) count from records."""
+    pilot_dialogues = {d for r in pilot if (d := _dialogue_of(r)) is not None}
+    from_lines = frozenset(
+        d
+        for d in pilot_dialogues
+        if dialogues.get(d) and all(line is not None for line in dialogues[d])
+    )
+    ks = sorted((k, c) for c in conditions if (k := clarify_turns(c)) is not None)
+    lines = [
+        Record(instance_id=instance_id, condition=condition, seed=seed, usage=line.roles)
+        for (instance_id, seed) in sorted(from_lines)
+        for line in dialogues[(instance_id, seed)]
+        if line is not None
+        and (condition := next((c for k, c in ks if k >= line.turn), None)) is not None
+    ]
+    return _Work(_stripped(pilot, from_lines), [*_stripped(added, from_lines), *lines], from_lines)
+
+
 def _keyed_figures(
     pilot: Sequence[Record],
     traces: Mapping[str, Mapping[str, Any]],
@@ -500,6 +595,8 @@ def _model_rows(
         throughput = config.throughput_tokens_per_s
         hours = generated.scaled(1 / throughput / 3600) if generated and throughput else None
         gpus = config.vllm.tensor_parallel_size
+        replicas = replicas_of(config.vllm.replicas)
+        shards = _shards(hours, replicas, target_hours, sweep_instances) if hours else None
         model_rows.append(
             ModelRow(
                 model,
@@ -510,11 +607,32 @@ def _model_rows(
                 gpus,
                 hours,
                 hours.scaled(gpus) if hours else None,
-                shards_for(hours.total, target_hours, sweep_instances) if hours else None,
-                shards_for(hours.high, target_hours, sweep_instances) if hours else None,
+                shards[0] if shards else None,
+                shards[1] if shards else None,
+                replicas,
+                shards[2] if shards else None,
             )
         )
     return model_rows
+
+
+def _shards(
+    hours: Figure, replicas: int, target_hours: float, sweep_instances: int
+) -> tuple[int, int, int]:
+    """Shards for the work's `hours` and at its interval's upper end, each shard's `replicas`
+    servers doing `replicas` servers' work in its wall time; and the servers the work needs
+    (what a shared job holds)."""
+    return (
+        shards_for(hours.total / replicas, target_hours, sweep_instances),
+        shards_for(hours.high / replicas, target_hours, sweep_instances),
+        shards_for(hours.total, target_hours, sweep_instances * replicas),
+    )
+
+
+def replicas_of(replicas: int | str) -> int:
+    """Servers of a model in each shard: `vllm.replicas`, where `auto` (as many as the node
+    fits, unknown here) counts as one."""
+    return replicas if isinstance(replicas, int) else 1
 
 
 def _condition_rows(
@@ -581,12 +699,17 @@ def estimate(
     target_hours: float = 24.0,
     resamples: int = RESAMPLES,
     replaced: Sequence[Record] = (),
+    unrecorded: Sequence[Record] = (),
+    dialogues: Mapping[DialogueKey, Sequence[LineUsage | None]] | None = None,
 ) -> Estimate:
     """The sweep of `sweep` (its conditions and seeds on `sweep_instances` instances)
     extrapolated from the pilot's `records` and their `traces` (by trace id). The model work
-    of `replaced` records (earlier attempts of a key, see `attempts`) is added to their key's:
-    a sweep pays for its retries too. Their tool calls are not known (a retry's trace takes
-    the place of the attempt's)."""
+    of `replaced` records (earlier attempts of a key, see `attempts`) and of `unrecorded` ones
+    (what a key had done when the run stopped before its record) is added to their key's: a
+    sweep pays for its retries too, and a resumed pilot counts what an uninterrupted one
+    would. Their tool calls are not known (a retry's trace takes the place of the attempt's).
+    `dialogues` (`asked_per_dialogue`) gives each sequential dialogue's calls line by line:
+    where every line of one records them, they replace its keys' share (`with_dialogues`)."""
     check_target_hours(target_hours)
     experiment = sweep.experiment
     conditions = [str(c) for c in experiment.conditions]
@@ -597,7 +720,9 @@ def estimate(
     max_queries = experiment.search.max_queries
     pilot_keys = {r.key for r in pilot}
     counted = [r for r in replaced if r.key in pilot_keys]
-    keyed = _keyed_figures(pilot, traces, roles, max_queries, metered, counted)
+    stopped = [r for r in unrecorded if r.key in pilot_keys]
+    work = with_dialogues(pilot, [*counted, *stopped], dialogues or {}, conditions)
+    keyed = _keyed_figures(work.records, traces, roles, max_queries, metered, work.added)
     keys_per_instance = len(conditions) * len(seeds)
     x = _extrapolate(complete, keyed, keys_per_instance, sweep_instances, resamples)
     model_rows = _model_rows(x, sweep, roles, target_hours, sweep_instances)
@@ -625,9 +750,12 @@ def estimate(
         target_hours=target_hours,
         shards=max(known) if known else None,
         notes=_notes(sweep, pilot, keyed, incomplete, metered, model_rows, tools, len(complete))
-        + _replaced_note(counted, roles, metered),
+        + _replaced_note(work.stripped(counted), roles, metered)
+        + _unrecorded_note(work.stripped(stopped), roles, metered)
+        + _auto_replicas_note(sweep, model_rows),
         pilot_replaced=len(counted),
         held=held_servers(model_rows, max(known), target_hours) if known else [],
+        pilot_unrecorded=len(stopped),
     )
 
 
@@ -676,8 +804,8 @@ def _notes(
     if len(clarify) > 1 and sweep.experiment.clarification.mode == "sequential":
         notes.append(
             f"{', '.join(clarify)} share one dialogue per instance and seed, each turn "
-            "charged to the first key that takes it: their per-condition calls are uneven, "
-            "the totals are not"
+            "counted under the first of them that asks it: their per-condition calls are "
+            "uneven, the totals are not"
         )
     unknown = [m.model for m in models if m.throughput_tokens_per_s is None]
     if unknown:
@@ -695,20 +823,49 @@ def _notes(
     return notes
 
 
+def _calls_of(records: Sequence[Record], roles: Mapping[str, str], metered: bool) -> int:
+    """The model calls of `records` in the roles shown."""
+    return sum(
+        used.calls
+        for r in records
+        for role in roles
+        if (used := role_usage(r.usage, role) if metered else None) is not None
+    )
+
+
 def _replaced_note(counted: list[Record], roles: Mapping[str, str], metered: bool) -> list[str]:
     """What the replaced records added, if any."""
     if not counted:
         return []
-    calls = sum(
-        used.calls
-        for r in counted
-        for role in roles
-        if (used := role_usage(r.usage, role) if metered else None) is not None
-    )
     return [
         f"{len(counted)} record(s) of the pilot were replaced by a later attempt of their key "
-        f"(--retry-failed, or a resume): their {calls} model call(s) and tokens are counted in "
-        "their keys, their tool calls are not (the retry's trace took the place of theirs)"
+        f"(--retry-failed, or a resume): their {_calls_of(counted, roles, metered)} model "
+        "call(s) and tokens are counted in their keys, their tool calls are not (the retry's "
+        "trace took the place of theirs)"
+    ]
+
+
+def _unrecorded_note(stopped: list[Record], roles: Mapping[str, str], metered: bool) -> list[str]:
+    """What the keys the pilot's run stopped before their record added, if any."""
+    if not stopped:
+        return []
+    return [
+        f"the pilot was stopped and resumed: {len(stopped)} key(s) in flight had made "
+        f"{_calls_of(stopped, roles, metered)} model call(s) (kept in unrecorded/), counted in "
+        "their keys, as their rerun found those answers in the pilot's response cache; their "
+        "tool calls are not known (tool calls the rerun replayed are not counted)"
+    ]
+
+
+def _auto_replicas_note(sweep: ResolvedExperiment, models: Sequence[ModelRow]) -> list[str]:
+    """Models whose servers per shard the config leaves to the node (`replicas: auto`)."""
+    auto = [m.model_name for m in models if sweep.model_configs[m.model].vllm.replicas == "auto"]
+    if not auto:
+        return []
+    return [
+        f"vllm.replicas is auto for {', '.join(auto)}: counted as one server per shard (the "
+        "copies that fit depend on the node); set a number for shards and held GPU-hours "
+        "that count them"
     ]
 
 
@@ -724,6 +881,13 @@ def attempts(run_dir: Path) -> tuple[list[Record], list[Record]]:
             counted[record.key] = counts_over(counted.get(record.key), record)
     kept = {id(r) for r in counted.values()}
     return list(counted.values()), [r for r in everything if id(r) not in kept]
+
+
+def unrecorded_attempts(run_dir: Path) -> list[Record]:
+    """What each key the run stopped before its record had done (eval/run/runner.py
+    UnrecordedStore): model work its rerun found cached."""
+    store = UnrecordedStore(run_dir)
+    return [record for path in store.all_files() for record in store.read(path)]
 
 
 def model_changes(pilot: ResolvedExperiment, sweep: ResolvedExperiment) -> list[str]:
@@ -767,6 +931,8 @@ def estimate_run(
         source=str(run_dir),
         target_hours=target_hours,
         replaced=replaced,
+        unrecorded=unrecorded_attempts(run_dir),
+        dialogues=asked_per_dialogue(run.dialogues),
     )
     drawn = read_draw(run_dir) or (
         f"the instances of {run_dir} as it ran them (not drawn by `cts estimate`: they may "

@@ -35,6 +35,7 @@ from eval.run.runner import (
     RecordStore,
     RunControl,
     RunOutcome,
+    UnrecordedStore,
     already_done,
     merge,
     run_keys,
@@ -128,6 +129,7 @@ async def _run(
             role: resolved.sampling_for(role) for role in experiment.roles
         }
         roles = {str(role): engine for role, engine in engines.roles.items()}
+        unrecorded = UnrecordedStore(run.root)
         ctx = PipelineContext(
             roles=roles,
             agent=agent,
@@ -142,6 +144,7 @@ async def _run(
             golden=experiment.golden,
             judge=experiment.judge,
             trace_dir=run.traces,
+            unrecorded=lambda record: unrecorded.append(record, shard),
         )
         mine = {i.id for i in shard.select(instances)}
         total = len(mine) * len(conditions) * len(seeds)

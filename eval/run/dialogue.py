@@ -6,7 +6,10 @@ seed) and clarify@j takes its first j turns, so clarify@k extends clarify@(k−1
 construction: "one more question" is never confounded with re-sampling the earlier ones, with
 or without the response cache. The dialogue is appended to RUN_DIR/dialogues/ as soon as it
 ends, so a resumed run (or a retried failure) continues it rather than asking again; a dialogue
-asked by other models, sampling or options is never re-used.
+asked by other models, sampling or options is never re-used. Each line also keeps the model
+calls asked since the dialogue's line before it (`LineUsage`), so that every call of a
+dialogue is on exactly one line, whichever key took its turns and whether or not that key was
+ever recorded: `cts estimate` counts a dialogue's cost from here.
 `all_at_once` asks the k questions of each clarify@k in one call, a dialogue of its own.
 """
 
@@ -16,6 +19,8 @@ import asyncio
 import hashlib
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,6 +67,17 @@ class Asked(NamedTuple):
     error: dict[str, str] | None
 
 
+class LineUsage(BaseModel):
+    """The model calls one dialogue line stands for: those asked since the dialogue's line
+    before it, in the process that wrote it."""
+
+    #: The turn they were asked for: n on a line that saves turn n; the turn being asked on a
+    #: line that ends the dialogue short of it (a stop, a failure) or that the run's stop cut.
+    turn: int
+    #: Per role, as a record's `usage` keeps them (eval/run/usage.py `KeyUsage.fields`).
+    roles: dict[str, int] = {}
+
+
 class Dialogue(BaseModel):
     instance_id: str
     seed: int
@@ -75,6 +91,8 @@ class Dialogue(BaseModel):
     stop_question: str = ""
     #: {kind, stage, message} when the turn after the last one failed.
     error: dict[str, str] | None = None
+    #: What this line asked (None: a line written before dialogues recorded it).
+    usage: LineUsage | None = None
 
     def done(self, k: int) -> bool:
         """Whether nothing more can be asked for a k-turn condition."""
@@ -96,6 +114,32 @@ class DialogueFileError(ValueError):
     """A complete line of a dialogues file is not a dialogue (file:line: why)."""
 
 
+def read_lines(root: Path) -> Iterator[Dialogue]:
+    """Every complete line of the dialogue files in `root` (RUN_DIR/dialogues), file by file
+    in name order; a torn last line is skipped, any other bad line is a DialogueFileError."""
+    for path in sorted(root.glob("*.jsonl")):
+        for n, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
+            if not line.endswith(b"\n"):
+                break
+            try:
+                yield Dialogue.model_validate_json(line)
+            except ValidationError as e:
+                raise DialogueFileError(
+                    f"{path}:{n}: not a dialogue ({e.errors()[0]['msg']}); fix or remove "
+                    "the line, then run again"
+                ) from None
+
+
+def asked_per_dialogue(root: Path) -> dict[tuple[str, int], list[LineUsage | None]]:
+    """Per (instance, seed), what each line of its dialogue in `root` asked (None for a line
+    written before lines recorded it). Each call is on one line only, so the lines' sum is all
+    the dialogue cost in that run directory, resumes and cut turns included."""
+    found: dict[tuple[str, int], list[LineUsage | None]] = {}
+    for dialogue in read_lines(root):
+        found.setdefault((dialogue.instance_id, dialogue.seed), []).append(dialogue.usage)
+    return found
+
+
 class DialogueStore:
     """RUN_DIR/dialogues/<shard>.jsonl, appended with fsync as each dialogue ends. A torn last
     line (a crash mid-write) is ignored on reading and cut off before the next append."""
@@ -110,22 +154,12 @@ class DialogueStore:
         """The furthest dialogue of each (instance, seed) asked with `fingerprint`: most turns,
         then one that ended (stopped, or without an error), then the later line."""
         found: dict[tuple[str, int], Dialogue] = {}
-        for path in sorted(self.root.glob("*.jsonl")):
-            for n, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
-                if not line.endswith(b"\n"):
-                    break
-                try:
-                    dialogue = Dialogue.model_validate_json(line)
-                except ValidationError as e:
-                    raise DialogueFileError(
-                        f"{path}:{n}: not a dialogue ({e.errors()[0]['msg']}); fix or remove "
-                        "the line, then run again"
-                    ) from None
-                if dialogue.fingerprint != fingerprint:
-                    continue
-                key = (dialogue.instance_id, dialogue.seed)
-                if key not in found or _progress(dialogue) >= _progress(found[key]):
-                    found[key] = dialogue
+        for dialogue in read_lines(self.root):
+            if dialogue.fingerprint != fingerprint:
+                continue
+            key = (dialogue.instance_id, dialogue.seed)
+            if key not in found or _progress(dialogue) >= _progress(found[key]):
+                found[key] = dialogue
         return found
 
     def append(self, dialogue: Dialogue) -> None:
@@ -154,6 +188,8 @@ class _Shared:
         self.changed = asyncio.Event()
         #: What each turn asked in this process cost, by turn number, until a key takes it.
         self.usage: dict[int, KeyUsage] = {}
+        #: The turn being asked and its cost, until a line of the dialogue file keeps them.
+        self.unsaved: tuple[int, KeyUsage] | None = None
 
     def ready(self, k: int) -> bool:
         return self.dialogue.done(k) or (self.task is not None and self.task.done())
@@ -243,12 +279,27 @@ class Clarification:
                 return dialogue
             dialogue.error = None
             await self._extend(instance, dialogue, shared)
-            if self.store is not None and (dialogue.stopped or dialogue.error):
+            if dialogue.stopped or dialogue.error:
                 # How it ended (each turn was saved as it came).
-                self.store.append(dialogue)
+                self._save(dialogue, shared)
             return dialogue
         finally:
+            if shared.unsaved is not None and shared.unsaved[1].roles:
+                # Cut mid-turn (the run was cancelled, a server died): the calls made are done
+                # and cached, so the turn asked again on resume finds them answered for no
+                # work; this line keeps them counted.
+                with suppress(OSError):
+                    self._save(dialogue, shared)
             shared.finished()
+
+    def _save(self, dialogue: Dialogue, shared: _Shared) -> None:
+        """Append `dialogue` to the store with the calls asked since its line before."""
+        asked, shared.unsaved = shared.unsaved, None
+        if self.store is None:
+            return
+        turn, used = asked if asked is not None else (len(dialogue.turns), KeyUsage())
+        line = dialogue.model_copy(update={"usage": LineUsage(turn=turn, roles=used.fields())})
+        self.store.append(line)
 
     async def _extend(
         self, instance: Instance, dialogue: Dialogue, shared: _Shared | None = None
@@ -262,6 +313,7 @@ class Clarification:
                 with charged_to_key() as used:
                     if shared is not None:
                         shared.usage[len(dialogue.turns) + 1] = used
+                        shared.unsaved = (len(dialogue.turns) + 1, used)
                     stage = "clarify"
                     asked = await clarifier.ask(
                         self.roles["clarifier"],
@@ -282,8 +334,7 @@ class Clarification:
                 if shared is not None:
                     # On disk before any record uses it: a resumed clarify@(j+1) continues
                     # these turns rather than asking them again.
-                    if self.store is not None:
-                        self.store.append(dialogue)
+                    self._save(dialogue, shared)
                     shared.wake()
         except (EngineError, ToolCacheMiss) as e:
             dialogue.error = failure(e, stage)

@@ -11,8 +11,8 @@ import logging
 import re
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -53,6 +53,9 @@ class PipelineContext:
     golden: GoldenConfig = field(default_factory=GoldenConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     trace_dir: Path | None = None
+    #: Given the partial record of a key the run stopped before its record (its model calls so
+    #: far, eval/run/runner.py UnrecordedStore); None: not kept.
+    unrecorded: Callable[[Record], None] | None = None
 
 
 class StageFailed(Exception):
@@ -114,11 +117,26 @@ async def run_instance(
             await _stages(instance, condition, seed, ctx, record)
         except StageFailed as e:
             record.error = e.error
+        except BaseException:
+            # The run stops (cancelled, a dead server) and the key stays unrecorded; the calls
+            # it made are done, and cached: its rerun finds them answered for no work.
+            _keep_unrecorded(record, used.fields(), ctx)
+            raise
         finally:
             record.seconds = round(time.perf_counter() - started, 3)
             # Every role's model calls of this key (eval/run/usage.py), for `cts estimate`.
             record.usage.update(used.fields())
     return record
+
+
+def _keep_unrecorded(record: Record, usage: dict[str, int], ctx: PipelineContext) -> None:
+    """Hand the calls of a key the run stopped to `ctx.unrecorded`. Bookkeeping for `cts
+    estimate` only: a write that fails (a full disk) must not change why the run stops."""
+    if ctx.unrecorded is None or not usage:
+        return
+    kept = Record(**record.model_dump(include={"instance_id", "condition", "seed"}), usage=usage)
+    with suppress(OSError):
+        ctx.unrecorded(kept)
 
 
 async def _stages(

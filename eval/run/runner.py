@@ -182,6 +182,26 @@ class RecordStore:
         return done
 
 
+class UnrecordedStore(RecordStore):
+    """RUN_DIR/unrecorded/<condition>/shard-<i>-of-<n>.jsonl: what a key had done when the run
+    stopped before its record was written (Ctrl-C, SIGTERM, a dead server) — its model calls so
+    far, in `usage`. The key runs again on resume and finds those answers in the response cache,
+    which count as no work: `cts estimate` counts them from here. Never read as done keys."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(run_dir)
+        self.root = RunDir(run_dir).root / "unrecorded"
+        self._repaired: set[Path] = set()
+
+    def append(self, record: Record, shard: Shard) -> None:
+        path = self.path(record.condition, shard)
+        if path not in self._repaired:
+            # A crash of this shard's predecessor may have torn the last line: cut it first.
+            self.repair(path)
+            self._repaired.add(path)
+        super().append(record, shard)
+
+
 class RunControl(TypedDict, total=False):
     """How a run goes over its keys, each part optional: the keywords `run_experiment`,
     `build_golden` and `rejudge_run` take."""

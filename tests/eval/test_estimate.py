@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,7 @@ def test_a_pilot_of_two_instances_gives_the_hand_counted_sweep(scripted):
         "0.01",
         "55.3",
         "2",
+        "1",
         "111",
         "3 (≤ 3)",
     ]
@@ -231,6 +233,49 @@ def test_a_second_estimate_resumes_the_pilot_and_calls_no_model(scripted):
     assert again.exit_code == 0, again.output
     assert "0 records written, 10 already done, 0 failed {}; 0 model calls" in again.output
     assert json.loads((scripted / "e.json").read_text()) == first
+
+
+def test_replicas_divide_the_shards_and_multiply_the_gpus_a_shard_holds(scripted):
+    """The pilot above read back with the model at `vllm.replicas: 2`. By hand: 55.33
+    server-hours of work (unchanged: 110.67 GPU-hours busy); a shard's 2 servers do 48
+    server-hours in 24 h, so ceil(55.33 / 48) = 2 shards (3 with one server each). Each shard
+    holds 2 servers × 2 GPUs = 4 GPUs for 24 h: 2 · 24 · 4 = 192 GPU-hours per task (with
+    replicas ignored: 2 · 24 · 2 = 96). Shared, one job holds the ceil(55.33 / 24) = 3 servers
+    the work needs: 3 · 24 · 2 = 144."""
+    assert pilot(scripted).exit_code == 0
+    out = scripted / "r2.json"
+    replicas = ["--set", f"models.{MODEL}.vllm.replicas=2"]
+    result = cts(
+        "estimate", "--from-run", str(scripted / "pilot"), *SWEEP, *PRICED, *replicas,
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    found = json.loads(out.read_text())
+    (model,) = found["models"]
+    assert (model["replicas"], model["gpus_per_server"]) == (2, 2)
+    assert model["server_hours"]["total"] == pytest.approx(55.333, abs=1e-3)
+    assert model["gpu_hours"]["total"] == pytest.approx(110.667, abs=1e-3)
+    assert (model["shards"], model["shards_high"], found["shards"]) == (2, 2, 2)
+    assert model["servers"] == 3
+    (held,) = found["held"]
+    assert (held["per_task_gpu_hours"], held["shared_gpu_hours"]) == (192, 144)
+    (server,) = [cells for cells in table_rows(result.output) if cells[0] == MODEL]
+    assert server[5:] == ["2", "2", "111", "2 (≤ 2)"]  # GPUs/server, servers/shard
+    out_text = " ".join(result.output.split())
+    assert "suggested: --shards 2 for about 24 h" in out_text
+    assert "each shard running every model on its vllm.replicas servers" in out_text
+    assert (
+        "GPU-hours held by the servers at --shards 2: 192 with every shard serving every model "
+        f"for 24 h (per shard: {MODEL} 2 server(s) × 2 GPU(s)); 144 with --shared-servers"
+    ) in out_text
+    # `auto` copies as many as the node fits, unknown here: counted as one, and said so.
+    auto = cts(
+        "estimate", "--from-run", str(scripted / "pilot"), *SWEEP, *PRICED,
+        "--set", f"models.{MODEL}.vllm.replicas=auto", "--out", str(out),
+    )  # fmt: skip
+    assert auto.exit_code == 0, auto.output
+    assert json.loads(out.read_text())["shards"] == 3
+    assert f"vllm.replicas is auto for {MODEL}: counted as one server" in auto.output
 
 
 def test_from_run_with_an_unknown_throughput_says_unknown(scripted):
@@ -262,7 +307,7 @@ def test_from_run_with_an_unknown_throughput_says_unknown(scripted):
     assert f"note: hours unknown for {MODEL}: set throughput_tokens_per_s" in out
     assert "no price (search.price_per_call)" in out
     (server,) = [cells for cells in table_rows(out) if cells[0] == MODEL]
-    assert server[3:] == ["unknown", "unknown", "1", "unknown", "unknown"]
+    assert server[3:] == ["unknown", "unknown", "1", "1", "unknown", "unknown"]
 
 
 def test_from_run_of_records_without_role_usage_knows_the_searcher_only(scripted):
@@ -376,6 +421,11 @@ def test_held_gpu_hours_per_task_and_shared_by_hand():
     rows = [row("searcher", 2, 16), row("judge", 4, 3), row("unknown", 1, None)]
     held = {h.model: (h.per_task_gpu_hours, h.shared_gpu_hours) for h in held_servers(rows, 16, 24)}
     assert held == {"searcher": (768, 768), "judge": (1536, 288)}
+    # The searcher at 2 replicas: its work needs 16 servers, 8 shards of 2. At 16 shards every
+    # shard holds 2 servers × 2 GPUs: 16·24·4 = 1536; shared, the 16 servers: 16·24·2 = 768.
+    two = replace(row("searcher", 2, 8), replicas=2, servers=16)
+    (searcher,) = held_servers([two], 16, 24)
+    assert (searcher.per_task_gpu_hours, searcher.shared_gpu_hours) == (1536, 768)
 
 
 def test_search_calls_are_distinct_queries_up_to_the_limit():

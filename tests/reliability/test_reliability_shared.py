@@ -78,7 +78,10 @@ def read_left(run_dir: Path, home: Path) -> Left:
     for path in sorted((run_dir / "dialogues").glob("*.jsonl")):
         for line in path.read_text().splitlines(keepends=True):
             assert line.endswith("\n"), path
-            dialogues.append(Dialogue.model_validate_json(line).model_dump_json())
+            # Less what each line asked, which, like a record's usage, depends on timing
+            # (which of two keys' identical requests the cache answered).
+            dialogue = Dialogue.model_validate_json(line)
+            dialogues.append(dialogue.model_dump_json(exclude={"usage"}))
     # Each dialogue is saved turn by turn (and once more if it stops or fails): a turn is
     # never asked twice, in one shard or by two.
     once = Counter(
