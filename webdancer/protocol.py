@@ -24,7 +24,22 @@ from serving.outputs import valid_unicode
 
 #: Generation stops before the model writes an observation itself (as in the release).
 STOP = ("\n<tool_response>", "<tool_response>")
-#: The release's message when the tool call is not JSON; the model saw it in training.
+# How the WebDancer release (qwen_agent's NousFnCallPrompt and Agent._call_tool, the demo's
+# tools) answers a malformed call. No released trajectory holds an error observation, so the
+# model never saw one in training; these are matched for fidelity to the code the study ran.
+#: A tool's own refusal of arguments it cannot read; for a call whose JSON does not parse,
+#: qwen_agent reads the tool's name off the text and hands the tool the broken arguments.
+BAD_SEARCH = "[Search] Invalid request format: Input must be a JSON object containing 'query' field"
+BAD_VISIT = (
+    "[Visit] Invalid request format: Input must be a JSON object containing 'url' and 'goal' fields"
+)
+BAD_ARGUMENTS = {"search": BAD_SEARCH, "visit": BAD_VISIT}
+#: qwen_agent's answer to a tool it does not have ("exists" sic).
+UNKNOWN_TOOL = "Tool {name} does not exists."
+#: Ours, not the release's: a tool call whose name cannot be read (not a JSON object, or no
+#: `"name": "…"` in its text). The release would answer `Tool  does not exists.` (an empty
+#: name) or, for a JSON object lacking "name" or "arguments", end the run; this message says
+#: what to fix. The text is the Tongyi DeepResearch / WebSailor react agent's.
 INVALID_TOOL_CALL = (
     'Error: Tool call is not a valid JSON. Tool call must contain a valid "name" and '
     '"arguments" field.'
@@ -80,6 +95,13 @@ class FinalAnswer:
 
 
 @dataclass(frozen=True)
+class UnmarkedAnswer(FinalAnswer):
+    """A turn with neither `<tool_call>` nor `<answer>`: the release ends the run with it as
+    the response (qwen_agent: "not used any tool, skip out"). `text` is what follows the
+    thinking: the answer is scored, the reasoning is not."""
+
+
+@dataclass(frozen=True)
 class ProtocolError:
     """The turn broke the protocol; `message` goes back to the model as the tool response."""
 
@@ -118,32 +140,55 @@ def parse_turn(text: str) -> Turn:
     call = _TOOL_CALL.search(text)
     answer = _ANSWER.search(text)
     if call and (not answer or call.start() < answer.start()):
-        raw = call.group(1).strip()
-        try:
-            payload = loads_tolerant(raw)
-        except ValueError:
-            return ProtocolError(INVALID_TOOL_CALL)
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return ProtocolError(INVALID_TOOL_CALL)
-        arguments = payload.get("arguments", {})
-        if isinstance(arguments, str):
-            with contextlib.suppress(ValueError):
-                arguments = loads_tolerant(arguments)
-        if not isinstance(arguments, dict):
-            return ProtocolError(INVALID_TOOL_CALL)
-        try:
-            # A lone surrogate made U+FFFD: no tool, cache key or backend request could
-            # encode one.
-            arguments = valid_unicode(arguments)
-        except RecursionError:
-            return ProtocolError(INVALID_TOOL_CALL)
-        if payload["name"] not in TOOL_NAMES:
-            return ProtocolError(f"Error: Tool {payload['name']} not found")
-        return ToolCall(payload["name"], arguments)
+        return _parse_call(call.group(1).strip())
     if answer:
         return FinalAnswer(answer.group(1).strip())
-    return ProtocolError(
-        "Error: no <tool_call> or <answer> found. Call a tool inside "
-        "<tool_call></tool_call> or give the final answer inside "
-        "<answer></answer>."
-    )
+    return UnmarkedAnswer(_after_thinking(text))
+
+
+#: qwen_agent's `extract_fn`: the tool's name read off a call whose JSON does not parse.
+_NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
+
+
+def _parse_call(raw: str) -> ToolCall | ProtocolError:
+    """One `<tool_call>` body, refused as the release refuses it: an unknown tool first, then
+    arguments the tool cannot read."""
+    try:
+        payload = loads_tolerant(raw)
+    except ValueError:
+        name = _NAME.search(raw)
+        return _refused(name.group(1)) if name else ProtocolError(INVALID_TOOL_CALL)
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return ProtocolError(INVALID_TOOL_CALL)
+    name = payload["name"]
+    if name not in TOOL_NAMES:
+        return _refused(name)
+    # No "arguments" at all: the tool refuses the empty object (the release ends the run).
+    arguments = payload.get("arguments", {})
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            arguments = loads_tolerant(arguments)
+    if not isinstance(arguments, dict):
+        return _refused(name)
+    try:
+        # A lone surrogate made U+FFFD: no tool, cache key or backend request could
+        # encode one.
+        arguments = valid_unicode(arguments)
+    except RecursionError:
+        return _refused(name)
+    return ToolCall(name, arguments)
+
+
+def _refused(name: str) -> ProtocolError:
+    """The release's reply to a call of `name` whose arguments cannot be used."""
+    if name in TOOL_NAMES:
+        return ProtocolError(BAD_ARGUMENTS[name])
+    return ProtocolError(UNKNOWN_TOOL.format(name=name))
+
+
+def _after_thinking(text: str) -> str:
+    """The turn's text after its `<think>` block (none when the thinking never closed)."""
+    _, closed, after = text.rpartition("</think>")
+    if closed:
+        return after.strip()
+    return "" if "<think>" in text else text.strip()

@@ -28,15 +28,29 @@ class SearchBackend(Protocol):
     async def search(self, query: str, top_k: int) -> list[SearchHit]: ...
 
 
+#: Boilerplate of video results that the release removes from every entry.
+VIDEO_BOILERPLATE = "Your browser can't play this video."
+
+
+def no_results(query: str) -> str:
+    """The release's text for a query without hits (Serper leaves `organic` out): its
+    exception's message, then its fallback sentence, joined without a space as it joins them."""
+    return (
+        f"No results found for query: '{query}'. Use a less specific query."
+        f"No results found for '{query}'. Try with a more general query."
+    )
+
+
 def render_hits(query: str, hits: list[SearchHit]) -> str:
     """One query's hits as the Serper text the model saw in training."""
     if not hits:
-        return f"No results found for '{query}'. Try with a more general query."
+        return no_results(query)
     entries = []
     for i, hit in enumerate(hits, 1):
         date = f"\nDate published: {hit.date}" if hit.date else ""
         snippet = f"\n{hit.snippet}" if hit.snippet else ""
-        entries.append(f"{i}. [{hit.title}]({hit.url}){date}\n{snippet}")
+        entry = f"{i}. [{hit.title}]({hit.url}){date}\n{snippet}"
+        entries.append(entry.replace(VIDEO_BOILERPLATE, ""))
     return (
         f"A Google search for '{query}' found {len(hits)} results:\n\n## Web Results\n"
         + "\n\n".join(entries)

@@ -5,21 +5,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from webdancer.protocol import ToolCall
+from webdancer.protocol import BAD_SEARCH, BAD_VISIT, ToolCall
 from webdancer.search import SearchBackend, batched_search
 from webdancer.tool_cache import ToolCache
 from webdancer.tool_result import ToolResult
 from webdancer.visit import Visitor
 
-# The release's messages for arguments of the wrong shape (the model saw them in training).
-BAD_SEARCH = "[Search] Invalid request format: Input must be a JSON object containing 'query' field"
-BAD_VISIT = (
-    "[Visit] Invalid request format: Input must be a JSON object containing 'url' and 'goal' fields"
-)
-
 
 def _strings(value: Any) -> list[str] | None:
     if isinstance(value, str):
+        # One URL, as in the release. One query is ours on purpose: the release's search
+        # refuses a bare string (qwen_agent checks `query` against the tool's array schema),
+        # and its code past that check would slice it to its first three characters.
         value = [value]
     if not isinstance(value, list) or not value:
         return None
@@ -34,6 +31,9 @@ class Tools:
         visitor: Visitor,
         cache: ToolCache | None = None,
         top_k: int = 10,
+        # The release's MAX_MULTIQUERY_NUM: later queries of a call are dropped unsaid, as
+        # there. Its trajectories were made with more (18 of 204 calls show 4-5 result
+        # blocks); the experiment's `search.max_queries` sets it.
         max_queries: int = 3,
         purpose: str = "evaluation",
     ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -175,16 +176,31 @@ def _extract(url: str, html: str, kind: str) -> Page:
     return Page(url, (metadata.title if metadata else "") or "", text)
 
 
+#: PageNotes' bounds: they cap a runaway answer, and the summarizer's max_tokens is derived
+#: from them so that no answer they allow is cut into invalid JSON.
+EVIDENCE_MAX_CHARS = 3000
+SUMMARY_MAX_CHARS = 1500
+#: The JSON around the two strings (`{"evidence": "", "summary": ""}` is 9-15 tokens) and
+#: the odd escaped quote or newline, with room to spare.
+NOTES_JSON_OVERHEAD_TOKENS = 64
+
+
 class PageNotes(BaseModel):
     """What the summarizer role returns for one page."""
 
-    evidence: str = Field(max_length=3000)
-    summary: str = Field(max_length=1500)
+    evidence: str = Field(max_length=EVIDENCE_MAX_CHARS)
+    summary: str = Field(max_length=SUMMARY_MAX_CHARS)
 
 
-#: Room for the notes on one page as JSON: the passages that bear on the goal and a short
-#: summary, as the prompt asks (PageNotes' bounds only cap a runaway answer).
-SUMMARIZER_SAMPLING = RoleSampling(max_tokens=512)
+#: Room for the longest notes PageNotes allows, at the worst case of about one token per
+#: character (Chinese for Qwen's tokenizers; English is 3-4 characters a token). The release
+#: set no max_tokens, and 12 of the 26 notes in its trajectories are over 512 tokens: a
+#: smaller cap cut such notes into invalid JSON, shown to the model as the page that "could
+#: not be accessed". (SmolLM2's tokenizer spends ~1.8 tokens on a Chinese character: the tiny
+#: model's longest Chinese notes can still be cut.)
+SUMMARIZER_SAMPLING = RoleSampling(
+    max_tokens=EVIDENCE_MAX_CHARS + SUMMARY_MAX_CHARS + NOTES_JSON_OVERHEAD_TOKENS
+)
 
 
 @cache
@@ -199,18 +215,30 @@ def summarizer_prompt(title: str, content: str, goal: str) -> str:
     return _summarizer_template().format(title=title, content=content, goal=goal)
 
 
+#: Scripts written without spaces between words (CJK ideographs and punctuation, kana, Thai,
+#: Lao, Tibetan, Myanmar, Khmer): each character counts as a token, as tokenizers roughly
+#: see them, where a whitespace "word" would be a whole sentence or paragraph.
+_UNSPACED = (
+    "\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf"
+    "\u3000-\u30ff\u31c0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+    "\ufe30-\ufe4f\uff00-\uffef\U00020000-\U0003134f"
+)
+_PAGE_TOKEN = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
+#: How `truncate_tokens` counts, in the visit cache's key: visits cached when a run of
+#: unspaced text counted as one word (a long Chinese page was read as empty) are not replayed.
+PAGE_CUT = "words+unspaced-chars"
+
+
 def truncate_tokens(text: str, max_tokens: int) -> str:
-    """Keep roughly the first `max_tokens` tokens (whitespace-separated words; CJK characters
-    count one each), so long pages fit the summarizer's context."""
-    words = text.split(" ")
-    kept, count = [], 0
-    for word in words:
-        cost = max(1, sum(1 for ch in word if "\u4e00" <= ch <= "\u9fff") or 1)
-        if count + cost > max_tokens:
-            break
-        kept.append(word)
-        count += cost
-    return " ".join(kept)
+    """The prefix of `text` holding its first `max_tokens` tokens (a word of a spaced script,
+    or one character of an unspaced one), whitespace and line breaks kept as they are, so
+    that long pages fit the summarizer's context. Text within the limit comes back whole."""
+    if max_tokens <= 0:
+        return ""
+    for count, token in enumerate(_PAGE_TOKEN.finditer(text), 1):
+        if count == max_tokens:
+            return text if token.end() == len(text.rstrip()) else text[: token.end()]
+    return text
 
 
 class Visitor:
@@ -234,6 +262,7 @@ class Visitor:
         settings = {
             "sampling": self.sampling.model_dump(mode="json"),
             "max_page_tokens": self.max_page_tokens,
+            "page_cut": PAGE_CUT,
             "prompt": hashlib.sha256(_summarizer_template().encode()).hexdigest(),
             "output": JsonSchemaOutput.of(PageNotes).json_schema,
         }

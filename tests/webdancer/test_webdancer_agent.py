@@ -14,7 +14,7 @@ from serving.scripted import ScriptedEngine
 from serving.types import ChatRequest, Sampling
 from webdancer.agent import FINAL_REGEX, AgentBudget, WebDancerAgent, searcher_sampling
 from webdancer.backends.local import LocalSearch
-from webdancer.protocol import FORCE_ANSWER, INVALID_TOOL_CALL
+from webdancer.protocol import BAD_SEARCH, FORCE_ANSWER, INVALID_TOOL_CALL
 from webdancer.tool_cache import ToolCache
 from webdancer.tools import Tools
 from webdancer.visit import LocalPages, Visitor
@@ -74,19 +74,36 @@ def test_search_then_answer_with_a_complete_trace(local_search, corpus):
     assert result.doc_ids[0] in tool["doc_ids"]
 
 
+@pytest.mark.parametrize(
+    ("turn", "reply"),
+    [
+        ("<think>x</think><tool_call>{name: search, query</tool_call>", INVALID_TOOL_CALL),
+        # The release's: the tool named in the text refuses the broken arguments.
+        ('<tool_call>{"name": "search", "arguments": {"query": ["a"]}</tool_call>', BAD_SEARCH),
+    ],
+)
 def test_malformed_tool_call_is_returned_as_the_observation_and_the_model_recovers(
-    local_search, corpus
+    local_search, corpus, turn, reply
 ):
+    a, engine = agent(turns(turn, ANSWER), tools_for(local_search, corpus))
+    result = asyncio.run(a.run("q"))
+    assert result.termination == "answer"
+    assert engine.requests[1].messages[-1].content == f"<tool_response>\n{reply}\n</tool_response>"
+    assert result.steps[1] == {"kind": "protocol_error", "message": reply}
+
+
+def test_a_turn_without_tool_call_or_answer_ends_the_run_as_in_the_release(local_search, corpus):
     a, engine = agent(
-        turns("<think>x</think><tool_call>{name: search, query</tool_call>", ANSWER),
+        turns("<think>\nI think it is the Derby.\n</think>\nThe Epsom Derby.", ANSWER),
         tools_for(local_search, corpus),
     )
     result = asyncio.run(a.run("q"))
-    assert result.termination == "answer"
-    assert engine.requests[1].messages[-1].content == (
-        f"<tool_response>\n{INVALID_TOOL_CALL}\n</tool_response>"
+    assert (result.answer, result.termination, result.llm_calls) == (
+        "The Epsom Derby.",
+        "answer",
+        1,
     )
-    assert result.steps[1] == {"kind": "protocol_error", "message": INVALID_TOOL_CALL}
+    assert len(engine.requests) == 1 and result.messages[-1]["role"] == "assistant"
 
 
 def test_max_calls_forces_a_final_answer(local_search, corpus):

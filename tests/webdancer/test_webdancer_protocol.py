@@ -10,9 +10,13 @@ from pathlib import Path
 import pytest
 
 from webdancer.protocol import (
+    BAD_SEARCH,
+    BAD_VISIT,
+    INVALID_TOOL_CALL,
     FinalAnswer,
     ProtocolError,
     ToolCall,
+    UnmarkedAnswer,
     cut_hallucinated_observation,
     first_user_turn,
     initial_messages,
@@ -137,15 +141,41 @@ def test_a_hallucinated_observation_is_cut_off():
 
 
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("body", "message"),
     [
-        ("<think>I am not sure</think>", "no <tool_call> or <answer> found"),
-        ("<tool_call>{name: search, arguments</tool_call>", "not a valid JSON"),
-        ('<tool_call>["search"]</tool_call>', 'must contain a valid "name"'),
-        ('<tool_call>{"name": "browse", "arguments": {}}</tool_call>', "Tool browse not found"),
-        ('<tool_call>{"name": "search", "arguments": [1]}</tool_call>', "not a valid JSON"),
+        # The release's replies (qwen_agent + the demo's tools): a call whose JSON does not
+        # parse goes to the tool named in its text, which refuses the arguments ...
+        ('{"name": "search", "arguments": {"query": ["a"]}', BAD_SEARCH),
+        ('{"name": "visit", "arguments": {"url": ["u"], "goal": "g"', BAD_VISIT),
+        ('{"name": "search", "arguments": "query: [a"}', BAD_SEARCH),
+        ('{"name": "search", "arguments": [1]}', BAD_SEARCH),
+        # ... an unknown tool is refused first, whether its JSON parses or not ...
+        ('{"name": "google", "arguments": {"query": ["a"]}}', "Tool google does not exists."),
+        ('{"name": "google", "arguments": {"query": ["a"]', "Tool google does not exists."),
+        ('{"name": "google", "arguments": [1]}', "Tool google does not exists."),
+        # ... and where no name can be read, ours says what to fix.
+        ("{name: search, arguments", INVALID_TOOL_CALL),
+        ('["search"]', INVALID_TOOL_CALL),
+        ('{"name": 3, "arguments": {}}', INVALID_TOOL_CALL),
     ],
 )
-def test_protocol_errors_explain_themselves(text, message):
+def test_a_malformed_call_gets_the_releases_reply(body, message):
+    assert parse_turn(f"<think>\nx\n</think>\n<tool_call>\n{body}\n</tool_call>") == (
+        ProtocolError(message)
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("<think>\nI think it is the Derby.\n</think>\nThe Epsom Derby.", "The Epsom Derby."),
+        ("<think>I am not sure</think>", ""),
+        ("<think>\nthe thinking never closed", ""),
+        ("Paris, without any tags.", "Paris, without any tags."),
+    ],
+)
+def test_a_turn_with_no_tool_call_and_no_answer_is_the_response(text, answer):
+    """The release ends the run on such a turn ("not used any tool, skip out") and returns
+    it: no error goes back to the model."""
     parsed = parse_turn(text)
-    assert isinstance(parsed, ProtocolError) and message in parsed.message
+    assert parsed == UnmarkedAnswer(answer) and isinstance(parsed, FinalAnswer)

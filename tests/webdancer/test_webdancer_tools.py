@@ -16,9 +16,19 @@ from tests.fault_helpers import QuietHandler, corpus_rows, loopback_server, writ
 from webdancer.backends.local import LocalSearch, tokenize
 from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
 from webdancer.corpus import CorpusDocument
+from webdancer.protocol import ToolCall
 from webdancer.search import QUERY_SEPARATOR, SearchHit, batched_search, render_hits
 from webdancer.ssrf import BlockedURL, check_url
-from webdancer.visit import HttpPages, LocalPages, Visitor
+from webdancer.tools import Tools
+from webdancer.visit import (
+    EVIDENCE_MAX_CHARS,
+    SUMMARIZER_SAMPLING,
+    SUMMARY_MAX_CHARS,
+    HttpPages,
+    LocalPages,
+    Visitor,
+    truncate_tokens,
+)
 
 # -- rendering -----------------------------------------------------------------------------------
 
@@ -33,7 +43,49 @@ def test_hits_render_in_the_serper_shape_of_the_training_data():
         "1. [T1](https://a.example/1)\nDate published: May 19, 2025\n\nsnippet one\n\n"
         "2. [T2](https://a.example/2)\n\nsnippet two"
     )
-    assert render_hits("q", []) == "No results found for 'q'. Try with a more general query."
+
+
+def test_no_hits_and_video_boilerplate_render_as_in_the_release():
+    assert render_hits("q", []) == (
+        "No results found for query: 'q'. Use a less specific query."
+        "No results found for 'q'. Try with a more general query."
+    )
+    video = SearchHit("Clip", "https://v.example/1", "Your browser can't play this video. 2 min")
+    assert render_hits("q", [video]) == (
+        "A Google search for 'q' found 1 results:\n\n## Web Results\n"
+        "1. [Clip](https://v.example/1)\n\n 2 min"
+    )
+
+
+class Recorded:
+    """A backend that answers every query with one hit and records what it was asked."""
+
+    name = identity = "recorded"
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def search(self, query, top_k):
+        self.asked.append(query)
+        return [SearchHit(query, f"https://r.example/{len(self.asked)}", "s")]
+
+
+def test_a_call_searches_its_first_three_queries_as_the_release_unless_configured():
+    """The release's MAX_MULTIQUERY_NUM (3) by default, though 18 of the released
+    trajectories' 204 search calls show 4-5 result blocks; `max_queries` raises it."""
+    call = ToolCall("search", {"query": ["q1", "q2", "q3", "q4", "q5"]})
+    for max_queries, shown in ((3, 3), (5, 5)):
+        backend = Recorded()
+        result = asyncio.run(Tools(backend, visitor=None, max_queries=max_queries).call(call))
+        assert backend.asked == ["q1", "q2", "q3", "q4", "q5"][:shown]
+        assert len(result.text.split(QUERY_SEPARATOR)) == shown
+
+
+def test_a_bare_string_query_is_searched_whole():
+    """Ours on purpose: the release refuses it (or would search its first 3 characters)."""
+    backend = Recorded()
+    asyncio.run(Tools(backend, visitor=None).call(ToolCall("search", {"query": "who won it"})))
+    assert backend.asked == ["who won it"]
 
 
 def test_a_failing_query_is_reported_inside_the_response():
@@ -276,8 +328,8 @@ def test_http_visit_extracts_text_and_refuses_a_redirect_to_a_private_address(ht
 def test_the_summarizer_prompt_is_pinned_byte_for_byte():
     """The response cache keys each summary on this text: a drift in prompts/summarizer.yaml
     (whitespace included) would silently turn every cached visit into a miss. Braces in the
-    page and goal stay literal; the page is cut to `max_page_tokens` (CJK characters count one
-    each)."""
+    page and goal stay literal; the page is cut to `max_page_tokens` (a word, or a CJK
+    character, each)."""
     page = CorpusDocument(
         doc_id="P-1",
         url="https://pin.example/page",
@@ -292,7 +344,7 @@ def test_the_summarizer_prompt_is_pinned_byte_for_byte():
     assert [m.role for m in request.messages] == ["user"]
     assert request.messages[0].content == (
         "Read the web page below and extract what serves the user's goal.\n\n"
-        "## Web page\nAura Pro {specs}\nBattery: 7.5 hours {ANC on}.  Charging 充电 两小时\n\n"
+        "## Web page\nAura Pro {specs}\nBattery: 7.5 hours {ANC on}.  Charging 充电 两小时 via\n\n"
         "## User goal\nbattery life {in hours}\n\n"
         "Return JSON with two fields:\n"
         '- "evidence": the passages of the page that bear on the goal, quoted as closely as '
@@ -300,3 +352,54 @@ def test_the_summarizer_prompt_is_pinned_byte_for_byte():
         '- "summary": a short paragraph saying what the page contributes to the goal (or that '
         "it does\n  not help)."
     )
+
+
+# -- the summarizer's page and answer --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "max_tokens", "kept"),
+    [
+        # A Chinese paragraph without spaces: one token a character (was: empty).
+        ("北京是中国的首都。" * 100, 800, ("北京是中国的首都。" * 100)[:800]),
+        ("北京是中国的首都，上海是最大的城市。", 10, "北京是中国的首都，上"),
+        # Mixed: a Latin word is one token, each Chinese character another.
+        ("Charging 充电 两小时 via USB-C", 4, "Charging 充电 两"),
+        ("USB-C充电。好的", 4, "USB-C充电。"),
+        ("ひらがなカタカナ", 3, "ひらが"),
+        # English: words, whatever whitespace separates them, kept as it was.
+        ("one two\nthree  four five", 3, "one two\nthree"),
+        ("one two\n", 2, "one two\n"),
+        ("one two\n", 5, "one two\n"),
+        ("one two", 0, ""),
+    ],
+)
+def test_a_page_is_cut_to_its_first_tokens_in_any_script(text, max_tokens, kept):
+    assert truncate_tokens(text, max_tokens) == kept
+
+
+def test_a_long_chinese_page_reaches_the_summarizer():
+    page = CorpusDocument(
+        doc_id="Z-1", url="https://zh.example/p", title="首都", text="北京是中国的首都。" * 100
+    )
+    summarizer = ScriptedEngine(lambda r: json.dumps({"evidence": "e", "summary": "s"}))
+    visitor = Visitor(LocalPages([page]), summarizer, Sampling(), max_page_tokens=800)
+    asyncio.run(visitor.visit([page.url], "首都"))
+    prompt = summarizer.requests[0].messages[0].content
+    assert f"首都\n{page.text[:800]}\n\n## User goal" in prompt
+
+
+def test_the_longest_notes_the_schema_allows_are_never_cut():
+    """A summarizer that writes a token a character (Chinese, for Qwen's tokenizers) and
+    stops at max_tokens, as a server does: notes as long as PageNotes allows still come back
+    whole, not as the page that "could not be accessed"."""
+    longest = json.dumps(
+        {"evidence": "证" * EVIDENCE_MAX_CHARS, "summary": "总" * SUMMARY_MAX_CHARS},
+        ensure_ascii=False,
+    )
+    page = CorpusDocument(doc_id="P-1", url="https://p.example/", title="t", text="text")
+    summarizer = ScriptedEngine(lambda r: longest[: r.sampling.max_tokens])
+    sampling = SUMMARIZER_SAMPLING.apply(Sampling(max_tokens=256))
+    result = asyncio.run(Visitor(LocalPages([page]), summarizer, sampling).visit([page.url], "g"))
+    assert not result.errors
+    assert "证" * EVIDENCE_MAX_CHARS + "\n\nSummary: \n" + "总" * SUMMARY_MAX_CHARS in result.text
