@@ -157,7 +157,7 @@ def _hard518(
             "searcher": searcher,
             "judge": [S(top_p=0.8, max_tokens=1024)],
             "summarizer": [
-                S(temperature=0.7, top_p=0.8, max_tokens=512, seed=seed) for seed in (1000, 3)
+                S(temperature=0.7, top_p=0.8, max_tokens=4564, seed=seed) for seed in (1000, 3)
             ],
             "nugget_builder": [S(top_p=0.8, max_tokens=1344)],
         },
@@ -174,7 +174,7 @@ def _quickstart(fingerprint: str, **changed: list[str]) -> tuple[dict[str, list[
         "rewriter": [S(max_tokens=192)],
         "searcher": [S(max_tokens=256, stop=STOP)],
         "judge": [S(max_tokens=1024)],
-        "summarizer": [S(max_tokens=512)],
+        "summarizer": [S(max_tokens=4564)],  # room for the longest notes PageNotes allows
         "nugget_builder": [S(max_tokens=864)],
     }
     return {**sent, **changed}, {fingerprint}
