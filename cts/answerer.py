@@ -7,13 +7,12 @@ from pathlib import Path
 
 import typer
 
-from cts.common import command, role_experiment, write_figures
+from cts.common import command, command_group, role_experiment, write_figures
 from cts.options import CONFIG_OPTION, ENDPOINTS_OPTION, SET_OPTION, labels_option
 from eval.audit.answerer_calibration import calibrate_experiment, read_answer_labels, render
 
-app = typer.Typer(
-    help="Trust the simulated user: the User Answerer against a careful person's answers.",
-    no_args_is_help=True,
+app = command_group(
+    "Trust the simulated user: the User Answerer against a careful person's answers."
 )
 
 

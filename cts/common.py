@@ -120,6 +120,11 @@ def exits() -> Iterator[None]:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def command_group(help: str) -> typer.Typer:
+    """A command group (`cts golden`, `cts train`, ...): alone, it lists its commands."""
+    return typer.Typer(help=help, no_args_is_help=True)
+
+
 def command(group: typer.Typer, name: str) -> Callable[[F], F]:
     """Register `name` on `group`; a domain error it raises ends it with its message and exit
     code (EXITS), so command bodies hold no try/except of their own. A parameter whose default

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from cts import build
-from cts.common import command, output_console, usage_error
+from cts.common import command, command_group, output_console, usage_error
 from cts.options import SET_OPTION
 from eval.data.data_stats import dataset_stats
 from eval.data.dataset import (
@@ -29,10 +29,9 @@ from eval.experiment import no_nuggets, unscored_note
 from eval.run.config import ResolvedExperiment, load_experiment
 from webdancer.corpus import CorpusError, Problem, check_corpus
 
-app = typer.Typer(
-    help="Validate and describe datasets and corpora; build a benchmark from your own queries "
-    "(fuse, blur).",
-    no_args_is_help=True,
+app = command_group(
+    "Validate and describe datasets and corpora; build a benchmark from your own queries "
+    "(fuse, blur)."
 )
 
 PATH_HELP = (

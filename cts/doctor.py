@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from cts.common import command, output_console
-from cts.options import CONFIG_OPTION, SET_OPTION, output_dir_option, sbatch
+from cts.options import CONFIG_OPTION, OUTPUT_DIR_OPTION, SET_OPTION, checked_output_dir, sbatch
 from eval.run.config import load_experiment
 from slurm.doctor import DoctorOptions, doctor
 from slurm.submit import SlurmOptions
@@ -26,7 +26,7 @@ def doctor_command(
     slurm: bool = typer.Option(
         False, "--slurm", help="Also ask Slurm: its version, sbatch --test-only, partitions."
     ),
-    output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
+    output_dir: Path | None = OUTPUT_DIR_OPTION,
     sbatch: SlurmOptions = _SBATCH,
     vllm_python: str | None = typer.Option(
         None, help="Interpreter of the vLLM venv the servers run with (default `vllm`)."
@@ -42,7 +42,7 @@ def doctor_command(
     systems of $CTS_HOME and the run directory, and on a GPU node GPU memory against the serve
     plan. Each line says OK or what to do; exit 1 when anything needs fixing."""
     resolved = load_experiment(config, set_)
-    run_dir = (output_dir_option(output_dir) or resolved.output_dir()).resolve()
+    run_dir = (checked_output_dir(output_dir) or resolved.output_dir()).resolve()
     options = DoctorOptions(
         config=config or "quickstart",
         overrides=set_,

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cts.common import command, output_console, run_into, run_keyed, usage_error
-from cts.options import CONFIG_OPTION, SERVING, SET_OPTION, output_dir_option
+from cts.options import CONFIG_OPTION, SERVING, SET_OPTION, checked_output_dir
 from eval.estimate import Estimate, Figure, ModelRow, RoleRow, attempts, estimate_run
 from eval.experiment import require_roles
 from eval.pilot import default_pilot_dir, pilot_experiment
@@ -97,7 +97,7 @@ def estimate(
             config,
             set_,
             (pilot or DEFAULT_PILOT, pilot_seed),
-            output_dir_option(pilot_dir) or default_pilot_dir(sweep),
+            checked_output_dir(pilot_dir) or default_pilot_dir(sweep),
             options,
             console,
         )

@@ -8,19 +8,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cts.common import command, output_console, run_keyed, usage_error
+from cts.common import command, command_group, output_console, run_keyed, usage_error
 from cts.options import (
     CONFIG_OPTION,
     SERVING,
     SET_OPTION,
     SHARD_OPTION,
+    VITAL_FROM_OPTION,
+    WEIGHT_MAP_OPTION,
+    checked_output_dir,
     output_dir_option,
     shard_of,
 )
 from eval.audit.golden_audit import load_audit_dataset
 from eval.audit.golden_review import audit_golden, figure_rows, findings, review_title, unsupported
 from eval.audit.nuggetizer import (
-    DEFAULT_WEIGHT_MAP,
     Format,
     ImportReport,
     import_nuggets,
@@ -36,10 +38,9 @@ from eval.run.runner import MergeReport
 from serving.serve import ServeOptions
 from serving.yaml_config import Override
 
-app = typer.Typer(
-    help="Golden construction (once per dataset): WebDancer on each fused query, its trace "
-    "archived, weighted nuggets extracted from it that cite only evidence the trace showed.",
-    no_args_is_help=True,
+app = command_group(
+    "Golden construction (once per dataset): WebDancer on each fused query, its trace "
+    "archived, weighted nuggets extracted from it that cite only evidence the trace showed."
 )
 
 
@@ -47,8 +48,8 @@ app = typer.Typer(
 def build(
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
-    output_dir: Path | None = typer.Option(
-        None, help="Where records, traces and dataset.jsonl go (default runs/<name>-golden)."
+    output_dir: Path | None = output_dir_option(
+        "Where records, traces and dataset.jsonl go (default runs/<name>-golden)."
     ),
     limit: int | None = typer.Option(None, help="Only the first N instances of the dataset."),
     shard: str | None = SHARD_OPTION,
@@ -73,7 +74,7 @@ def build(
     part = shard_of(shard)
     resolved = load_experiment(config, overrides)
     require_roles(resolved, GOLDEN_ROLES)  # before any server is started for the build
-    run = RunDir(output_dir_option(output_dir) or resolved.golden_dir())
+    run = RunDir(checked_output_dir(output_dir) or resolved.golden_dir())
     console = output_console()
     console.print(
         f"golden construction for [bold]{resolved.experiment.name}[/bold] → {run.root}",
@@ -227,11 +228,6 @@ def audit(
 
 # -- nuggetizer interoperability (eval/audit/nuggetizer.py) ----------------------------------------
 
-WEIGHT_MAP_HELP = (
-    "Importance word=weight, comma-separated (vital and okay needed; other words nuggetizer "
-    "writes, e.g. failed, may be weighed too)."
-)
-
 
 @command(app, "import")
 def import_command(
@@ -243,7 +239,7 @@ def import_command(
         ..., help="The dataset (our shape, any format `cts data` reads) or `sample`."
     ),
     out: Path = typer.Option(..., help="Where the merged dataset (JSONL) goes."),
-    weight_map: str = typer.Option(DEFAULT_WEIGHT_MAP, help=WEIGHT_MAP_HELP),
+    weight_map: str = WEIGHT_MAP_OPTION,
     replace: bool = typer.Option(
         False, "--replace", help="Drop an imported instance's nuggets the file does not have."
     ),
@@ -292,11 +288,8 @@ def export_command(
     ),
     to: Format = typer.Option(..., help="The format to write."),
     out: Path = typer.Option(..., help="The nuggets JSONL to write."),
-    weight_map: str = typer.Option(DEFAULT_WEIGHT_MAP, help=WEIGHT_MAP_HELP),
-    vital_from: float | None = typer.Option(
-        None,
-        help="Weights at or above this are vital, others okay (default: the map's vital weight).",
-    ),
+    weight_map: str = WEIGHT_MAP_OPTION,
+    vital_from: float | None = VITAL_FROM_OPTION,
     split: str | None = typer.Option(None, help="Split (for `sample` and `datasets` sources)."),
 ) -> None:
     """Write a dataset's golden nuggets as nuggetizer's nuggets file, one line {query, qid,

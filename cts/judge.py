@@ -15,13 +15,21 @@ from rich.text import Text
 
 from cts.common import (
     command,
+    command_group,
     output_console,
     progress_for,
     role_experiment,
     usage_error,
     write_figures,
 )
-from cts.options import CONFIG_OPTION, ENDPOINTS_OPTION, SET_OPTION, labels_option
+from cts.options import (
+    CONFIG_OPTION,
+    ENDPOINTS_OPTION,
+    SET_OPTION,
+    VITAL_FROM_OPTION,
+    WEIGHT_MAP_OPTION,
+    labels_option,
+)
 from eval.audit.agreement import (
     AgreementReport,
     Kappa,
@@ -33,13 +41,12 @@ from eval.audit.agreement import (
     read_judgement,
 )
 from eval.audit.calibration import PASSES, calibrate_experiment, read_labels, render
-from eval.audit.nuggetizer import DEFAULT_WEIGHT_MAP, Format, export_assignments, parse_weight_map
+from eval.audit.nuggetizer import Format, export_assignments, parse_weight_map
 from eval.score.power import can_reject
 
-app = typer.Typer(
-    help="Trust the judge: agreement between two judgements of the same answers, calibration "
-    "against human labels.",
-    no_args_is_help=True,
+app = command_group(
+    "Trust the judge: agreement between two judgements of the same answers, calibration "
+    "against human labels."
 )
 
 
@@ -316,14 +323,8 @@ def export_command(
     run_id: str | None = typer.Option(
         None, help="run_id prefix (default: the run directory's name)."
     ),
-    weight_map: str = typer.Option(
-        DEFAULT_WEIGHT_MAP,
-        help="Importance word=weight (vital and okay needed), as `cts golden export` takes it.",
-    ),
-    vital_from: float | None = typer.Option(
-        None,
-        help="Weights at or above this are vital, others okay (default: the map's vital weight).",
-    ),
+    weight_map: str = WEIGHT_MAP_OPTION,
+    vital_from: float | None = VITAL_FROM_OPTION,
     dataset: str | None = typer.Option(
         None,
         help="Read the run's dataset from here (when its config's path no longer reaches it); "

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from configs import CONFIG_DIR
-from cts.common import command, output_console
+from cts.common import command, command_group, output_console
 from cts.options import CONFIG_OPTION, SET_OPTION
 from eval.audit.model_check import DEFAULT_PROMPT, ModelCheck, check_models
 from eval.run.config import load_experiment
@@ -18,9 +18,7 @@ from serving.files import cts_home
 from serving.model_config import load_model_config
 from serving.yaml_config import ConfigError
 
-app = typer.Typer(
-    help="Model configs, the tiny real model, and engine checks.", no_args_is_help=True
-)
+app = command_group("Model configs, the tiny real model, and engine checks.")
 
 
 @command(app, "prepare-tiny")

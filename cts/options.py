@@ -11,9 +11,11 @@ from typing import Any
 
 import typer
 
+from eval.audit.nuggetizer import DEFAULT_WEIGHT_MAP
 from eval.run.run_dir import RunDirError, Shard
 from serving.serve import DEFAULT_READY_TIMEOUT_S, ServeOptions
 from slurm.submit import CPUS_PER_GPU, MEM_GB_PER_GPU, SlurmOptions
+from train.config import TrainConfig, load_train_config
 
 CONFIG_HELP = "Experiment YAML (a path, or a name under configs/experiments/). Default: quickstart."
 SET_HELP = (
@@ -120,6 +122,38 @@ def serving(serve_help: str = SERVE_HELP) -> Any:
 SERVING = serving()
 
 
+# -- a train config ---------------------------------------------------------------------------
+
+TRAIN_CONFIG_OPTION = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help="Train YAML (a path, or a name under configs/train/). Default: quickstart.",
+)
+TRAIN_SET_OPTION = typer.Option(
+    [],
+    "--set",
+    help="Override a train config key, e.g. --set method=sft --set limit=10 (repeatable).",
+)
+
+
+@dataclass(frozen=True)
+class TrainConfigOptions(OptionGroup):
+    """--config and --set of a train config as one parameter of a command: the loaded
+    `TrainConfig` (a bad file or key exits 2 like any domain error)."""
+
+    def options(self) -> list[tuple[str, Any, Any]]:
+        return [("config", str | None, TRAIN_CONFIG_OPTION), ("set_", list[str], TRAIN_SET_OPTION)]
+
+    def make(self, values: dict[str, Any]) -> TrainConfig:
+        return load_train_config(values["config"], values["set_"])
+
+
+#: The train config every `cts train` step reads (typed Any, as typer.Option is, so that the
+#: parameter is annotated `TrainConfig`).
+TRAIN_CONFIG: Any = TrainConfigOptions()
+
+
 def expand_groups(wrapped: Any, signature: inspect.Signature) -> None:
     """`wrapped`'s signature (what typer reads) with each group's options in place of the
     parameter that stands for them."""
@@ -189,7 +223,16 @@ def sbatch(prefix: str = "", shards: int | None = None) -> Any:
 SBATCH = sbatch()
 
 
-def output_dir_option(path: Path | None) -> Path | None:
+#: --output-dir of the commands that write a run directory named in the config.
+OUTPUT_DIR_OPTION = typer.Option(None, "--output-dir", help="Run directory (default from config).")
+
+
+def output_dir_option(help: str) -> Any:
+    """--output-dir where the command's default or what goes there needs saying."""
+    return typer.Option(None, "--output-dir", help=help)
+
+
+def checked_output_dir(path: Path | None) -> Path | None:
     """An --output-dir that is an existing file is refused (RunDirError, exit 2)."""
     if path is not None and path.exists() and not path.is_dir():
         raise RunDirError(f"--output-dir {path}: not a directory (an existing file)")
@@ -203,3 +246,15 @@ def shard_of(text: str | None) -> Shard:
 def labels_option(help: str) -> Any:
     """--labels: a labelled JSONL file, or `sample` (the set shipped with the toolkit)."""
     return typer.Option("sample", "--labels", help=help)
+
+
+# -- nuggetizer's formats (`cts golden import|export`, `cts judge export`) ----------------------
+
+WEIGHT_MAP_OPTION = typer.Option(
+    DEFAULT_WEIGHT_MAP,
+    help="Importance word=weight, comma-separated (vital and okay needed; other words "
+    "nuggetizer writes, e.g. failed, may be weighed too).",
+)
+VITAL_FROM_OPTION = typer.Option(
+    None, help="Weights at or above this are vital, others okay (default: the map's vital weight)."
+)

@@ -11,14 +11,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from cts.common import command, output_console, print_summary, run_into, run_keyed
+from cts.common import command, command_group, output_console, print_summary, run_into, run_keyed
 from cts.judge import moved
 from cts.options import (
     CONFIG_OPTION,
+    OUTPUT_DIR_OPTION,
     SERVING,
     SET_OPTION,
     SHARD_OPTION,
-    output_dir_option,
+    checked_output_dir,
     serving,
     shard_of,
 )
@@ -36,7 +37,7 @@ from serving.yaml_config import Override
 from webdancer.agent import AgentResult
 
 app = typer.Typer()
-config_app = typer.Typer(help="Inspect experiment configs.", no_args_is_help=True)
+config_app = command_group("Inspect experiment configs.")
 
 
 @command(config_app, "show")
@@ -54,7 +55,7 @@ def config_show(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION
 def run(
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
-    output_dir: Path | None = typer.Option(None, help="Run directory (default from config)."),
+    output_dir: Path | None = OUTPUT_DIR_OPTION,
     limit: int | None = typer.Option(None, help="Only the first N instances of the dataset."),
     shard: str | None = SHARD_OPTION,
     options: ServeOptions = SERVING,
@@ -83,7 +84,7 @@ def run(
     resolved = load_experiment(config, overrides)
     require_roles(resolved)  # before any server is started for the run
     part = shard_of(shard)
-    run_dir = RunDir(output_dir_option(output_dir) or resolved.output_dir())
+    run_dir = RunDir(checked_output_dir(output_dir) or resolved.output_dir())
     console = output_console()
     if dry_run:
         plan = plan_run(resolved, run_dir.root, part, options, retry_failed)
@@ -234,7 +235,9 @@ def rejudge(
     from a shared cache, so no label of the source run is replayed. Records, summary and
     report go to OUTPUT_DIR (read by `cts report`, `cts merge`, `cts judge agreement`), with
     rejudge.json naming the source run. Sharded and resumable like `cts run`."""
-    resolved = rejudge_experiment(source, output_dir_option(output_dir) or output_dir, config, set_)
+    resolved = rejudge_experiment(
+        source, checked_output_dir(output_dir) or output_dir, config, set_
+    )
     part = shard_of(shard)
     run_dir = RunDir(output_dir)
     console = output_console()

@@ -15,6 +15,7 @@ from cts.options import (
     GPUS_HELP,
     PYTHON_HELP,
     SET_OPTION,
+    checked_output_dir,
     output_dir_option,
 )
 from eval.run.config import load_experiment
@@ -36,8 +37,8 @@ app = typer.Typer()
 def serve(
     config: str | None = CONFIG_OPTION,
     set_: list[str] = SET_OPTION,
-    output_dir: Path | None = typer.Option(
-        None, help="Run directory: logs go to logs/serve/ under it (default from config)."
+    output_dir: Path | None = output_dir_option(
+        "Run directory: logs go to logs/serve/ under it (default from config)."
     ),
     endpoints: Path | None = typer.Option(
         None, help="Where to write the endpoints file (default RUN_DIR/endpoints.json)."
@@ -71,7 +72,7 @@ def serve(
     model's URL for `cts run --endpoints FILE`. If any server dies, all are stopped and the
     error names the model with the tail of its log (exit 1)."""
     resolved = load_experiment(config, set_).with_adapters(adapters)
-    run = RunDir(output_dir_option(output_dir) or resolved.output_dir())
+    run = RunDir(checked_output_dir(output_dir) or resolved.output_dir())
     endpoints = endpoints or run.endpoints
     options = ServeOptions(gpus=gpus, cpu=cpu, vllm_python=vllm_python)
     planned = options.plan(only_models(resolved.model_configs, models), run.serve_logs(), host)

@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cts.common import command, output_console
-from cts.options import SBATCH, SET_OPTION
+from cts.common import command, command_group, output_console
+from cts.options import OUTPUT_DIR_OPTION, SBATCH, SET_OPTION
 from slurm.history import submissions
 from slurm.status import chain_status, servers_state, status
 from slurm.submit import (
@@ -24,10 +24,8 @@ from slurm.submit import (
     submit_chain,
 )
 
-app = typer.Typer(
-    help="Run the benchmark, golden construction, a rejudge or clarifier fine-tuning as Slurm "
-    "jobs.",
-    no_args_is_help=True,
+app = command_group(
+    "Run the benchmark, golden construction, a rejudge or clarifier fine-tuning as Slurm jobs."
 )
 
 
@@ -57,7 +55,6 @@ _SUBMIT_SOURCE = typer.Option(
     help="--job rejudge: the finished run to judge again (--config then defaults to its "
     "config.yaml; --set changes the judge).",
 )
-_SUBMIT_OUTPUT_DIR = typer.Option(None, help="Run directory (default from config).")
 _SUBMIT_ARRAY_PARALLELISM = typer.Option(None, help="At most M tasks at once (--array=0-N%M).")
 _SUBMIT_FIT_GPUS = typer.Option(1, help="--job train / train-loop: GPUs of the fine-tuning job(s).")
 _SUBMIT_ITERATIONS = typer.Option(
@@ -106,7 +103,7 @@ def submit_command(
     job: str = _SUBMIT_JOB,
     source: Path | None = _SUBMIT_SOURCE,
     sbatch: SlurmOptions = SBATCH,
-    output_dir: Path | None = _SUBMIT_OUTPUT_DIR,
+    output_dir: Path | None = OUTPUT_DIR_OPTION,
     array_parallelism: int | None = _SUBMIT_ARRAY_PARALLELISM,
     fit_gpus: int = _SUBMIT_FIT_GPUS,
     iterations: int | None = _SUBMIT_ITERATIONS,

@@ -11,12 +11,19 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from cts.common import command, output_console, print_account, print_summary, progress_for
-from cts.options import SERVING, SHARD_OPTION, shard_of
+from cts.common import (
+    command,
+    command_group,
+    output_console,
+    print_account,
+    print_summary,
+    progress_for,
+)
+from cts.options import SERVING, SHARD_OPTION, TRAIN_CONFIG, shard_of
 from eval.run.run_dir import Shard
 from serving.serve import ServeOptions, served
 from train.adapters import ROLE_ADAPTERS
-from train.config import TrainConfig, load_train_config
+from train.config import TrainConfig
 from train.fit import FitResult, fit
 from train.grpo import GrpoResult, downstream_models, experiment, finished, grpo, grpo_dir
 from train.loop import MAIN, iterations, loop_step
@@ -25,25 +32,12 @@ from train.lora_sft import RoleAdapter
 from train.pairs import PairsResult, build_pairs, no_data_message
 from train.sft import write_examples
 
-app = typer.Typer(
-    help="Fine-tune a clarifier against restore scores: sample scored dialogues (an evaluation "
+app = command_group(
+    "Fine-tune a clarifier against restore scores: sample scored dialogues (an evaluation "
     "run of clarify@k, one seed per candidate), credit each turn's question with a reward, turn "
     "them into DPO pairs or SFT examples, train a LoRA adapter with TRL; iterate (loop), or train "
     "online with GRPO, each sampled question scored by the pipeline. The result is a model "
-    "config to swap in with one --set.",
-    no_args_is_help=True,
-)
-
-CONFIG_OPTION = typer.Option(
-    None,
-    "--config",
-    "-c",
-    help="Train YAML (a path, or a name under configs/train/). Default: quickstart.",
-)
-SET_OPTION = typer.Option(
-    [],
-    "--set",
-    help="Override a train config key, e.g. --set method=sft --set limit=10 (repeatable).",
+    "config to swap in with one --set."
 )
 
 
@@ -133,8 +127,7 @@ def _use_it(model_config: Path, *before: str) -> None:
 
 @command(app, "sample")
 def sample_command(
-    config: str | None = CONFIG_OPTION,
-    set_: list[str] = SET_OPTION,
+    train: TrainConfig = TRAIN_CONFIG,
     shard: str | None = SHARD_OPTION,
     options: ServeOptions = SERVING,
 ) -> None:
@@ -145,11 +138,11 @@ def sample_command(
     dialogue with the restore score its search reached; with `reward.baseline: blurred` the
     blurred condition runs under the same seeds. Like `cts run` it resumes, survives SIGTERM,
     shards with --shard (then `cts merge OUTPUT_DIR/samples`) and serves models with --serve."""
-    _sample(load_train_config(config, set_), shard, options)
+    _sample(train, shard, options)
 
 
 @command(app, "pairs")
-def pairs_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION) -> None:
+def pairs_command(train: TrainConfig = TRAIN_CONFIG) -> None:
     """Turn the scored samples into training data: OUTPUT_DIR/pairs.jsonl (DPO) or sft.jsonl.
 
     A dialogue's reward is its restore gain over the instance's blurred score less
@@ -161,26 +154,25 @@ def pairs_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTI
     action when its reward is above `sft_min_score`. Prompts are exactly the clarifier's
     messages at that turn. candidates.jsonl lists every candidate with its reward's parts;
     pairs_stats.json counts states, candidates, pairs and skips; no data exits 1 with why."""
-    _pairs(load_train_config(config, set_))
+    _pairs(train)
 
 
 @command(app, "fit")
-def fit_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION) -> None:
+def fit_command(train: TrainConfig = TRAIN_CONFIG) -> None:
     """Train a LoRA adapter on the clarifier's base checkpoint with TRL (DPO or SFT).
 
     Writes OUTPUT_DIR/adapter/, with `merge: true` OUTPUT_DIR/checkpoint/ (the merged model),
     OUTPUT_DIR/clarifier.yaml (a model config: swap it in with
     `cts run --set roles.clarifier.model=OUTPUT_DIR/clarifier.yaml`, an absolute path) and
     train_metrics.json. Runs on a GPU when there is one, on the CPU otherwise."""
-    _fit(load_train_config(config, set_))
+    _fit(train)
 
 
 @command(app, "all")
-def all_command(config: str | None = CONFIG_OPTION, set_: list[str] = SET_OPTION) -> None:
+def all_command(train: TrainConfig = TRAIN_CONFIG) -> None:
     """sample → pairs → fit in one process, unsharded (a laptop, or one GPU node).
 
     Each step is the command of the same name; rerunning resumes the sampling."""
-    train = load_train_config(config, set_)
     _sample(train)
     _pairs(train)
     _fit(train)
@@ -230,8 +222,7 @@ def _grpo(train: TrainConfig, options: ServeOptions) -> GrpoResult | None:
 
 @command(app, "grpo")
 def grpo_command(
-    config: str | None = CONFIG_OPTION,
-    set_: list[str] = SET_OPTION,
+    train: TrainConfig = TRAIN_CONFIG,
     options: ServeOptions = SERVING,
 ) -> None:
     """Online RL (GRPO) of the clarifier's first question, rewarded end to end.
@@ -246,13 +237,12 @@ def grpo_command(
     parts), trainer/ checkpoints every `grpo.save_steps` (a rerun resumes there), then the
     adapter, the merged checkpoint, clarifier.yaml and grpo_metrics.json. --serve starts vLLM
     for the other roles; the policy trains in this process."""
-    _grpo(load_train_config(config, set_), options)
+    _grpo(train, options)
 
 
 @command(app, "loop")
 def loop_command(
-    config: str | None = CONFIG_OPTION,
-    set_: list[str] = SET_OPTION,
+    train: TrainConfig = TRAIN_CONFIG,
     count: int | None = typer.Option(
         None,
         "--iterations",
@@ -275,7 +265,6 @@ def loop_command(
     answerability, questions asked, and the model calls and tokens spent. Rerunning resumes at
     the first unfinished step (a finished fit is not redone; finished runs make no model
     call)."""
-    train = load_train_config(config, set_)
     console = output_console()
     for done in run_loop(train, count, options, progress_for(console), _say):
         _print_step(done, Shard())
@@ -313,8 +302,7 @@ def loop_step_command(
         "the evaluations of iterations 0..I, write the report and loop tables.",
     ),
     iteration: int = typer.Option(..., min=0, help="The iteration I."),
-    config: str | None = CONFIG_OPTION,
-    set_: list[str] = SET_OPTION,
+    train: TrainConfig = TRAIN_CONFIG,
     count: int | None = typer.Option(
         None, "--iterations", min=1, help="The loop's iterations (default: loop.iterations)."
     ),
@@ -326,7 +314,6 @@ def loop_step_command(
     The same directories and resumption as `cts train loop`: a chain of eval 0, table 0, then
     per iteration sample, fit, eval, table does what one `cts train loop` process does, with
     the sampling and evaluations sharded over array tasks."""
-    train = load_train_config(config, set_)
     plan = iterations(train, count or train.loop.iterations)
     part, progress = shard_of(shard), progress_for(output_console())
     one = loop_step(plan, step, iteration)

@@ -750,8 +750,8 @@ def estimate(
         target_hours=target_hours,
         shards=max(known) if known else None,
         notes=_notes(sweep, pilot, keyed, incomplete, metered, model_rows, tools, len(complete))
-        + _replaced_note(work.stripped(counted), roles, metered)
-        + _unrecorded_note(work.stripped(stopped), roles, metered)
+        + _extra_note(_REPLACED, work.stripped(counted), roles, metered)
+        + _extra_note(_UNRECORDED, work.stripped(stopped), roles, metered)
         + _auto_replicas_note(sweep, model_rows),
         pilot_replaced=len(counted),
         held=held_servers(model_rows, max(known), target_hours) if known else [],
@@ -833,28 +833,27 @@ def _calls_of(records: Sequence[Record], roles: Mapping[str, str], metered: bool
     )
 
 
-def _replaced_note(counted: list[Record], roles: Mapping[str, str], metered: bool) -> list[str]:
-    """What the replaced records added, if any."""
-    if not counted:
-        return []
-    return [
-        f"{len(counted)} record(s) of the pilot were replaced by a later attempt of their key "
-        f"(--retry-failed, or a resume): their {_calls_of(counted, roles, metered)} model "
-        "call(s) and tokens are counted in their keys, their tool calls are not (the retry's "
-        "trace took the place of theirs)"
-    ]
+#: The notes on records the pilot's account holds beside its final ones: {calls} is filled in.
+_REPLACED = (
+    "{n} record(s) of the pilot were replaced by a later attempt of their key (--retry-failed, "
+    "or a resume): their {calls} model call(s) and tokens are counted in their keys, their tool "
+    "calls are not (the retry's trace took the place of theirs)"
+)
+_UNRECORDED = (
+    "the pilot was stopped and resumed: {n} key(s) in flight had made {calls} model call(s) "
+    "(kept in unrecorded/), counted in their keys, as their rerun found those answers in the "
+    "pilot's response cache; their tool calls are not known (tool calls the rerun replayed are "
+    "not counted)"
+)
 
 
-def _unrecorded_note(stopped: list[Record], roles: Mapping[str, str], metered: bool) -> list[str]:
-    """What the keys the pilot's run stopped before their record added, if any."""
-    if not stopped:
+def _extra_note(
+    text: str, records: list[Record], roles: Mapping[str, str], metered: bool
+) -> list[str]:
+    """`text` about `records` (replaced or unrecorded ones), if there are any."""
+    if not records:
         return []
-    return [
-        f"the pilot was stopped and resumed: {len(stopped)} key(s) in flight had made "
-        f"{_calls_of(stopped, roles, metered)} model call(s) (kept in unrecorded/), counted in "
-        "their keys, as their rerun found those answers in the pilot's response cache; their "
-        "tool calls are not known (tool calls the rerun replayed are not counted)"
-    ]
+    return [text.format(n=len(records), calls=_calls_of(records, roles, metered))]
 
 
 def _auto_replicas_note(sweep: ResolvedExperiment, models: Sequence[ModelRow]) -> list[str]:

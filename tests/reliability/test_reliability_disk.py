@@ -109,17 +109,14 @@ def tmpfs(root: Path, options: str) -> Iterator[Path]:
 
 
 @pytest.fixture
-def disk(tmp_path: Path) -> Iterator[Disk]:
-    """A 4 MiB tmpfs (the caller has checked that it may mount)."""
+def mounted(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Disk | None]:
+    """A 4 MiB tmpfs; None once this very test has run, and passed, in a namespace
+    (`ran_in_a_namespace`), and has nothing left to do here."""
+    if ran_in_a_namespace(request, tmp_path):
+        yield None
+        return
     with tmpfs(tmp_path / "disk", "size=4m") as root:
         yield Disk(root)
-
-
-def namespaced_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Disk | None:
-    """The `disk` fixture, or None once this very test has run, and passed, in a namespace."""
-    if ran_in_a_namespace(request, tmp_path):
-        return None
-    return request.getfixturevalue("disk")
 
 
 def pages(paths: list[Path], page: int) -> int:
@@ -241,9 +238,9 @@ SCENARIOS: dict[str, tuple[bool, Leave]] = {
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_a_full_disk_stops_the_run_with_a_clear_error_and_it_resumes_once_freed(
-    scenario: str, request: pytest.FixtureRequest, tmp_path: Path, reference: Reference
+    scenario: str, mounted: Disk | None, tmp_path: Path, reference: Reference
 ) -> None:
-    if (mounted := namespaced_disk(request, tmp_path)) is None:
+    if mounted is None:  # passed in a namespace
         return
     with_caches, leave = SCENARIOS[scenario]
     run_dir = mounted.root / "run"
@@ -282,10 +279,8 @@ def test_a_full_disk_stops_the_run_with_a_clear_error_and_it_resumes_once_freed(
 # -- each writer on a full disk -----------------------------------------------------------------
 
 
-def test_a_write_cut_short_by_a_full_disk_leaves_the_old_file_or_none(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    if (mounted := namespaced_disk(request, tmp_path)) is None:
+def test_a_write_cut_short_by_a_full_disk_leaves_the_old_file_or_none(mounted: Disk | None) -> None:
+    if mounted is None:  # passed in a namespace
         return
     old = mounted.root / "old.json"
     write_whole(old, '{"old": true}')
@@ -300,10 +295,8 @@ def test_a_write_cut_short_by_a_full_disk_leaves_the_old_file_or_none(
     assert sorted(p.name for p in mounted.root.rglob("*")) == ["filler", "old.json", "sub"]
 
 
-def test_an_append_cut_short_by_a_full_disk_leaves_no_torn_line(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    if (mounted := namespaced_disk(request, tmp_path)) is None:
+def test_an_append_cut_short_by_a_full_disk_leaves_no_torn_line(mounted: Disk | None) -> None:
+    if mounted is None:  # passed in a namespace
         return
     path = mounted.root / "lines.jsonl"
     append_line(path, b'{"n": 1}\n')
@@ -315,9 +308,9 @@ def test_an_append_cut_short_by_a_full_disk_leaves_no_torn_line(
 
 
 def test_every_run_writer_on_a_full_disk_raises_storage_full_naming_its_file(
-    request: pytest.FixtureRequest, tmp_path: Path
+    mounted: Disk | None,
 ) -> None:
-    if (mounted := namespaced_disk(request, tmp_path)) is None:
+    if mounted is None:  # passed in a namespace
         return
     root = mounted.root
     records = RecordStore(root / "run")
@@ -352,11 +345,11 @@ def test_every_run_writer_on_a_full_disk_raises_storage_full_naming_its_file(
 
 
 def test_a_full_disk_inside_a_key_stops_the_run_and_records_nothing_for_it(
-    request: pytest.FixtureRequest, tmp_path: Path, search
+    mounted: Disk | None, tmp_path: Path, search
 ) -> None:
     """A trace that cannot be written is not the key's `internal` failure: the run stops, the
     key stays unrecorded and runs again on resume."""
-    if (mounted := namespaced_disk(request, tmp_path)) is None:
+    if mounted is None:  # passed in a namespace
         return
     ctx, _ = context(search, mounted.root / "traces")
     store = RecordStore(tmp_path / "run")  # the records have room, the traces none
