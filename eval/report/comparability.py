@@ -118,14 +118,39 @@ def setup_of(
     return setup
 
 
+#: How a key one side lacks reads in a difference (as `cts run`'s resume check writes it).
+UNSET = "(unset)"
+
+
+def _roles(setup: dict[str, Any]) -> set[str]:
+    return {role for role in OTHER_ROLES if any(k.startswith(f"{role}.model.") for k in setup)}
+
+
+def _role_keys(setup: dict[str, Any], roles: set[str]) -> set[str]:
+    prefixes = tuple(f"{role}.{part}." for role in roles for part in ("model", "sampling"))
+    return {k for k in setup if k.startswith(prefixes)}
+
+
+def _value(setup: dict[str, Any], key: str) -> Any:
+    # A model config dumps without its unset keys, and an empty mapping (no chat-template
+    # kwargs) is one key where a filled one is others: both read as unset.
+    value = setup.get(key, UNSET)
+    return UNSET if value == {} else value
+
+
 def differences(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
-    """`key: first → second` for each key of two setups that differs. A key only one side has
-    is not compared: a role the other run lacks (its conditions are not compared), a prompt
-    digest written by one version only."""
+    """`key: first → second` for each key of two setups that differs. A role both runs have is
+    compared over the union of its model and sampling keys, a key one side lacks read as unset
+    (a LoRA adapter only one searcher has). A key only one side has otherwise is not compared:
+    a role the other run lacks (its conditions are not compared), a prompt digest written by
+    one version only."""
+    roles = _roles(first) & _roles(second)
+    keys = (set(first) & set(second)) | _role_keys(first, roles) | _role_keys(second, roles)
     lines = []
-    for key in sorted(set(first) & set(second)):
-        if first[key] != second[key]:
-            lines.append(f"{key}: {json.dumps(first[key])} → {json.dumps(second[key])}")
+    for key in sorted(keys):
+        before, after = _value(first, key), _value(second, key)
+        if before != after:
+            lines.append(f"{key}: {json.dumps(before)} → {json.dumps(after)}")
     return lines
 
 

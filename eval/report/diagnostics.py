@@ -71,6 +71,8 @@ class Scored:
     problems: dict[str, list[str]] = field(default_factory=dict)
     #: condition → instances with a failed record (any seed).
     failed: dict[str, set[str]] = field(default_factory=dict)
+    #: Every instance scored or not: the run's configured ones and any a record holds.
+    instances: set[str] = field(default_factory=set)
 
     def complete(self, conditions: Iterable[str]) -> set[str]:
         """Instances with a score under every one of `conditions`."""
@@ -79,14 +81,19 @@ class Scored:
 
 
 def score_records(
-    records: Iterable[Record], conditions: list[str], seeds: list[int], policy: FailurePolicy
+    records: Iterable[Record],
+    conditions: list[str],
+    seeds: list[int],
+    policy: FailurePolicy,
+    instances: Iterable[str] = (),
 ) -> Scored:
     """An instance is scored under a condition when all its seeds are: each scored, or (policy
     `zero`) failed and counted 0. A missing record, an unscorable instance (no golden nuggets)
-    and (policy `exclude`) a failure leave it unscored there, with the reason."""
+    and (policy `exclude`) a failure leave it unscored there, with the reason. `instances`: the
+    ones the run's config names, so that one without any record is listed too, not lost."""
     keyed = {r.key: r for r in records}
-    scored = Scored()
-    for instance in sorted({r.instance_id for r in keyed.values()}):
+    scored = Scored(instances={r.instance_id for r in keyed.values()} | set(instances))
+    for instance in sorted(scored.instances):
         for condition in conditions:
             per_seed: dict[int, dict[str, float]] = {}
             for seed in seeds:
@@ -513,8 +520,10 @@ def failures(records: list[Record]) -> dict[str, Any]:
     return {
         "total": len(failed),
         "by_condition": dict(Counter(r.condition for r in failed)),
-        "by_stage": dict(Counter(r.error["stage"] for r in failed if r.error)),
-        "by_kind": dict(Counter(r.error["kind"] for r in failed if r.error)),
+        # Records files refuse an error without them (eval/run/runner.py parse_records); one
+        # made in memory is counted under `?`, as `score_records` names it.
+        "by_stage": dict(Counter(r.error.get("stage", "?") for r in failed if r.error)),
+        "by_kind": dict(Counter(r.error.get("kind", "?") for r in failed if r.error)),
         # Failed searches and visits inside the search runs (each one an error observation).
         "tool_errors": {
             "total": sum(r.usage.get("search_tool_errors", 0) for r in records),
@@ -535,13 +544,16 @@ def summarize(
     mode: str = "sequential",
 ) -> dict[str, Any]:
     """One run's summary on the paired instances `ids` (see `paired_instances`)."""
+    # The configured instances as well as the recorded ones: one without any record is left
+    # out, and listed, like one with a failed record.
+    instances = scored.instances | {r.instance_id for r in records}
     excluded = {
         i: scored.problems.get(i, ["not scored in every run of the report"])
-        for i in sorted({r.instance_id for r in records} - set(ids))
+        for i in sorted(instances - set(ids))
     }
     return {
         "records": len(records),
-        "instances": len({r.instance_id for r in records}),
+        "instances": len(instances),
         "seeds": seeds,
         "failure_policy": policy,
         "paired_instances": len(ids),

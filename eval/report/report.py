@@ -38,13 +38,13 @@ from eval.report.diagnostics import (
     score_records,
     summarize,
 )
-from eval.report.scope import ignored_note, in_scope
 from eval.report.summary import Comparison, ReportInfo, Summary, SystemSummary
 from eval.run.bulk import collector_paused
 from eval.run.config import ALL_CONDITIONS, ExperimentConfig
 from eval.run.oracle import oracle_independence, oracle_warning
 from eval.run.run_dir import RunDir
 from eval.run.runner import MergeReport, RecordStore, merge
+from eval.run.scope import ignored_note, in_scope
 from eval.score.power import can_reject
 from serving.disk import write_whole
 
@@ -65,8 +65,10 @@ class RunView:
     oracle: dict[str, Any] | None = None
     #: Everything but the clarifier its records depend on (eval/report/comparability.py).
     setup: dict[str, Any] = field(default_factory=dict)
-    #: Stored records config.yaml no longer names (eval/report/scope.py), counted by why.
+    #: Stored records config.yaml no longer names (eval/run/scope.py), counted by why.
     ignored: dict[str, Any] = field(default_factory=dict)
+    #: The instances config.yaml names (None: its dataset did not load), with a record or not.
+    instance_ids: list[str] | None = None
 
 
 def load_run(run_dir: Path) -> RunView:
@@ -91,7 +93,13 @@ def load_run(run_dir: Path) -> RunView:
     oracle = oracle_independence(resolved, instances)
     setup = setup_of(resolved, run.read_fingerprint(), everything)
     return RunView(
-        resolved.system_name(), experiment, scoped.records, oracle, setup, scoped.as_dict()
+        resolved.system_name(),
+        experiment,
+        scoped.records,
+        oracle,
+        setup,
+        scoped.as_dict(),
+        None if instances is None else [i.id for i in instances],
     )
 
 
@@ -939,7 +947,13 @@ def _compute(
     policy: FailurePolicy = failures or settings.failures
     gap = settings.min_gap if min_gap is None else min_gap
     scored: list[Scored] = [
-        score_records(r.records, list(r.experiment.conditions), r.experiment.seeds, policy)
+        score_records(
+            r.records,
+            list(r.experiment.conditions),
+            r.experiment.seeds,
+            policy,
+            r.instance_ids or (),
+        )
         for r in runs
     ]
     ids = paired_instances(

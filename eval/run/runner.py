@@ -109,18 +109,39 @@ def parse_jsonl(
     return rows, complete
 
 
+#: What every failed record's `error` names, in every version (eval/run/pipeline.py `_stage`):
+#: the report counts failures by them.
+ERROR_KEYS = ("kind", "stage")
+
+
+def _not_a_record(record: Record) -> str | None:
+    """`field: why` for what the schema lets through but no record of the toolkit holds (a
+    hand-edited or foreign line), which the report would otherwise read as a bare KeyError."""
+    for name, value in record.scores.items():
+        if not math.isfinite(value):
+            return f"scores.{name}: {value} is not a finite number"
+    for key in ERROR_KEYS:
+        if record.error is not None and key not in record.error:
+            return f"error.{key}: missing (a failed record names its {' and '.join(ERROR_KEYS)})"
+    for nugget, judged in record.labels.items():
+        if "label" not in judged:
+            return f"labels.{nugget}.label: missing (full, partial or none)"
+    return None
+
+
 def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
     """A records file's records (see `parse_jsonl`). A score that is NaN or infinite (JSON
     reads `NaN` and `Infinity`: a hand-edited or foreign line) is a RecordFileError naming the
-    file and line: no statistic of the report means anything with it, and some never end."""
+    file and line: no statistic of the report means anything with it, and some never end. So
+    is a failed record's error without its kind or stage, and a nugget's label entry without
+    its label."""
     records, complete = parse_jsonl(path, data, Record, "a record", RecordFileError)
     for n, record in enumerate(records, 1):  # one record a line: parse_jsonl skips none
-        for name, value in record.scores.items():
-            if not math.isfinite(value):
-                raise RecordFileError(
-                    f"{path}:{n}: scores.{name}: {value} is not a finite number — not a "
-                    "record; fix or remove the line, then run again"
-                )
+        problem = _not_a_record(record)
+        if problem is not None:
+            raise RecordFileError(
+                f"{path}:{n}: {problem} — not a record; fix or remove the line, then run again"
+            )
     return records, complete
 
 
@@ -438,7 +459,9 @@ def merge(
     store: RecordStore, instances: list[Instance], conditions: Iterable[str], seeds: Iterable[int]
 ) -> MergeReport:
     """Every expected key exactly once across all shard files. A failure that was retried is
-    not a duplicate: only a key with two successful records is."""
+    not a duplicate: only a key with two successful records is. Only the keys the config names
+    are checked: a narrowed run keeps records outside it, which nothing reads (the report
+    counts them in its NOTE), so their duplicates cannot make two answers of one key."""
     seen: Counter[Key] = Counter()
     records: dict[Key, Record] = {}
     for path in store.all_files():
@@ -449,7 +472,7 @@ def merge(
     return MergeReport(
         records={k: records[k] for k in expected if k in records},
         missing=[k for k in expected if k not in records],
-        duplicates=sorted(k for k, n in seen.items() if n > 1),
+        duplicates=sorted(k for k in expected if seen[k] > 1),
     )
 
 

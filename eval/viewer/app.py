@@ -3,8 +3,10 @@
 GET /                          the page (eval/viewer/static/index.html)
 GET /static/app.js, style.css
 GET /api/ping                  {"ok": true}: what report.html probes
-GET /api/runs                  the run directories served, and the index's filter values
-GET /api/records?…             one page of the index (see eval.viewer.view.parse_query)
+GET /api/runs                  the run directories served (records as each report counts
+                               them, the others stored in `ignored`), and the filter values
+GET /api/records?…             one page of the index (see eval.viewer.view.parse_query; by
+                               default the records config.yaml names: scope=out|all for more)
 GET /api/instance?instance=ID  every record of one instance, in every run
 GET /api/sample?run&instance&condition&seed   one record with its trace and nuggets (every
                                text cut at eval.viewer.view.MAX_FIELD_CHARS, saying its length)

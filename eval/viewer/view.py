@@ -2,7 +2,9 @@
 
 The records of every run directory are read once, at start (a run's file that is not a record
 stops it, as it stops `cts report`); the index is filtered, sorted and cut into pages here, so
-the browser only ever holds one page of rows. A sample's trace and its instance (queries,
+the browser only ever holds one page of rows. A run resumed narrower keeps records its
+config.yaml no longer names: the index lists, as the report does, only the others unless asked,
+and counts them as the report does. A sample's trace and its instance (queries,
 nuggets) are read when it is opened. Nothing is ever written into a run directory, and no
 file is served but the viewer's own pages and, through the API, what the records name: a
 trace path is resolved and must stay inside its run's traces/ folder.
@@ -30,6 +32,7 @@ from eval.data.schema import Instance, Record
 from eval.run.config import ALL_CONDITIONS, ExperimentConfig
 from eval.run.run_dir import RunDir
 from eval.run.runner import Key, RecordStore
+from eval.run.scope import in_scope, outside_because
 from eval.run.traces import inside, read_trace_file
 from serving.yaml_config import ConfigError
 from webdancer.protocol import FinalAnswer, ProtocolError, ToolCall, parse_turn
@@ -50,6 +53,9 @@ MAX_DEPTH = 32
 #: "e" or "n1" and tell the reader nothing.
 MIN_QUOTE_CHARS = 3
 SORTS = ("run", "instance", "condition", "seed", "language", "score", "termination", "stage")
+#: Which records the index lists: those config.yaml names (what the report uses), the others,
+#: or all.
+SCOPES = ("in", "out", "all")
 
 
 class Cuts:
@@ -112,13 +118,15 @@ class Row:
     all_unknown: bool
     termination: str
     answer: str
+    #: Whether config.yaml names its key, i.e. the report uses it (eval/run/scope.py).
+    in_scope: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         # Shallow, unlike dataclasses.asdict: the index makes one per record of every run.
         return dict(vars(self))
 
 
-def row_of(run: int, record: Record) -> Row:
+def row_of(run: int, record: Record, in_scope: bool = True) -> Row:
     unknown = sum(a == UNKNOWN for a in record.answers)
     error = record.error or {}
     return Row(
@@ -138,6 +146,7 @@ def row_of(run: int, record: Record) -> Row:
         all_unknown=bool(record.answers) and unknown == len(record.answers),
         termination=record.termination,
         answer=record.answer[:160],
+        in_scope=in_scope,
     )
 
 
@@ -153,6 +162,11 @@ class ViewRun:
     experiment: ExperimentConfig | None
     records: dict[Key, Record]
     config_error: str | None = None
+    #: The records config.yaml no longer names (a narrowing resume keeps them), with why.
+    outside: dict[Key, str] = field(default_factory=dict)
+    #: Their counts, as the report's summary.json gives them (`ignored_records`).
+    ignored: dict[str, Any] = field(default_factory=dict)
+    #: Every instance of the dataset, past dataset.limit too, by id, in the dataset's order.
     _instances: dict[str, Instance] | None = None
     _dataset_error: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -161,21 +175,47 @@ class ViewRun:
     def traces(self) -> Path:
         return RunDir(self.root).traces
 
-    def instance(self, instance_id: str) -> tuple[Instance | None, str | None]:
-        """The instance as the run's dataset holds it, or why it cannot be read here (the
-        dataset moved, or is a hub dataset not cached on this machine)."""
+    def dataset(self) -> tuple[dict[str, Instance] | None, str | None]:
+        """Every instance of the run's dataset by id, or why it cannot be read here (the
+        dataset moved, or is a hub dataset not cached on this machine). Read once, without
+        dataset.limit: the records a narrowing resume kept name instances past it."""
         if self.experiment is None:
             return None, self.config_error
         with self._lock:
             if self._instances is None and self._dataset_error is None:
+                source = self.experiment.dataset.model_copy(update={"limit": None})
                 try:
-                    self._instances = {i.id: i for i in load_instances(self.experiment.dataset)}
+                    self._instances = {i.id: i for i in load_instances(source)}
                 except (DatasetError, OSError) as e:
                     self._dataset_error = f"the run's dataset cannot be read here: {e}"
-        if self._instances is None:
-            return None, self._dataset_error
-        found = self._instances.get(instance_id)
+        return self._instances, self._dataset_error
+
+    def instance(self, instance_id: str) -> tuple[Instance | None, str | None]:
+        """The instance as the run's dataset holds it, or why it cannot be read here."""
+        instances, error = self.dataset()
+        if instances is None:
+            return None, error
+        found = instances.get(instance_id)
         return found, None if found else "not in the run's dataset (any more)"
+
+    def tag_scope(self) -> None:
+        """Sets `outside` and `ignored`: what config.yaml does not name, as the report counts
+        it (eval/run/scope.py). Only a dataset.limit can leave instances out, so without one
+        the dataset is not read here (it is, when a sample opens)."""
+        if self.experiment is None:  # nothing to check against: every record is shown
+            self.ignored = in_scope([], (), (), None).as_dict()
+            return
+        conditions, seeds = self.experiment.conditions, self.experiment.seeds
+        beyond: list[str] | None = []
+        if limit := self.experiment.dataset.limit:
+            instances, _ = self.dataset()
+            beyond = None if instances is None else list(instances)[limit:]
+        self.ignored = in_scope(self.records.values(), conditions, seeds, beyond).as_dict()
+        self.outside = {
+            key: why
+            for key, record in self.records.items()
+            if (why := outside_because(record, conditions, seeds, beyond or ()))
+        }
 
     def trace_file(self, record: Record) -> tuple[Path | None, str | None]:
         """The record's trace file, or why there is none. The path comes from a record, which
@@ -200,15 +240,19 @@ class ViewRun:
 def load_run(index: int, root: Path) -> ViewRun:
     """A run directory's config and counted records (RunDirError without config.yaml,
     RecordFileError for a line that is not a record). Reads only. A config.yaml that does not
-    load any more is no reason not to read the records: it is reported, not raised."""
+    load any more is no reason not to read the records: it is reported, not raised. The
+    records config.yaml no longer names are kept, tagged (ViewRun.tag_scope)."""
     try:
         resolved = RunDir(root).read_config()
     except ConfigError as e:
         records = RecordStore(root).completed()
         problem = f"the run's config.yaml does not load: {e}"
-        return ViewRun(index, root.resolve(), root.name, None, records, problem)
-    records = RecordStore(root).completed()
-    return ViewRun(index, root.resolve(), resolved.system_name(), resolved.experiment, records)
+        view = ViewRun(index, root.resolve(), root.name, None, records, problem)
+    else:
+        records = RecordStore(root).completed()
+        view = ViewRun(index, root.resolve(), resolved.system_name(), resolved.experiment, records)
+    view.tag_scope()
+    return view
 
 
 # -- the index --------------------------------------------------------------------------------
@@ -231,6 +275,8 @@ class Query:
     descending: bool = False
     offset: int = 0
     limit: int = 50
+    #: One of SCOPES: by default the records the report uses.
+    scope: str = "in"
 
 
 def _values(params: Mapping[str, Sequence[str]], name: str) -> list[str]:
@@ -291,6 +337,9 @@ def parse_query(params: Mapping[str, Sequence[str]]) -> Query:
         raise ViewError(f"offset: must be 0 or more, got {offset}")
     if limit is not None and not 1 <= limit <= MAX_LIMIT:
         raise ViewError(f"limit: must be between 1 and {MAX_LIMIT}, got {limit}")
+    scope = _one(params, "scope") or "in"
+    if scope not in SCOPES:
+        raise ViewError(f"scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
     return Query(
         runs=runs,
         conditions=_values(params, "condition"),
@@ -305,10 +354,13 @@ def parse_query(params: Mapping[str, Sequence[str]]) -> Query:
         descending=order == "desc",
         offset=offset or 0,
         limit=limit or 50,
+        scope=scope,
     )
 
 
 def _keep(row: Row, query: Query) -> bool:
+    if query.scope != "all" and row.in_scope != (query.scope == "in"):
+        return False
     if query.runs and row.run not in query.runs:
         return False
     if query.conditions and row.condition not in query.conditions:
@@ -461,9 +513,19 @@ def _hits(block: str, ids: dict[str, str]) -> list[dict[str, Any]]:
     return hits
 
 
+def _well_formed(entry: Any) -> bool:
+    """An evidence entry as webdancer writes it: an object with a url string."""
+    return isinstance(entry, dict) and isinstance(entry.get("url"), str)
+
+
+def _doc_ids(evidence: list[dict[str, str]]) -> dict[str, str]:
+    """The corpus doc id of each url, from a step's evidence (a malformed entry is skipped)."""
+    return {e["url"]: e.get("id", "") for e in evidence if _well_formed(e)}
+
+
 def search_blocks(text: str, evidence: list[dict[str, str]]) -> list[dict[str, Any]]:
     """A search tool's text, per query: its hits with the corpus doc id each came from."""
-    ids = {e.get("url", ""): e.get("id", "") for e in evidence if isinstance(e, dict)}
+    ids = _doc_ids(evidence)
     blocks = []
     for block in text.split(QUERY_SEPARATOR):
         hits = _hits(block, ids)
@@ -494,7 +556,7 @@ def visited_pages(
     text: str, evidence: list[dict[str, str]], errors: dict[str, str]
 ) -> list[dict[str, Any]]:
     """A visit tool's text, per page: the evidence and summary its summarizer wrote."""
-    ids = {e.get("url", ""): e.get("id", "") for e in evidence if isinstance(e, dict)}
+    ids = _doc_ids(evidence)
     pages = []
     for block in text.split(QUERY_SEPARATOR):
         found = _page_parts(block)
@@ -515,13 +577,31 @@ def visited_pages(
     return pages
 
 
+def _step_field(step: dict[str, Any], name: str, expected: type, malformed: list[str]) -> Any:
+    """A tool step's `evidence` (a list) or `errors` (an object); empty, and said in
+    `malformed`, when the trace holds something else there: a trace file is untrusted, and a
+    sample is still shown without it."""
+    value = step.get(name)
+    if value is None:
+        return expected()
+    if not isinstance(value, expected):
+        kind = "a list" if expected is list else "an object"
+        malformed.append(f"{name}: expected {kind}, got {type(value).__name__}")
+        return expected()
+    return value
+
+
 def observation(step: dict[str, Any]) -> dict[str, Any]:
-    """What a tool (or the protocol) answered a model call with."""
+    """What a tool (or the protocol) answered a model call with; `malformed` names the step's
+    fields of the wrong shape, shown as empty."""
     if step.get("kind") == "protocol_error":
         return {"kind": "protocol_error", "message": str(step.get("message", ""))}
     text = str(step.get("result", ""))
-    evidence = step.get("evidence") or []
-    errors = step.get("errors") or {}
+    malformed: list[str] = []
+    evidence = _step_field(step, "evidence", list, malformed)
+    errors = _step_field(step, "errors", dict, malformed)
+    if not all(_well_formed(e) for e in evidence):
+        malformed.append("evidence: an entry without a url string (skipped)")
     shown: dict[str, Any] = {
         "kind": "tool",
         "tool": step.get("tool"),
@@ -530,6 +610,7 @@ def observation(step: dict[str, Any]) -> dict[str, Any]:
         "errors": errors,
         "cached": bool(step.get("cached")),
         "text": text,
+        "malformed": malformed,
     }
     if step.get("tool") == "search":
         shown["searches"] = search_blocks(text, evidence)
@@ -672,6 +753,18 @@ def nugget_rows(record: Record, instance: Instance | None) -> list[dict[str, Any
     return rows
 
 
+def _malformed_steps(turns: list[dict[str, Any]]) -> str | None:
+    """The trace's steps of the wrong shape, turn by turn: the sample's trace_error."""
+    found = [
+        f"turn {n}: {problem}"
+        for n, turn in enumerate(turns, 1)
+        for problem in (turn["observation"] or {}).get("malformed", [])
+    ]
+    if not found:
+        return None
+    return f"malformed trace steps (shown without them): {'; '.join(found)}"
+
+
 # -- the viewer -------------------------------------------------------------------------------
 
 
@@ -687,7 +780,11 @@ class Viewer:
                 where = run.root.name if folders.count(run.root.name) == 1 else str(run.root)
                 run.name = f"{run.name} [{where}]"
         self.rows = sorted(
-            (row_of(run.index, r) for run in self.runs for r in run.records.values()),
+            (
+                row_of(run.index, r, key not in run.outside)
+                for run in self.runs
+                for key, r in run.records.items()
+            ),
             key=_natural,
         )
         self._by_instance: dict[str, list[Row]] = {}
@@ -695,14 +792,20 @@ class Viewer:
             self._by_instance.setdefault(row.instance_id, []).append(row)
 
     def describe_runs(self) -> list[dict[str, Any]]:
+        """Each run: its records and failures as its report counts them (those config.yaml
+        names), all it stores, and the rest counted by why (`ignored`)."""
         return [
             {
                 "id": run.index,
                 "name": run.name,
                 "path": str(run.root),
                 "experiment": run.experiment.name if run.experiment else None,
-                "records": len(run.records),
-                "failed": sum(r.error is not None for r in run.records.values()),
+                "records": len(run.records) - len(run.outside),
+                "failed": sum(
+                    r.error is not None for k, r in run.records.items() if k not in run.outside
+                ),
+                "stored": len(run.records),
+                "ignored": run.ignored,
                 "config_error": run.config_error,
             }
             for run in self.runs
@@ -748,12 +851,20 @@ class Viewer:
         instance, instance_error = view.instance(instance_id)
         trace, trace_error = view.trace(record)
         cuts = Cuts()
+        turns = trace_turns(trace, cuts) if trace is not None else []
+        trace_error = trace_error or _malformed_steps(turns)
         nuggets = cuts.json(nugget_rows(record, instance))
         quotes = {n["id"]: n["evidence"] or "" for n in nuggets}
         key = {"run": run, "instance": instance_id, "condition": condition, "seed": seed}
+        outside = view.outside.get(record.key)
         shown = {
             "run": {"id": view.index, "name": view.name, "path": str(view.root)},
             "record": record.model_dump(mode="json"),
+            "in_scope": outside is None,
+            "scope_note": None
+            if outside is None
+            else f"Outside what the run's config.yaml names ({outside}): its report ignores "
+            "this record, kept from before the run was resumed narrower.",
             "instance": None
             if instance is None
             else {
@@ -783,7 +894,7 @@ class Viewer:
                 "error": trace.get("error"),
                 "llm_calls": trace.get("llm_calls"),
                 "seconds": trace.get("seconds"),
-                "turns": trace_turns(trace, cuts),
+                "turns": turns,
             },
             "trace_error": trace_error,
             "raw": {

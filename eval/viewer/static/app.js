@@ -117,7 +117,7 @@ async function render() {
 
 const FILTERS = [
   "run", "condition", "language", "removed", "failed", "all_unknown",
-  "score_min", "score_max", "q", "sort", "order", "offset", "limit",
+  "score_min", "score_max", "q", "sort", "order", "offset", "limit", "scope",
 ];
 const COLUMNS = [
   ["run", "run", "run"],
@@ -183,6 +183,11 @@ function filterForm(params) {
         value: params.get("q") || "" })),
     select("limit", [["50", "50"], ["100", "100"], ["200", "200"]],
       params.get("limit") || "50", "per page"),
+    // Only a run resumed narrower stores records its config.yaml (and report) leaves out.
+    runs.some((r) => r.ignored && r.ignored.total) || params.get("scope")
+      ? select("scope", [["", "in config.yaml (as the report)"], ["out", "outside config.yaml"],
+          ["all", "all stored"]], params.get("scope") || "", "records")
+      : null,
     h("a", { href: "#/", class: "reset" }, "reset"));
   const apply = () => {
     const next = new URLSearchParams();
@@ -213,7 +218,11 @@ function recordsTable(params, page) {
     return h("th", { class: "sortable", "aria-sort": sort === key ? order + "ending" : null },
       h("a", { href: "#/?" + next, data: { sort: key } }, label + arrow));
   }));
-  const rows = page.rows.map((row) => h("tr", { class: row.failed ? "failed" : null },
+  const rows = page.rows.map((row) => h("tr", {
+    class: [row.failed ? "failed" : null, row.in_scope === false ? "outside" : null]
+      .filter(Boolean).join(" ") || null,
+    title: row.in_scope === false ? "outside what config.yaml names: the report ignores it" : null,
+  },
     h("td", {}, String(row.run)),
     h("td", { class: "id" }, h("a", { href: sampleHref(row) }, row.instance_id)),
     h("td", {}, row.condition),
@@ -403,6 +412,7 @@ function traceView(sample) {
     turn.text ? h("details", {}, h("summary", {}, "raw model output"), pre(turn.text)) : null,
     observationView(turn.observation)));
   return section("Search trace",
+    sample.trace_error ? h("p", { class: "notice" }, sample.trace_error) : null,
     h("p", { class: "muted" }, `${trace.llm_calls ?? "?"} model call(s), termination `
       + `${trace.termination}` + (trace.error ? ` · ${trace.error}` : "")),
     h("ol", { class: "trace" }, turns));
@@ -465,6 +475,7 @@ function sampleBody(sample) {
       + "length. Whole: ", h("a", { href: sample.raw.record, target: "_blank", rel: "noopener" },
         "raw record"),
       record.trace_id ? [" · ", rawTraceLink(sample)] : null) : null,
+    sample.scope_note ? h("p", { class: "notice scope" }, sample.scope_note) : null,
     errorBox(record.error),
     queries(sample),
     dialogue(sample),
@@ -568,7 +579,9 @@ async function start() {
     if (broken.length) STATE.notice = broken.map((r) => `${r.path}: ${r.config_error}`).join("\n");
     document.getElementById("runs-line").replaceChildren(
       ...STATE.runs.map((r) => h("span", { class: "run", title: r.path },
-        `${r.id}: ${r.name} — ${r.records} records, ${r.failed} failed`)));
+        `${r.id}: ${r.name} — ${r.records} records, ${r.failed} failed`
+        + (r.ignored && r.ignored.total
+          ? `, ${r.ignored.total} more stored outside config.yaml (ignored by the report)` : ""))));
   } catch (error) {
     show(failure(error));
     return;

@@ -167,3 +167,32 @@ def test_nuggets_queries_and_prompts_are_compared_by_content(dataset):
         "prompt:agents/judge.yaml"
     ]
     assert differences(base, _setup(dataset, prints=clarifier_prompt)) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        # A key only one run's model config has: its searcher without the LoRA adapter.
+        (
+            "models.smollm2-135m-searcher.adapter=null",
+            'searcher.model.adapter: "models/adapters/smollm2-135m-searcher" → "(unset)"',
+        ),
+        # Chat-template kwargs where the other run has none (`{}`, one key where these are others).
+        (
+            "models.smollm2-135m-rewriter.chat_template_kwargs={enable_thinking: true}",
+            'rewriter.model.chat_template_kwargs.enable_thinking: "(unset)" → true',
+        ),
+    ],
+)
+def test_a_model_key_only_one_run_has_is_a_difference(dataset, override, line):
+    assert differences(_setup(dataset), _setup(dataset, [override])) == [line]
+    # Either way round.
+    before, after = line.split(": ", 1)[1].split(" → ")
+    swapped = f"{line.split(': ', 1)[0]}: {after} → {before}"
+    assert differences(_setup(dataset, [override]), _setup(dataset)) == [swapped]
+
+
+def test_a_role_only_one_run_has_is_not_compared(dataset):
+    base = _setup(dataset)
+    without = {k: v for k, v in base.items() if not k.startswith("summarizer.")}
+    assert differences(base, without) == []

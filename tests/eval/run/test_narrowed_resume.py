@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import eval.experiment
 from cts.cli import app
 from eval.data.schema import Record
-from eval.report.scope import ignored_note, in_scope
+from eval.run.scope import ignored_note, in_scope
 from tests.scripted_cts import scripted_engines
 
 runner = CliRunner()

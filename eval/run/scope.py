@@ -46,6 +46,20 @@ class Scoped:
         }
 
 
+def outside_because(
+    record: Record, conditions: Collection[str], seeds: Collection[int], beyond: Collection[str]
+) -> str | None:
+    """Why config.yaml does not name `record`'s key, the first of its condition, its seed, its
+    instance past `dataset.limit` (in `beyond`); None when it does."""
+    if record.condition not in conditions:
+        return f"condition {record.condition} is not in its conditions"
+    if record.seed not in seeds:
+        return f"seed {record.seed} is not in its seeds"
+    if record.instance_id in beyond:
+        return "its instance is beyond dataset.limit"
+    return None
+
+
 def in_scope(
     records: Iterable[Record],
     conditions: Collection[str],
@@ -55,19 +69,19 @@ def in_scope(
     """The records of the configured `conditions` and `seeds`, less those of the instances
     `beyond_limit` (the dataset's instances past `dataset.limit`; None: the dataset did not
     load, and instances are not checked). A record outside is counted once, under the first of
-    condition, seed, instance that leaves it out. Only a limit can leave instances out: a
-    resume with an edited dataset is refused (eval/run/fingerprint.py)."""
+    condition, seed, instance that leaves it out (`outside_because`). Only a limit can leave
+    instances out: a resume with an edited dataset is refused (eval/run/fingerprint.py)."""
     scoped = Scoped([], instances_checked=beyond_limit is not None)
     beyond = set(beyond_limit or ())
     for record in records:
-        if record.condition not in conditions:
+        if outside_because(record, conditions, seeds, beyond) is None:
+            scoped.records.append(record)
+        elif record.condition not in conditions:
             scoped.conditions[record.condition] += 1
         elif record.seed not in seeds:
             scoped.seeds[record.seed] += 1
-        elif record.instance_id in beyond:
-            scoped.instances += 1
         else:
-            scoped.records.append(record)
+            scoped.instances += 1
     return scoped
 
 
