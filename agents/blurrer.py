@@ -1,9 +1,10 @@
 """The Blurrer (building a benchmark, `cts data blur`): from a fused query and the constraints
 chosen for removal, writes the vague query a user might have typed instead, the
-`blurred_query`, and says which constraints it removed. Its schema admits only the chosen
-constraints, so a removed span is always one the fused query states; whether it is really gone
+`blurred_query`, and says which constraints it removed. Its schema asks for every chosen
+constraint, each as its whole (type, span) pair, so a removed span is always one the fused query
+states under its own type; whether the list is the chosen one, whether each span is really gone
 from the blurred query, and whether a user could still ask it, is checked afterwards
-(eval/build/checks.py)."""
+(eval/build/blur.py, eval/build/checks.py)."""
 
 from __future__ import annotations
 
@@ -24,28 +25,33 @@ class Blurred(BaseModel):
 
 
 def blurred_schema(targets: Sequence[StatedConstraint]) -> dict[str, Any]:
-    """The blurred query and the removed constraints, each one of `targets` (type and span
-    enumerated), at least one."""
+    """The blurred query and the removed constraints: every one of `targets`, each a whole
+    (type, span) pair of them. Pairs, not a type enum beside a span enum, so that a type cannot
+    be reported with another target's span; as many items as targets, so that none is left out
+    (a duplicate item, which the schema cannot rule out everywhere, is caught by the blur's
+    check of the removed set against the targets)."""
+    pairs = list(dict.fromkeys((t.type, t.span) for t in targets))
     return {
         "type": "object",
         "properties": {
             "blurred_query": {"type": "string", "minLength": 5, "maxLength": FUSED_MAX_CHARS},
             "removed": {
                 "type": "array",
-                "minItems": 1,
-                "maxItems": len(targets),
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "type": {"enum": list(dict.fromkeys(t.type for t in targets))},
-                        "span": {"enum": list(dict.fromkeys(t.span for t in targets))},
-                    },
-                    "required": ["type", "span"],
-                    "additionalProperties": False,
-                },
+                "minItems": len(pairs),
+                "maxItems": len(pairs),
+                "items": {"anyOf": [_pair_schema(kind, span) for kind, span in pairs]},
             },
         },
         "required": ["blurred_query", "removed"],
+        "additionalProperties": False,
+    }
+
+
+def _pair_schema(kind: str, span: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"type": {"const": kind}, "span": {"const": span}},
+        "required": ["type", "span"],
         "additionalProperties": False,
     }
 

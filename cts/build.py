@@ -85,7 +85,8 @@ def fuse(
     The `fuser` role, under a JSON schema, writes the fused query, the constraints it states
     (type and span, verbatim in it; others are dropped and listed) and the row's provenance
     (model, prompt digest, seed). Resumable and sharded: rows go to OUT.parts/ as they are
-    done; OUT is written once every group has its row. Next: `cts data blur OUT`."""
+    done (a resume from other raw queries, another --seed or fuser model is refused); OUT is
+    written once every group has its row. Next: `cts data blur OUT`."""
     resolved = _experiment(config, set_, ["fuser"])
     control = _control(f"fuse {raw.name}", shard, retry_failed, resolved.experiment.concurrency)
     with serving_for(resolved, serving, parts_dir(out) / "logs") as ready:
@@ -124,12 +125,14 @@ def blur(
 
     For each fused query, --per-query variants removing --remove of its constraints (types
     drawn by --mix), written by the `blurrer` role under a JSON schema. A variant is kept when
-    the removed span is in the fused query and gone from the blurred one, the blurred query is
-    still a question (rules; with --question-check judge also the judge's model), and the User
-    Answerer recovers the span from the fused query but answers `unknown` from the blurred
-    one. Once every row is done: OUT (instances, removed constraints as {type, span}),
-    OUT-stem.rejects.jsonl (each with its reasons) and OUT-stem.summary.json (counts by
-    reason, the removed types against --mix). Resumable and sharded like `cts data fuse`."""
+    it removed the drawn constraints, each span in the fused query and gone from the blurred
+    one (no part of a word left), the blurred query is still a question (rules; with
+    --question-check judge also the judge's model), and the User Answerer recovers the span
+    from the fused query but answers `unknown` from the blurred one. Once every row is done:
+    OUT (instances, removed constraints as {type, span}), OUT-stem.rejects.jsonl (each with
+    its reasons) and OUT-stem.summary.json (counts by reason, the removed types against
+    --mix). Resumable and sharded like `cts data fuse` (a resume with other settings, fused
+    queries or role models is refused)."""
     if question_check not in ("rules", "judge"):
         raise usage_error(f"--question-check {question_check!r}: rules or judge")
     checked = cast(Literal["rules", "judge"], question_check)
@@ -143,9 +146,12 @@ def blur(
     if summary is not None:
         v, reasons, removed = summary["variants"], summary["reasons"], summary["mix"]
         why = ", ".join(f"{r} {n}" for r, n in reasons.items()) or "none"
+        skipped = summary["fused_queries"]["skipped_without_query"]
         written = (
             f"{v['accepted']} of {v['n']} blurred queries accepted into {out}; rejected "
-            f"{v['rejected']}, failed {v['failed']} (reasons: {why}); removed types asked "
+            f"{v['rejected']}, failed {v['failed']} (reasons: {why}); not drawn: "
+            f"{v['short_of_per_query']} variants short of --per-query, {skipped} fused rows "
+            f"without a query skipped; removed types asked "
             f"{removed['asked']}, drawn {removed['drawn']} (n {removed['n_drawn']}), kept "
             f"{removed['got']} (n {removed['n_removed']})"
         )

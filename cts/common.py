@@ -21,7 +21,7 @@ from rich.text import Text
 
 from cts.options import OptionGroup, expand_groups
 from eval.build.blur import BlurError
-from eval.build.store import BuildFileError
+from eval.build.store import BuildFileError, SettingsChanged
 from eval.data.dataset import DatasetError
 from eval.experiment import RunResult, require_roles, run_experiment, serving_for
 from eval.report.comparability import IncomparableRuns
@@ -74,6 +74,7 @@ EXITS: list[tuple[type[Exception], str, int]] = [
     (DetectError, "detect error: ", 2),
     (RecordFileError, "records error: ", 1),
     (BuildFileError, "build rows error: ", 1),
+    (SettingsChanged, "build error: ", 2),
     (SummaryError, "summary error: ", 1),
     (DialogueFileError, "dialogues error: ", 1),
     (PairsError, "pairs error: ", 1),

@@ -31,10 +31,20 @@ from eval.build.checks import (
     question_rejections,
     recovery_question,
     recovery_rejections,
+    removed_rejections,
     span_rejections,
 )
 from eval.build.fuse import Provenance, parts_dir, provenance
-from eval.build.store import BuildControl, BuildOutcome, BuildRow, RowStore, run_rows
+from eval.build.store import (
+    BuildControl,
+    BuildOutcome,
+    BuildRow,
+    RowStore,
+    SettingsChanged,
+    check_settings,
+    digest,
+    run_rows,
+)
 from eval.data.dataset import DatasetError
 from eval.data.schema import Instance, known_language, unsafe_id
 from eval.run.config import ResolvedExperiment, Role
@@ -113,12 +123,14 @@ class FusedQuery(BaseModel):
 
 def read_fused(path: Path) -> tuple[list[FusedQuery], int]:
     """The fused queries of `path` (rows without one, a failed fuse, are skipped and counted);
-    DatasetError naming `file:line: field` for a line that is not a fused query."""
+    DatasetError naming `file:line: field` for a line that is not a fused query or repeats a
+    key (its row would stand for both)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise DatasetError([Problem(str(path), None, "<file>", f"cannot read: {e}")]) from e
     found, skipped, problems = [], 0, []
+    first_line: dict[str, int] = {}  # each key's line: a key names its rows and instances
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -139,6 +151,11 @@ def read_fused(path: Path) -> tuple[list[FusedQuery], int]:
         why = unsafe_id(f"{row.key}-b0")  # the key names its instances
         if why is not None:
             problems.append(Problem(str(path), n, "key", f"{row.key!r} {why}"))
+        if row.key in first_line:
+            why = f"{row.key!r}: duplicate of line {first_line[row.key]}"
+            problems.append(Problem(str(path), n, "key", why))
+            continue
+        first_line[row.key] = n
         found.append(row)
     if problems:
         raise DatasetError(problems)
@@ -232,13 +249,15 @@ async def blur_one(roles: BlurRoles, row: BlurredRow) -> BlurredRow:
         found = await blurrer.blur(
             roles.blurrer, row.fused_query, row.targets, row.language, sampling
         )
-        rejections = span_rejections(row.fused_query, found.blurred_query, found.removed)
-        rejections += question_rejections(row.fused_query, found.blurred_query, found.removed)
+        # The drawn targets are what must be gone, whatever the Blurrer says it removed.
+        rejections = removed_rejections(row.targets, found.removed)
+        rejections += span_rejections(row.fused_query, found.blurred_query, row.targets)
+        rejections += question_rejections(row.fused_query, found.blurred_query, row.targets)
         if not rejections and roles.judge is not None:
             rejections += await _judged_question(roles, found.blurred_query, row.language)
         recovery: list[Recovery] = []
         if not rejections:
-            recovery = await _recover(roles, row, found.blurred_query, found.removed)
+            recovery = await _recover(roles, row, found.blurred_query, row.targets)
             rejections += recovery_rejections(recovery)
     except (EngineError, ValidationError) as e:
         return row.model_copy(update={"error": f"{type(e).__name__}: {e}"[:500]})
@@ -285,16 +304,21 @@ async def _recover(
     return found
 
 
-def planned_rows(
-    resolved: ResolvedExperiment, fused: Sequence[FusedQuery], plan: BlurPlan
-) -> dict[str, BlurredRow]:
-    """Every variant to blur, by key, before any model call."""
+def role_provenance(resolved: ResolvedExperiment, plan: BlurPlan) -> dict[str, Provenance]:
+    """Where each role of a blur with `plan` comes from: its model, prompt and seed."""
     made = {
         "blurrer": provenance(resolved, "blurrer", plan.seed),
         "user_answerer": provenance(resolved, "user_answerer", plan.seed),
     }
     if plan.question_check == "judge":
         made["judge"] = provenance(resolved, "judge", plan.seed, "question_check")
+    return made
+
+
+def planned_rows(
+    fused: Sequence[FusedQuery], plan: BlurPlan, made: dict[str, Provenance]
+) -> dict[str, BlurredRow]:
+    """Every variant to blur, by key, before any model call."""
     rows = {}
     for f in fused:
         for v, targets in enumerate(draw_targets(f, plan)):
@@ -311,20 +335,20 @@ def planned_rows(
     return rows
 
 
-def _check_plan(folder: Path, plan: BlurPlan) -> None:
-    """A resumed blur keeps its settings: BlurError naming what changed."""
-    path = folder / "plan.json"
-    if path.is_file():
-        before = json.loads(path.read_text(encoding="utf-8"))
-        changed = [k for k, v in plan.document().items() if before.get(k) != v]
-        if changed:
-            raise BlurError(
-                f"{folder}: blurred before with other {', '.join(changed)} "
-                f"({json.dumps(before)}); give the same or another --out"
-            )
-    else:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_whole(path, json.dumps(plan.document(), indent=1))
+def _check_plan(
+    folder: Path, plan: BlurPlan, fused: Sequence[FusedQuery], made: dict[str, Provenance]
+) -> None:
+    """A resumed blur keeps its settings, its fused queries and its roles' models and prompts
+    (a finished row is never made again): BlurError naming what changed."""
+    settings = {
+        **plan.document(),
+        "fused_queries": digest([f.model_dump() for f in fused]),
+        **{role: p.model_dump(exclude={"role", "seed"}) for role, p in made.items()},
+    }
+    try:
+        check_settings(folder, settings, "blurred")
+    except SettingsChanged as e:
+        raise BlurError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -346,8 +370,9 @@ def blur_file(
     (`<stem>.rejects.jsonl`) and the summary (`<stem>.summary.json`)."""
     fused, skipped = read_fused(fused_path)
     folder = parts_dir(out)
-    _check_plan(folder, plan)
-    rows = planned_rows(resolved, fused, plan)
+    made = role_provenance(resolved, plan)
+    _check_plan(folder, plan, fused, made)
+    rows = planned_rows(fused, plan, made)
     store = RowStore(folder, BlurredRow)
 
     @asynccontextmanager
@@ -396,7 +421,8 @@ def blur_summary(
 ) -> dict[str, Any]:
     """Counts (each with the n it is over) and the removed types' mix against the plan's."""
     accepted = [r for r in rows if r.accepted]
-    reasons = Counter(x["reason"] for r in rows for x in r.rejected)
+    # A row may fail one rule for several spans: each reason counts once per row.
+    reasons = Counter(x for r in rows for x in dict.fromkeys(y["reason"] for y in r.rejected))
     reasons.update("model_error" for r in rows if r.error is not None)
     removed: Counter[str] = Counter(c.type for r in accepted for c in r.removed)
     drawn_types = [c.type for r in rows for c in r.targets]
@@ -412,7 +438,6 @@ def blur_summary(
             "failed": sum(1 for r in rows if r.error is not None),
             "short_of_per_query": fused * plan.per_query - len(rows),
         },
-        #: A row may have several reasons: each is counted once per row.
         "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
         # Drawn: what the variants were asked to remove (the draw against the fused queries'
         # constraints); got: what the accepted instances removed (after the checks).

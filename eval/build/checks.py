@@ -3,6 +3,8 @@ rejects file with their reasons). By rules, no model, except recoverability, whi
 Answerer, and, with `--question-check judge`, `not_a_question`, which asks the judge's model
 whether the query is still a whole question (eval/build/blur.py):
 
+- `not_the_targets`: the constraints the Blurrer says it removed, as (type, span) pairs, are not
+  the ones drawn for the variant (one left out, or a type given another's span);
 - `span_not_in_fused`: a removed span is not in the fused query;
 - `span_still_in_blurred`: a removed span is still in the blurred query;
 - `empty`, `unchanged`, `too_short`: no query, the fused query itself, under three units (words,
@@ -11,7 +13,8 @@ whether the query is still a whole question (eval/build/blur.py):
   write another query);
 - `dangling`: words left where a span was: a preposition or particle at the end ("…during?",
   "…在？"), one that now runs into what followed the span ("in for students"), a leading 的,
-  space before punctuation or doubled punctuation;
+  space before punctuation or doubled punctuation, or part of a word the span cut ("FY" of
+  "FY2025", "度" of "2025年度");
 - `not_recoverable`: the User Answerer, given the fused query and a question about a removed
   constraint's type, answers with nothing of the removed span;
 - `leaks`: given only the blurred query as its intent, it answers that question with a value
@@ -33,6 +36,7 @@ from eval.data.schema import normal_form
 
 #: Every reason a blurred row can be rejected for, with what it means (for --help and docs).
 REASONS: dict[str, str] = {
+    "not_the_targets": "the constraints the Blurrer says it removed are not the ones drawn",
     "span_not_in_fused": "a removed span is not in the fused query",
     "span_still_in_blurred": "a removed span is still in the blurred query",
     "empty": "the blurred query is empty",
@@ -65,6 +69,20 @@ _END = "?？.。!！"
 
 def _units(text: str) -> list[str]:
     return [text[a:b] for a, b in unit_spans(text)]
+
+
+def removed_rejections(
+    targets: Sequence[StatedConstraint], removed: Sequence[StatedConstraint]
+) -> list[Rejection]:
+    """The Blurrer says it removed exactly the drawn constraints: the same (type, span) pairs.
+    What it says is checked, not trusted, as the instance records it as removed."""
+    wanted = {(c.type, c.span) for c in targets}
+    said = {(c.type, c.span) for c in removed}
+    if said == wanted:
+        return []
+    missing = ", ".join(f"{t} {s!r}" for t, s in sorted(wanted - said)) or "none"
+    extra = ", ".join(f"{t} {s!r}" for t, s in sorted(said - wanted)) or "none"
+    return [Rejection("not_the_targets", f"not said removed: {missing}; not drawn: {extra}")]
 
 
 def span_rejections(
@@ -118,6 +136,40 @@ def _dangling(fused_query: str, blurred: str, removed: Sequence[StatedConstraint
     if re.search(r"([,，.。?？!！;；、])\s*\1", blurred):
         found.append("doubled punctuation")
     found += [f"{joined!r} where a span was" for joined in _run_ons(fused_query, blurred, removed)]
+    found += _cut_words(fused_query, removed)
+    return found
+
+
+#: Two-character CJK words whose first character can end a time span (`2025年`) while the
+#: second is left alone by its removal: `2025年度` without `2025年` leaves `度`. CJK text has no
+#: spaces and its units are single characters, so a cut word is only seen through words known
+#: to be one (a segmenter splits invented names wrongly: `溪川市2025年公租房` into `年公`).
+_CJK_BOUND = frozenset(
+    "年度 年版 年级 年代 年初 年底 年末 年中 年间 年份 月份 月初 月底 月末 月中 日前 日后".split()
+)
+
+
+def _cut_words(fused_query: str, removed: Sequence[StatedConstraint]) -> list[str]:
+    """A removed span that starts or ends inside a unit of the fused query (`2025` of
+    `FY2025`, `Caldmoor` of `Caldmoor's`), or cuts a known CJK word (`2025年` of `2025年度`):
+    its removal leaves part of a word behind. Each time the span occurs is checked."""
+    units = unit_spans(fused_query)
+    found = []
+    for c in removed:
+        for at in _occurrences(fused_query, c.span):
+            end = at + len(c.span)
+            inside = [(a, b) for a, b in units if a < at < b or a < end < b]
+            cut = [fused_query[a:b] for a, b in inside]
+            cut += [w for w in [fused_query[end - 1 : end + 1]] if w in _CJK_BOUND]
+            found += [f"{c.span!r} cuts {word!r}" for word in cut]
+    return list(dict.fromkeys(found))
+
+
+def _occurrences(text: str, span: str) -> list[int]:
+    found, at = [], text.find(span)
+    while at >= 0:
+        found.append(at)
+        at = text.find(span, at + 1)
     return found
 
 

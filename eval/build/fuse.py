@@ -5,8 +5,8 @@ came from (model, prompt digest, seed).
 
 The raw file is JSONL, a query a line: `{"query": ..., "group": ..., "language": ...}`. Lines
 of one `group` form one session (in file order); a line without `group` is a session of its
-own. Other fields (a timestamp, the shipped sample's `intent`) are kept out of the fuser's
-sight."""
+own, `line-<n>` (a file that also names a group so is refused: the two would merge). Other
+fields (a timestamp, the shipped sample's `intent`) are kept out of the fuser's sight."""
 
 from __future__ import annotations
 
@@ -25,7 +25,15 @@ from pydantic import BaseModel, Field, ValidationError
 from agents import fuser
 from agents.fuser import StatedConstraint
 from agents.prompts import prompt_language
-from eval.build.store import BuildControl, BuildOutcome, BuildRow, RowStore, run_rows
+from eval.build.store import (
+    BuildControl,
+    BuildOutcome,
+    BuildRow,
+    RowStore,
+    check_settings,
+    digest,
+    run_rows,
+)
 from eval.data.dataset import DatasetError
 from eval.data.schema import known_language, normal_form, unsafe_id
 from eval.run.config import ResolvedExperiment, Role
@@ -54,7 +62,8 @@ class _RawLine(BaseModel):
 
 def read_raw(path: Path) -> list[RawGroup]:
     """The sessions of a raw query file, in the order they first appear; DatasetError naming
-    `file:line: field` for every bad line (not JSON, no query, a group of two languages)."""
+    `file:line: field` for every bad line (not JSON, no query, a group of two languages, a
+    line without a group whose session a named group would take in)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -67,16 +76,7 @@ def read_raw(path: Path) -> list[RawGroup]:
         found = _raw_line(path, n, line, problems)
         if found is not None:
             groups.setdefault(found.group or f"line-{n}", []).append((n, found))
-    for gid, rows in groups.items():
-        # The group names its instances (`<group>-b<variant>`): refused here, not at the end.
-        why = unsafe_id(f"{gid}-b0")
-        if why is not None:
-            problems.append(Problem(str(path), rows[0][0], "group", f"{gid!r} {why}"))
-        languages = {prompt_language(r.language) for _, r in rows}
-        if len(languages) > 1:
-            problems.append(
-                Problem(str(path), rows[-1][0], "language", f"group {gid!r} mixes languages")
-            )
+    problems += _group_problems(path, groups)
     if not groups and not problems:
         problems.append(Problem(str(path), None, "<file>", "no raw query"))
     if problems:
@@ -87,6 +87,37 @@ def read_raw(path: Path) -> list[RawGroup]:
         )
         for gid, rows in groups.items()
     ]
+
+
+def _group_problems(path: Path, groups: dict[str, list[tuple[int, _RawLine]]]) -> list[Problem]:
+    """A group that cannot name its instances, mixes languages, or would take in a line
+    without a group."""
+    problems = []
+    for gid, rows in groups.items():
+        # A line without a group is the session `line-<n>`: refused, not merged into it, when
+        # the file also names a group so.
+        alone = [n for n, r in rows if r.group is None]
+        named = [n for n, r in rows if r.group is not None]
+        if alone and named:
+            problems.append(
+                Problem(
+                    str(path),
+                    alone[0],
+                    "group",
+                    f"missing: the line's own session would be {gid!r}, the group line "
+                    f"{named[0]} names; give this line a group",
+                )
+            )
+        # The group names its instances (`<group>-b<variant>`): refused here, not at the end.
+        why = unsafe_id(f"{gid}-b0")
+        if why is not None:
+            problems.append(Problem(str(path), rows[0][0], "group", f"{gid!r} {why}"))
+        languages = {prompt_language(r.language) for _, r in rows}
+        if len(languages) > 1:
+            problems.append(
+                Problem(str(path), rows[-1][0], "language", f"group {gid!r} mixes languages")
+            )
+    return problems
 
 
 def _raw_line(path: Path, n: int, line: str, problems: list[Problem]) -> _RawLine | None:
@@ -155,16 +186,40 @@ def provenance(
 def stated(
     query: str, constraints: list[StatedConstraint]
 ) -> tuple[list[StatedConstraint], list[StatedConstraint]]:
-    """The constraints whose span is in `query` (in `normal_form`; duplicates once), and the
-    others."""
+    """The constraints whose span is in `query` (in `normal_form`; duplicates once), each with
+    its span as `query` writes it (a blur removes that text, and over-answer scoring looks for
+    it verbatim), and the others."""
     kept: dict[str, StatedConstraint] = {}
     dropped = []
     for c in constraints:
-        if normal_form(c.span) in normal_form(query):
-            kept.setdefault(normal_form(c.span), c)
-        else:
+        verbatim = verbatim_span(query, c.span)
+        if verbatim is None:
             dropped.append(c)
+        else:
+            kept.setdefault(normal_form(verbatim), StatedConstraint(type=c.type, span=verbatim))
     return list(kept.values()), dropped
+
+
+def verbatim_span(query: str, span: str) -> str | None:
+    """The first text of `query` that is `span` in `normal_form` (width, case and whitespace
+    folded), as `query` writes it; None when there is none."""
+    if span in query:
+        return span
+    wanted = normal_form(span)
+    if not wanted or wanted not in normal_form(query):
+        return None
+    for start in range(len(query)):
+        if query[start].isspace():
+            continue
+        # One more character never makes the folded text shorter (a combining mark composes
+        # with the character before it): once longer than the span, no later end matches.
+        for end in range(start + 1, len(query) + 1):
+            found = normal_form(query[start:end])
+            if found == wanted:
+                return query[start:end]
+            if len(found) > len(wanted):
+                break
+    return None
 
 
 async def fuse_group(
@@ -189,12 +244,21 @@ async def fuse_group(
 def fuse_file(
     resolved: ResolvedExperiment, raw: Path, out: Path, control: BuildControl, seed: int = 0
 ) -> tuple[BuildOutcome, int | None]:
-    """Fuse (the shard's share of) `raw`'s groups, resuming from the rows under `<out>.parts/`;
-    when every group has a row, `out` gets them all, in the file's order. Returns the outcome
-    and how many rows `out` got (None: not written yet, rows are missing)."""
+    """Fuse (the shard's share of) `raw`'s groups, resuming from the rows under `<out>.parts/`
+    (SettingsChanged when they were made from other raw queries, another seed, model or
+    prompt); when every group has a row, `out` gets them all, in the file's order. Returns the
+    outcome and how many of `out`'s rows are fused queries, not failures (None: not written
+    yet, rows are missing)."""
     groups = read_raw(raw)
     store = RowStore(parts_dir(out), FusedRow)
     by_id = {g.id: g for g in groups}
+    made = provenance(resolved, "fuser", seed)
+    settings = {
+        "seed": seed,
+        "raw_queries": digest([[g.id, g.language, g.queries] for g in groups]),
+        "fuser": made.model_dump(exclude={"role", "seed"}),
+    }
+    check_settings(store.root, settings, "fused")
 
     @asynccontextmanager
     async def fusing() -> AsyncIterator[Callable[[str], Awaitable[FusedRow]]]:
@@ -212,11 +276,12 @@ def parts_dir(out: Path) -> Path:
 
 
 def write_rows(store: RowStore[Any], keys: list[str], out: Path) -> int | None:
-    """Every key's row, in `keys`' order, into `out` once all have one (else None)."""
+    """Every key's row, in `keys`' order, into `out` once all have one; how many of them are
+    not failures (None: not written, rows are missing)."""
     rows = store.rows()
     if any(k not in rows for k in keys):
         return None
     text = "".join(rows[k].model_dump_json() + "\n" for k in keys)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_whole(out, text)  # whole or absent, as every other output
-    return len(keys)
+    return sum(1 for k in keys if rows[k].error is None)

@@ -7,13 +7,14 @@ error; `retry_failed` runs it again, and the later row counts."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -55,7 +56,8 @@ class BuildControl:
 
 @dataclass(frozen=True)
 class BuildOutcome:
-    #: The shard's keys, those run now (the others had rows), and of those the failed.
+    #: The shard's keys, those run now (the others had rows), and the shard's rows that are
+    #: failures (run now or before: what --retry-failed would run).
     keys: int
     ran: int
     failed: int
@@ -135,24 +137,50 @@ async def run_rows(
     store.repair(shard)
     store.write_keys(keys)
     todo = store.to_run(keys, shard, control.retry_failed)
-    mine = len(shard.select(keys))
-    if not todo:
-        return BuildOutcome(keys=mine, ran=0, failed=0)
-    gate = asyncio.Semaphore(control.concurrency)
-    failed = 0
-    show = control.show_progress
-    async with (
-        open_work() as work,
-        progress(control.name, mine, mine - len(todo), show, "rows") as done,
-    ):
+    mine = shard.select(keys)
+    if todo:
+        gate = asyncio.Semaphore(control.concurrency)
+        show = control.show_progress
+        async with (
+            open_work() as work,
+            progress(control.name, len(mine), len(mine) - len(todo), show, "rows") as done,
+        ):
 
-        async def one(key: str) -> None:
-            nonlocal failed
-            async with gate:
-                row = await work(key)
-            store.append(row, shard)
-            failed += row.error is not None
-            done(row.error is not None)
+            async def one(key: str) -> None:
+                async with gate:
+                    row = await work(key)
+                store.append(row, shard)
+                done(row.error is not None)
 
-        await asyncio.gather(*(one(k) for k in todo))
-    return BuildOutcome(keys=mine, ran=len(todo), failed=failed)
+            await asyncio.gather(*(one(k) for k in todo))
+    rows = store.rows()
+    failed = sum(1 for k in mine if k in rows and rows[k].error is not None)
+    return BuildOutcome(keys=len(mine), ran=len(todo), failed=failed)
+
+
+class SettingsChanged(ValueError):
+    """A resumed step whose settings differ from those its rows were made with."""
+
+
+def check_settings(root: Path, settings: dict[str, Any], made: str) -> None:
+    """A resumed step keeps what its rows were made from (settings, input digest, models):
+    SettingsChanged naming what changed. The first run records them as `plan.json`."""
+    path = root / "plan.json"
+    if not path.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        write_whole(path, json.dumps(settings, indent=1, ensure_ascii=False))
+        return
+    before = json.loads(path.read_text(encoding="utf-8"))
+    changed = [k for k in {**before, **settings} if before.get(k) != settings.get(k)]
+    if changed:
+        raise SettingsChanged(
+            f"{root}: {made} before with other {', '.join(changed)} "
+            f"({json.dumps({k: before.get(k) for k in changed}, ensure_ascii=False)}); "
+            "give the same settings and input, or another --out"
+        )
+
+
+def digest(rows: Sequence[Any]) -> str:
+    """sha256 of JSON data: what a step's rows were made from."""
+    text = json.dumps(list(rows), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()

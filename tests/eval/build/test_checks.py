@@ -11,6 +11,7 @@ from eval.build.checks import (
     overlaps,
     question_rejections,
     recovery_rejections,
+    removed_rejections,
     span_rejections,
 )
 from eval.data.schema import Instance, normal_form
@@ -106,6 +107,12 @@ def test_a_blurred_query_that_is_no_question_is_rejected(blurred: str, reason: s
         ("音乐节在2024年举办吗", "音乐节举办在", "2024年", "ends with '在'"),
         (FUSED, FUSED.replace(" in 2025", " ,"), "2025", "a space before punctuation"),
         (FUSED, FUSED.replace(" in 2025", ",?"), "2025", "doubled punctuation"),
+        # The span starts or ends inside a word: the rest of the word is left.
+        ("Which FY2025 grants?", "Which FY grants?", "2025", "'2025' cuts 'FY2025'"),
+        ("Caldmoor's trains?", "'s trains?", "Caldmoor", "'Caldmoor' cuts \"Caldmoor's\""),
+        # CJK units are characters: a word the span cuts is one known to be a word.
+        ("资助额度 2025年度", "资助额度 度", "2025年", "'2025年' cuts '年度'"),
+        ("专家共识2025年版征求意见稿", "专家共识版征求意见稿", "2025年", "'2025年' cuts '年版'"),
     ],
 )
 def test_words_left_where_a_span_was_are_dangling(
@@ -113,6 +120,34 @@ def test_words_left_where_a_span_was_are_dangling(
 ) -> None:
     found = question_rejections(fused, blurred, [StatedConstraint(type="time", span=span)])
     assert ("dangling", why) in [(r.reason, r.detail) for r in found]
+
+
+@pytest.mark.parametrize(
+    ("fused", "blurred", "span"),
+    [
+        ("云川师范大学2025年公费师范生招生计划", "云川师范大学公费师范生招生计划", "2025年"),
+        ("溪川市2025年公租房申请收入标准多少", "2025年公租房申请收入标准多少", "溪川市"),
+        ("鹤汀春茶产量 2023年", "鹤汀春茶产量", "2023年"),
+        ("Kelbridge night trains in 2024-25?", "Kelbridge night trains?", "in 2024-25"),
+        ("What did the Pro plan cost in 2024?", "What did the plan cost in 2024?", "Pro"),
+    ],
+)
+def test_a_span_of_whole_words_or_characters_cuts_nothing(
+    fused: str, blurred: str, span: str
+) -> None:
+    assert reasons(fused, blurred, [StatedConstraint(type="time", span=span)]) == []
+
+
+def test_the_removed_constraints_are_the_drawn_ones_as_pairs() -> None:
+    assert removed_rejections([YEAR, NIGHT], [NIGHT, YEAR]) == []
+    swapped = [
+        StatedConstraint(type="scope", span="2025"),
+        StatedConstraint(type="time", span="night"),
+    ]
+    for said in (swapped, [YEAR], [YEAR, NIGHT, StatedConstraint(type="time", span="in")]):
+        assert [r.reason for r in removed_rejections([YEAR, NIGHT], said)] == ["not_the_targets"]
+    (missing,) = removed_rejections([YEAR, NIGHT], [YEAR])
+    assert missing.detail == "not said removed: scope 'night'; not drawn: none"
 
 
 def test_recoverability_needs_the_span_from_the_fused_query_and_unknown_from_the_blurred() -> None:
