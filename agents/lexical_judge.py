@@ -17,7 +17,9 @@ with `cts judge calibrate` (docs/calibration-and-rejudging.md).
 The rules, fixed before any measurement on the people's labels (they follow the sample
 labels' own rules: a nugget's parts are its values and its conditions):
 - numbers (NFKC, thousands separators dropped): *stated* when the answer has the same value,
-  *near* when it has one within 15% (a year only as itself);
+  *near* when it has one within 15% (a year only as itself); `7.5` and `7,5` are decimals,
+  `5,6,7` lists three numbers, and a dotted sequence (`3.2.1`, `15.03.2024`, `192.168.0.1`)
+  is one value stated only as written;
 - terms: English words of 3+ letters outside a stop list, cut to their first 5 letters (a
   crude stem: charge / charging / charged); Chinese character pairs; a nugget's *recall* is
   the share of its terms in the answer;
@@ -66,8 +68,22 @@ def normalised(text: str) -> str:
     return re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
 
 
-def numbers(text: str) -> set[float]:
-    return {float(n.replace(",", ".")) for n in _NUMBER.findall(text)}
+#: A number as the rules compare it: a value, or a dotted sequence kept as written.
+Value = float | str
+
+
+def _values(token: str) -> list[Value]:
+    """The values one number token states. `7.5` and `7,5` are decimals; with more separators
+    it is no decimal: `5,6,7` lists 5, 6 and 7, and a dotted sequence (a version `3.2.1`, a
+    date `15.03.2024`, an address `192.168.0.1`) is stated only as itself, never near another
+    value, since no single number stands for it."""
+    if len(re.findall(r"[.,]", token)) <= 1:
+        return [float(token.replace(",", "."))]
+    return [part if part.count(".") > 1 else float(part) for part in token.split(",")]
+
+
+def numbers(text: str) -> set[Value]:
+    return {value for token in _NUMBER.findall(text) for value in _values(token)}
 
 
 def terms(text: str) -> set[str]:
@@ -80,11 +96,14 @@ def terms(text: str) -> set[str]:
     return words | pairs
 
 
-def _near(value: float, among: Iterable[float], within: float) -> bool:
-    """Another value within `within` of `value`; a year (1900–2100) only as itself."""
-    if value.is_integer() and 1900 <= value <= 2100:
+def _near(value: Value, among: Iterable[Value], within: float) -> bool:
+    """Another value within `within` of `value`; a year (1900–2100) and a dotted sequence
+    only as themselves."""
+    if isinstance(value, str) or (value.is_integer() and 1900 <= value <= 2100):
         return value in among
-    return any(abs(other - value) <= within * abs(value) for other in among)
+    return any(
+        abs(other - value) <= within * abs(value) for other in among if isinstance(other, float)
+    )
 
 
 @dataclass(frozen=True)

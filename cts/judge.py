@@ -123,6 +123,14 @@ def _movement_lines(console: Console, found: PairAgreement, floors: list[NoiseFl
             highlight=False,
         )
         return
+    if found.replayed is not None:
+        console.print(
+            f"same judge ({escape(found.judges[0])}) in both, but the labels of "
+            f"{escape(found.replayed)} are response-cache replays, not a second reading (no "
+            f"noise floor; see the notes): {moved(found.movement)}",
+            highlight=False,
+        )
+        return
     console.print(f"{moved(found.movement)}", highlight=False)
     for floor in floors:
         console.print(
@@ -291,14 +299,22 @@ def agreement_command(
     matrix, κ per language and per removed constraint, agreement per instance, the restore
     score's difference per condition with a paired bootstrap CI, and how many labels and score
     points move (CIs over instances). Two runs by the same judge (model config, sampling,
-    judge: options, prompts) give that judge's noise floor, shown beside every comparison of
-    it with another judge. Labels are paired on
+    judge: options, the judge's prompt) give that judge's noise floor, shown beside every
+    comparison of it with another judge, unless one run's labels are all response-cache
+    replays (a note says so). Each run is given once. Labels are paired on
     (instance, condition, seed, nugget); keys with other answers or nuggets are listed, not
     joined. With several systems each judged twice or more (give each system's runs in the
     same judge order), Kendall's τ-b says whether the systems' ranking per condition changes.
     Exit 1 when no two runs judge the same answers."""
     if len(runs) < 2:
         raise usage_error("give at least two run directories")
+    seen: dict[Path, Path] = {}
+    for run in runs:
+        # One run given twice would be compared with itself: identical labels, no reading.
+        if run.resolve() in seen:
+            earlier = seen[run.resolve()]
+            raise usage_error(f"{earlier} and {run} are the same run directory: give each once")
+        seen[run.resolve()] = run
     judgements = [read_judgement(p, n) for p, n in zip(runs, names_for(runs), strict=True)]
     report = agreement(judgements, resamples=resamples)
     console = output_console()

@@ -16,8 +16,10 @@ answers were made by the source's roles, and NEW/config.yaml describes them. The
 differ (a new judge prompt is a reason to rejudge; no other role's prompt is sent). Conditions,
 seeds and `dataset.limit` may select part of the source; every selected key must be recorded
 in the source (an unfinished source is refused with what is missing). NEW/config.yaml's
-fingerprint includes a digest of the source's config, so a resume from another source run, or
-with another judge, is refused as `cts run` refuses a changed config.
+fingerprint includes a digest of the source's config, so a resume with another judge is refused
+as `cts run` refuses a changed config; a resume from another source run (whose config may be
+the same) is refused by the source path NEW/rejudge.json names, and a NEW that holds a run but
+no rejudge.json (an ordinary run) is never rejudged into.
 
 The response cache — "without the response cache of the original run". A judge request is
 cached under the request alone (engine, messages, sampling, output spec). A rejudge whose judge
@@ -109,6 +111,7 @@ def rejudge_experiment(
         raise SourceRunError(
             f"--output-dir {output_dir}: is the source run itself; rejudge into a new directory"
         )
+    require_rejudge_of(source, RunDir(output_dir))
     for item in overrides:
         parsed = parse_override(item) if isinstance(item, str) else item
         if parsed.keys[:2] == ("cache", "path") or parsed.keys == ("cache",):
@@ -318,6 +321,30 @@ def _require_recorded(
         )
 
 
+def require_rejudge_of(source: Source, run: RunDir) -> None:
+    """SourceRunError unless `run` is new or a rejudge of `source` (its rejudge.json names the
+    same run directory). The config digest alone cannot tell: another run of the same config
+    (other answers, from a sampled model) has the same one, and an ordinary run has none."""
+    if not run.config.is_file():
+        return
+    if not run.provenance.is_file():
+        raise SourceRunError(
+            f"--output-dir {run.root}: holds a run that is not a rejudge (no "
+            f"{run.provenance.name}); rejudging {source.run.root} into it would mix its records "
+            "with the rejudge's: rejudge into a new directory"
+        )
+    try:
+        named = json.loads(run.provenance.read_text())["source"]["path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SourceRunError(f"{run.provenance}: unreadable ({e}); cannot tell its source") from e
+    if Path(named).resolve() != source.run.root.resolve():
+        raise SourceRunError(
+            f"--output-dir {run.root}: is a rejudge of {named}, not of "
+            f"{source.run.root.resolve()}; resuming it from another source run would mix their "
+            "answers: rejudge into a new directory"
+        )
+
+
 def _write_provenance(run: RunDir, source: Source, resolved: ResolvedExperiment) -> None:
     """provenance.json: the source run (path, config digest, fingerprint, system, judge), the
     new judge and its cache."""
@@ -348,8 +375,10 @@ def rejudge_run(
     shard = control.get("shard") or Shard()
     require_roles(resolved, ["judge"])
     source = load_source(source_dir)
+    run = RunDir(output_dir)
     # Also here, not only in rejudge_experiment: whoever built `resolved`, the records of NEW
     # never describe other answers, nor hold a label replayed from a shared cache.
+    require_rejudge_of(source, run)
     _refuse_other_than_judge(source, resolved)
     _require_own_cache(resolved, output_dir)
     instances, prints = _source_instances(resolved, source)
@@ -357,9 +386,12 @@ def rejudge_run(
     seeds = list(resolved.experiment.seeds)
     recorded = RecordStore(source.run.root).completed()
     _require_recorded(source, recorded, instances, conditions, seeds, shard)
-    run = RunDir(output_dir)
-    run.write_config(resolved, {**prints, "source": source.digest})
+    prints = {**prints, "source": source.digest}
+    # Everything checked before anything is written; then rejudge.json before config.yaml, so
+    # that a shard starting beside this one never finds a config.yaml without it.
+    run.check_resume(resolved, prints)
     _write_provenance(run, source, resolved)
+    run.write_config(resolved, prints)
     started = time.perf_counter()
     outcome, stats, cache, copied = asyncio.run(
         _rejudge(resolved, run, recorded, instances, (conditions, seeds), control)

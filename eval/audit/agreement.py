@@ -178,6 +178,13 @@ def read_judgement(path: Path, name: str | None = None) -> Judgement:
     )
 
 
+def replayed(record: Record) -> bool:
+    """The record's judge answers all came from the response cache: its labels are what an
+    earlier run's judge answered to the same requests, not a reading of this run's."""
+    usage = record.usage
+    return usage.get("judge_calls") == 0 and usage.get("judge_cached_calls", 0) > 0
+
+
 def _reached_judge(record: Record) -> bool:
     """The record has an answer the judge saw or should have seen."""
     return record.error is None or record.error.get("stage") == "judge"
@@ -455,8 +462,12 @@ class PairAgreement:
     #: Each judgement's judge: its model label and its setup digest.
     judges: tuple[str, str] = ("?", "?")
     setups: tuple[str | None, str | None] = (None, None)
-    #: Both judgements by one judge: the movement is that judge's noise floor.
+    #: Both judgements by one judge, which read the answers in each: the movement is that
+    #: judge's noise floor.
     same_judge: bool = False
+    #: Judgements by one judge where one of them is a response-cache replay (`cache_replay`):
+    #: the run whose labels are replays, else None. Not a noise floor.
+    replayed: str | None = None
 
 
 def _groups(pairs: list[LabelPair], of: str) -> list[GroupAgreement]:
@@ -525,6 +536,8 @@ def compare(
     """Every figure of one pair of judgements (the first is the reference)."""
     pairing = pair(first, second)
     labels = [(p.first, p.second) for p in pairing.labels]
+    one_judge = first.setup is not None and first.setup == second.setup
+    replay = cache_replay(first, second, pairing) if one_judge else None
     strict_labels = [(strict(a), strict(b)) for a, b in labels]
     return PairAgreement(
         first=first.name,
@@ -542,8 +555,24 @@ def compare(
         movement=movement(pairing, resamples, seed),
         judges=(first.judge, second.judge),
         setups=(first.setup, second.setup),
-        same_judge=first.setup is not None and first.setup == second.setup,
+        same_judge=one_judge and replay is None,
+        replayed=replay,
     )
+
+
+def cache_replay(first: Judgement, second: Judgement, pairing: Pairing) -> str | None:
+    """The name of the judgement whose labels of every paired record came from the response
+    cache (no judge call), when neither is a rejudge; else None. Such labels are an earlier
+    run's answers to the same requests (the other's, for a rerun of it): comparing them with
+    that run measures no re-reading. A rejudge never reads a shared cache (eval/rejudge.py), so
+    where either is one, the labels on both sides were read apart."""
+    if first.source is not None or second.source is not None or not pairing.labels:
+        return None
+    keys = {p.key for p in pairing.labels}
+    for judgement in (second, first):
+        if all(replayed(judgement.records[k]) for k in keys):
+            return judgement.name
+    return None
 
 
 # -- several runs -------------------------------------------------------------------------------
@@ -741,6 +770,14 @@ def agreement(
                 pairs.append(compare(judgements[i], judgements[j], resamples, seed))
     changes, ranking_notes = rankings(judgements, groups)
     floors, floor_notes = noise_floors(pairs, {j.name: j.path for j in judgements})
+    notes += [
+        f"{p.first} vs {p.second}: the same judge, but every label of {p.replayed} on the "
+        "answers both judged came from the response cache (no judge call): replays of earlier "
+        "answers to the same requests, not a second reading, so the pair is no noise floor "
+        "(`cts rejudge` asks the judge again)"
+        for p in pairs
+        if p.replayed is not None
+    ]
     return AgreementReport(
         judgements=[
             JudgementInfo(

@@ -31,6 +31,7 @@ from typing import Any
 from agents import judge
 from eval.audit.agreement import STRICT_LABELS, Rate, cohen_kappa, confusion, strict
 from eval.data.dataset import SAMPLE_DIR, field_problems, labelled_rows, refuse_labels
+from eval.data.schema import known_language
 from eval.run.config import JudgeConfig, ResolvedExperiment
 from eval.run.engines import open_engines
 from eval.run.progress import ShowProgress, progress
@@ -126,6 +127,11 @@ def _row_problems(data: dict[str, Any], ids: dict[str, int], line: int) -> list[
     for key in ("id", "group", "nugget_id", "language", "instance_id"):
         if key in data:
             _text(data, key, problems)
+    # As the answerer's labels: an unknown tag would be judged with the English prompt and
+    # reported as a language of its own.
+    language = data.get("language")
+    if isinstance(language, str) and language.strip() and not known_language(language):
+        problems.append(("language", f"unknown language {language!r} (an ISO 639-1 code)"))
     for key in ("query", "note"):
         if data.get(key) is not None:
             _text(data, key, problems, empty=True)
@@ -347,7 +353,12 @@ async def _pass(
     done: Callable[[bool], None],
 ) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
     """(group, nugget id) → the judge's label for every answer, and the failed answers;
-    `done(failed)` after each answer."""
+    `done(failed)` after each answer.
+
+    A failure of one answer fails that answer only, whatever raised: an engine's error, or an
+    unexpected one (a judge that cannot read some answer's text). The unexpected kind is not
+    hidden: it is listed against that answer's rows as a likely bug in the judge, and counted,
+    where letting it end the calibration would throw away every other answer's labels."""
     limit = asyncio.Semaphore(concurrency)
     labels: dict[tuple[str, str], str] = {}
     failed: dict[str, str] = {}
@@ -356,8 +367,8 @@ async def _pass(
         async with limit:
             try:
                 got = await call(answer, order(answer))
-            except EngineError as e:
-                failed[answer.group] = f"{type(e).__name__}: {e}"[:300]
+            except Exception as e:  # listed against its answer: see the docstring
+                failed[answer.group] = _failure(answer, e)
                 done(True)
                 return
         done(False)
@@ -365,6 +376,13 @@ async def _pass(
 
     await asyncio.gather(*(one(a) for a in answers))
     return labels, failed
+
+
+def _failure(answer: LabelledAnswer, error: Exception) -> str:
+    """Why an answer's judge call failed, naming its rows' lines (an unexpected error as such)."""
+    lines = ", ".join(str(n.line) for n in answer.nuggets)
+    kind = "" if isinstance(error, EngineError) else "unexpected error (a bug in the judge?) "
+    return f"lines {lines}: {kind}{type(error).__name__}: {error}"[:300]
 
 
 def _changed(

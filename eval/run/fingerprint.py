@@ -95,11 +95,27 @@ def results_view(document: dict[str, Any]) -> dict[str, Any]:
 NOT_THE_JUDGE = ("canary", "deterministic")
 
 
+#: The prompt files the judge role is sent (agents/judge.py renders `judge` only, its canary
+#: too), as `fingerprint` keys them.
+JUDGE_PROMPTS = ("agents/judge.yaml",)
+
+
+def judge_prompts(prints: dict[str, Any]) -> Any:
+    """What the judge's labels depend on among a run's prompt digests: the judge's own prompt
+    files, so that an edit to another role's prompt (which a rejudge does not even send) keeps
+    the judge the same. A config.yaml written before one digest per file has only the digest of
+    every prompt: then that, which tells one judge from another only when no prompt changed."""
+    keys = [f"{PROMPT_KEY}{name}" for name in JUDGE_PROMPTS]
+    if any(key in prints for key in keys):
+        return {key: prints.get(key) for key in keys}
+    return prints.get("prompts")
+
+
 def judge_setup(document: dict[str, Any]) -> str | None:
     """A digest of the judge a run's labels come from: its model config (less how the model is
-    reached and served), its role's sampling, the `judge:` options but NOT_THE_JUDGE, and the
-    prompts. Two runs with one digest had the same judge, whatever the model's name in each;
-    None when the config names no judge."""
+    reached and served), its role's sampling, the `judge:` options but NOT_THE_JUDGE, and its
+    prompts (`judge_prompts`). Two runs with one digest had the same judge, whatever the model's
+    name in each; None when the config names no judge."""
     experiment = document.get("experiment") or {}
     role = (experiment.get("roles") or {}).get("judge")
     if not role:
@@ -110,17 +126,24 @@ def judge_setup(document: dict[str, Any]) -> str | None:
         "model": _bound(_leaves(model), FREE_MODEL_KEYS),
         "sampling": role.get("sampling"),
         "options": options,
-        "prompts": (document.get("fingerprint") or {}).get("prompts"),
+        "prompts": judge_prompts(document.get("fingerprint") or {}),
     }
     return hashlib.sha256(json.dumps(view, sort_keys=True, default=str).encode()).hexdigest()
 
 
+#: Fingerprint keys compared even when one side lacks them: a rejudge's source digest, which
+#: an ordinary run never has (one side only: a rejudge against an ordinary run).
+ALWAYS_COMPARED = frozenset({"fingerprint.source"})
+
+
 def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`key: old → new` for each key the records depend on that differs. A fingerprint only
-    one side has (a config.yaml written before fingerprints) cannot be compared: it is skipped."""
+    one side has (a config.yaml written before fingerprints, or before one digest per prompt
+    file) cannot be compared: it is skipped, but for ALWAYS_COMPARED."""
     lines = []
     for key in sorted(set(old) | set(new)):
-        if key.startswith("fingerprint.") and (key not in old or key not in new):
+        one_side = key not in old or key not in new
+        if key.startswith("fingerprint.") and one_side and key not in ALWAYS_COMPARED:
             continue
         before, after = old.get(key, "(unset)"), new.get(key, "(unset)")
         if before != after:

@@ -78,6 +78,29 @@ def test_chinese_numbers_in_full_width_count_and_an_answer_in_another_language_d
     assert lexical_judge.label("The yield is 1,234 kg.", "产量为1234公斤")[0] == "none"
 
 
+def test_dotted_sequences_are_stated_as_written_and_comma_lists_are_their_numbers():
+    # A version, a date and an address are no decimal: each is one value, as written.
+    assert lexical_judge.numbers("v3.2.1 on 15.03.2024 at 192.168.0.1") == {
+        "3.2.1",
+        "15.03.2024",
+        "192.168.0.1",
+    }
+    # More than one comma: a list; one separator stays a decimal (7.5 = 7,5).
+    assert lexical_judge.numbers("sizes 5,6,7; 7,5 or 7.5 hours") == {5.0, 6.0, 7.0, 7.5}
+    nugget = "Firmware 3.2.1 was released on 15.03.2024."
+    said = "Firmware 3.2.1 (released 15.03.2024) adds 7.5 hours per charge."
+    assert lexical_judge.label(said, nugget)[0] == "full"
+    # Another version is neither stated nor near (no 15% around a sequence): terms alone
+    # cannot lift a nugget whose every value is missed.
+    assert match("Firmware 3.2.2 was released on 15.03.2024.", nugget).stated == 0.5
+    assert match("Firmware 3.2.2 was released on 15.03.2024.", nugget).near == 0.5
+    # A plain number near a sequence's first part is not near the sequence.
+    assert match("Version 3 was released.", "Version 3.2.1 was released.").near == 0.0
+    assert lexical_judge.label("Sizes 5, 6 and 7 are stocked.", "Stocked in sizes 5,6,7.")[0] == (
+        "full"
+    )
+
+
 def test_the_judge_role_labels_through_any_wrapper_and_the_engine_answers_no_chat():
     class Outer:  # a wrapper, as the cache and the metering are
         def __init__(self, inner):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from eval.experiment import merge_run, run_experiment
 from eval.rejudge import SourceRunError, rejudge_experiment, rejudge_run
 from eval.run.config import ResolvedExperiment, Role, load_experiment
 from eval.run.engines import Engines
+from eval.run.fingerprint import changes
 from eval.run.run_dir import RunDir, Shard
 from eval.run.runner import RecordStore
 from eval.score.metrics import restore_score
@@ -255,6 +257,45 @@ def test_a_changed_config_is_refused_on_resume(source, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"roles\.judge\.model"):
         rejudge(source, out, monkeypatch, [])
     assert RunDir(out).config.read_bytes() == before
+
+
+def test_a_resume_from_another_source_run_or_into_an_ordinary_run_is_refused(
+    source, tmp_path, monkeypatch
+):
+    # B: the same config, other answers (as a sampled searcher would give).
+    other_source = tmp_path / "B"
+    shutil.copytree(source, other_source)
+    for path in RecordStore(other_source).all_files():
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(r | {"answer": "Other answer."}) + "\n" for r in rows))
+    out = tmp_path / "new"
+    rejudge(source, out, monkeypatch, NEW_JUDGE)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SourceRunError, match="is a rejudge of") as refused:
+        rejudge(other_source, out, monkeypatch, NEW_JUDGE)
+    assert str(source.resolve()) in str(refused.value)
+    assert str(other_source.resolve()) in str(refused.value)
+    # rejudge_run checks it too, whoever built the experiment; nothing in NEW changed.
+    resolved = rejudge_experiment(other_source, tmp_path / "fresh", None, NEW_JUDGE)
+    with pytest.raises(SourceRunError, match="is a rejudge of"):
+        rejudge_run(resolved, other_source, out, show_progress=False)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+    # An ordinary run as the output directory: refused, no rejudge.json written into it.
+    with pytest.raises(SourceRunError, match="not a rejudge"):
+        rejudge(source, other_source, monkeypatch, NEW_JUDGE)
+    assert not RunDir(other_source).provenance.exists()
+    result = CliRunner().invoke(
+        app, ["rejudge", str(source), "--output-dir", str(other_source), "--set", NEW_JUDGE[0]]
+    )
+    assert result.exit_code == 2 and "not a rejudge" in result.output, result.output
+
+
+def test_a_rejudge_and_an_ordinary_run_differ_by_the_source_fingerprint():
+    # One side only: a rejudge's source digest is compared; a digest added in a later version
+    # (one per prompt file) is not, so that older run directories still resume.
+    assert changes({"fingerprint.source": "abc"}, {}) == ['fingerprint.source: "abc" → "(unset)"']
+    assert changes({}, {"fingerprint.prompt:agents/judge.yaml": "j"}) == []
 
 
 def test_a_rejudge_changes_the_judge_only(source, tmp_path, monkeypatch):

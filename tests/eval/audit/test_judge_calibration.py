@@ -252,6 +252,35 @@ def test_a_failed_judge_call_is_left_out_and_listed(shipped):
     assert f"- {broken.group}: " in text
 
 
+def test_an_unexpected_error_on_one_answer_is_listed_against_its_rows_not_fatal(tmp_path):
+    path = tmp_path / "labels.jsonl"
+    rows = [
+        {"group": "bad", "answer": "Firmware 3.2.1.", "nugget": "Version 3.", "label": "partial"},
+        {"group": "bad", "answer": "Firmware 3.2.1.", "nugget": "Firmware.", "label": "full"},
+        {"group": "ok", "answer": "It costs 5 euros.", "nugget": "5 euros.", "label": "full"},
+        {"group": "ok", "answer": "It costs 5 euros.", "nugget": "Red.", "label": "none"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labels = read_labels(path)
+
+    async def call(answer, nuggets):
+        if answer.group == "bad":  # a judge that cannot read this answer (not an engine error)
+            raise ValueError("could not convert string to float: '3.2.1'")
+        return {n.id: n.label for n in nuggets}
+
+    finished: list[bool] = []
+    result = asyncio.run(calibrate(call, labels, done=finished.append))
+    # 2 answers over 3 passes (both have 2 nuggets, so both are shuffled): 6 calls, the bad
+    # answer failing in each; the other answer's 2 labels are the people's.
+    assert (len(finished), sum(finished)) == (6, 3)
+    assert (result.agreement.n, result.agreement.accuracy) == (2, 1.0)
+    assert set(result.failed) == {"listed", "shuffled", "rerun"}
+    why = result.failed["listed"]["bad"]
+    assert why.startswith("lines 1, 2: unexpected error (a bug in the judge?) ValueError: ")
+    text = eval.audit.calibration.render(result)
+    assert "1 answer(s) failed in the listed pass" in text and "- bad: lines 1, 2:" in text
+
+
 def test_length_buckets_cut_the_answers_into_quarters(shipped):
     buckets = length_quartiles(shipped.answers)
     assert set(buckets) == {a.group for a in shipped.answers}
@@ -281,6 +310,9 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
         {**good, "id": "x"},
         {**good, "nugget": ""},
         {**good, "nugget_id": "n1"},
+        {**good, "group": "h", "language": "chinese"},  # as the answerer labels refuse it
+        {**good, "group": "z", "language": "zh"},
+        {**good, "group": "i", "language": "en-GB"},
     )
     assert f"{path}:3: label: must be one of full, partial, none, got 'Full'" in found
     assert f"{path}:4: nugget: missing" in found
@@ -289,6 +321,8 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
     assert f"{path}:8: id: duplicate: 'x' is also on line 7" in found
     assert f"{path}:10: nugget_id: duplicate in this answer: 'n1' is also on line 7" in found
     assert f"{path}:9: nugget: empty" in found
+    assert f"{path}:11: language: unknown language 'chinese' (an ISO 639-1 code)" in found
+    assert not any(p.startswith((f"{path}:12:", f"{path}:13:")) for p in found)
     assert_refuses_missing_and_empty(read_labels, tmp_path)
 
 

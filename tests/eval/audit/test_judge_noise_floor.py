@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 
 from cts.cli import app
 from eval.audit.agreement import agreement, compare, movement, pair
+from eval.experiment import run_experiment
 from eval.run.fingerprint import judge_setup
+from eval.run.run_dir import RunDir
 from eval.run.runner import RecordStore
 from eval.score.metrics import ratio_ci
 from serving.scripted import scripted_roles
@@ -98,6 +100,65 @@ def test_a_pair_by_one_judge_is_its_noise_floor_shown_beside_another_judge():
     assert not unknown.same_judge
 
 
+def cached(records, calls: int = 0):
+    """The records as a run whose judge answered `calls` times and replayed one answer each
+    from the response cache."""
+    usage = {"judge_calls": calls, "judge_cached_calls": 1}
+    return [r.model_copy(update={"usage": usage}) for r in records]
+
+
+def test_a_same_judge_pair_whose_labels_are_cache_replays_is_no_noise_floor():
+    first, second = first_and_second()
+    fresh = cached(first, calls=1)
+    # b's judge asked nothing: every label it holds is a cache replay.
+    report = agreement(
+        [
+            judgement("a", fresh, setup="judge-x", judge="x"),
+            judgement("b", cached(second), setup="judge-x", judge="x"),
+        ]
+    )
+    (found,) = report.pairs
+    assert not found.same_judge and found.replayed == "b" and report.noise_floors == []
+    assert any("every label of b on the answers both judged came from the response cache" in n
+               for n in report.notes)  # fmt: skip
+    # Either side: a replayed first run is no reading either.
+    found = compare(
+        judgement("b", cached(second), setup="judge-x"), judgement("a", fresh, setup="judge-x")
+    )
+    assert not found.same_judge and found.replayed == "b"
+    # One replayed record among fresh ones: the judge did read; a floor.
+    mixed = [*cached(second[:1]), *cached(second[1:], calls=1)]
+    found = compare(judgement("a", fresh, setup="judge-x"), judgement("b", mixed, setup="judge-x"))
+    assert found.same_judge and found.replayed is None
+    # A rejudge never reads a shared cache: its own-cache hits are its own readings.
+    found = compare(
+        judgement("a", fresh, setup="judge-x"),
+        judgement("b", cached(second), setup="judge-x", source="a"),
+    )
+    assert found.same_judge and found.replayed is None
+
+
+def test_cts_judge_agreement_refuses_a_run_given_twice_and_names_a_cached_rerun(
+    tmp_path, monkeypatch
+):
+    source = make_source(tmp_path, monkeypatch, "judge.canary.enabled=false")
+    twice = CliRunner().invoke(app, ["judge", "agreement", str(source), f"{source}/"])
+    assert twice.exit_code == 2 and "are the same run directory" in twice.output, twice.output
+    # A rerun of the same experiment: every judge answer replayed from the shared cache.
+    rerun = tmp_path / "rerun"
+    resolved = RunDir(source).read_config()
+    result = run_experiment(resolved, rerun, show_progress=False)
+    assert result.report is not None
+    judged = [r for r in RecordStore(rerun).completed().values() if r.labels]
+    assert judged and all(r.usage["judge_calls"] == 0 for r in judged)
+    out = CliRunner().invoke(app, ["judge", "agreement", str(source), str(rerun)])
+    text = " ".join(out.output.split())
+    assert out.exit_code == 0, out.output
+    assert "so this is its noise floor" not in text
+    assert "the labels of rerun are response-cache replays, not a second reading" in text
+    assert "source vs rerun: the same judge, but every label of rerun" in text
+
+
 def test_the_judge_setup_ignores_how_the_model_is_reached_and_the_canary():
     base = {
         "experiment": {
@@ -123,6 +184,26 @@ def test_the_judge_setup_ignores_how_the_model_is_reached_and_the_canary():
         change(other)
         assert judge_setup(other) != judge_setup(base)
     assert judge_setup({"experiment": {"roles": {}}}) is None
+
+
+def test_the_judge_setup_reads_the_judges_own_prompt_not_another_roles():
+    base = {
+        "experiment": {"roles": {"judge": {"model": "m"}}, "judge": {}},
+        "models": {"m": {"name": "m", "path": "/w"}},
+        "fingerprint": {
+            "prompts": "every-prompt",
+            "prompt:agents/judge.yaml": "j",
+            "prompt:agents/clarifier.yaml": "c",
+        },
+    }
+    clarifier_edited = json.loads(json.dumps(base))
+    clarifier_edited["fingerprint"].update(
+        {"prompts": "every-prompt-2", "prompt:agents/clarifier.yaml": "c2"}
+    )
+    assert judge_setup(clarifier_edited) == judge_setup(base)
+    judge_edited = json.loads(json.dumps(clarifier_edited))
+    judge_edited["fingerprint"].update({"prompt:agents/judge.yaml": "j2"})
+    assert judge_setup(judge_edited) != judge_setup(base)
 
 
 def rereading_judge(request: ChatRequest) -> str:
@@ -165,6 +246,30 @@ def test_a_rejudge_by_the_same_judge_says_it_is_its_noise_floor(tmp_path, monkey
     # The new judge (qwen3-8b) was read once only: the note says how to measure its floor.
     note = f"judge qwen3-8b (run {tmp_path / 'other'}): no same-judge noise floor"
     assert note in " ".join(result.output.split())
+
+
+def test_a_same_judge_rejudge_after_another_roles_prompt_is_edited_is_its_noise_floor(
+    tmp_path, monkeypatch
+):
+    import eval.run.fingerprint
+
+    source = make_source(tmp_path, monkeypatch, "judge.canary.enabled=false")
+    shipped = eval.run.fingerprint._prompt_files()
+
+    def clarifier_edited() -> list[tuple[str, bytes]]:
+        return [(n, t + b"# edited" if n == "agents/clarifier.yaml" else t) for n, t in shipped]
+
+    monkeypatch.setattr(eval.run.fingerprint, "_prompt_files", clarifier_edited)
+    again, _, _ = rejudge(source, tmp_path / "again", monkeypatch, [], judge=rereading_judge)
+    assert again.against_source is not None and again.against_source.same_judge
+    # The judge's own prompt edited: another judge.
+    monkeypatch.setattr(
+        eval.run.fingerprint,
+        "_prompt_files",
+        lambda: [(n, t + b"# edited" if n == "agents/judge.yaml" else t) for n, t in shipped],
+    )
+    other, _, _ = rejudge(source, tmp_path / "other", monkeypatch, [], judge=rereading_judge)
+    assert other.against_source is not None and not other.against_source.same_judge
 
 
 def test_cts_rejudge_prints_the_movement_against_its_source(tmp_path, monkeypatch):
