@@ -106,7 +106,8 @@ def build(
 def merge(run_dir: Path = typer.Argument(..., help="The golden construction directory.")) -> None:
     """Check every instance has its golden record (across shards), then write dataset.jsonl
     and golden_summary.json. Exit 1 when records are missing or some instance got no nuggets
-    (those are listed with why; the others are written)."""
+    (those are listed with why; the others are written); 2, writing nothing, when the dataset
+    changed since the build (its fingerprint.dataset, as a resumed build checks)."""
     _finish(run_dir, output_console())
 
 
@@ -193,7 +194,8 @@ def audit(
     every nugget's verdict) and sample.md (a random sample of nuggets with the cited text
     closest to each, for a person to check). Exit 1, listing them, when a nugget cites nothing
     that supports it (no citation, citations that resolve to nothing, or verdict none) or the
-    model failed on some; 2 for bad input."""
+    model failed on some; 2 for bad input, or a judge whose model answers no chat request (the
+    lexical judge: audit with --lexical, or name a language model as roles.judge)."""
     if set_ and config is None:
         raise usage_error("--set changes an experiment: give it with -c/--config")
     review = audit_golden(
@@ -253,9 +255,12 @@ def import_command(
     the instance already has keeps its id and source_ids and takes the file's weight; a new one
     gets the next free id nK and no source_ids — nuggetizer files carry no evidence, so `cts
     golden audit` flags such nuggets as citing nothing, rightly, until their sources are added.
-    With --replace, the imported instances' other nuggets are dropped. Instances the file does
-    not name are written unchanged. Exit 2, before anything is written, when a qid names no
-    instance, an importance is not in the map, or a line is malformed (each as file:line)."""
+    When the instance has the text in several nuggets, each takes the weight. With --replace,
+    the imported instances' other nuggets are dropped. Instances the file does not name are
+    written unchanged (`sample` is all of its splits, train included, as `golden export` and
+    `golden audit` read it; --split narrows it). Exit 2, before anything is written, when a qid
+    names no instance, an importance is not in the map, or a line is malformed (each as
+    file:line)."""
     weights = parse_weight_map(weight_map)
     report = import_nuggets(nuggets_file, dataset, out, weights, replace, split)
     _import_summary(report, out, from_)

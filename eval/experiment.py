@@ -25,7 +25,7 @@ from eval.report.report import write_report
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.dialogue import Clarification, DialogueStore
 from eval.run.engines import open_engines
-from eval.run.fingerprint import fingerprint
+from eval.run.fingerprint import dataset_digest, fingerprint
 from eval.run.oracle import golden_searcher
 from eval.run.pipeline import PipelineContext, clarify_turns, run_instance
 from eval.run.progress import key_progress
@@ -377,14 +377,26 @@ def _refuse_other_golden_seeds(store: RecordStore, seed: int) -> None:
         )
 
 
+def fingerprinted_instances(run: RunDir, resolved: ResolvedExperiment) -> list[Instance]:
+    """The instances of the run's dataset (first `limit`), refused (the ConfigError a resume
+    gives) when the dataset changed since the run fingerprinted it: merged records, or golden
+    nuggets, would be written under queries they were not made for."""
+    dataset = resolved.experiment.dataset
+    # Digested whole, as `instances_for` does when the run writes the fingerprint.
+    everything = load_instances(dataset.model_copy(update={"limit": None}))
+    run.check_resume(resolved, {**run.read_fingerprint(), "dataset": dataset_digest(everything)})
+    return everything[: dataset.limit] if dataset.limit else everything
+
+
 def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
     """Check every instance has exactly one golden record across shards; when so, write
     RUN_DIR/dataset.jsonl (instances with golden nuggets; failed ones are listed, not written)
-    and RUN_DIR/golden_summary.json."""
+    and RUN_DIR/golden_summary.json. ConfigError, writing nothing, when the dataset is not the
+    one the build fingerprinted."""
     run = RunDir(run_dir)
     resolved = run.read_config()
     experiment = resolved.experiment
-    instances = load_instances(experiment.dataset)
+    instances = fingerprinted_instances(run, resolved)
     store = RecordStore(run_dir)
     _refuse_other_golden_seeds(store, experiment.golden.seed)
     merged = merge(store, instances, [GOLDEN], [experiment.golden.seed])
@@ -413,9 +425,12 @@ def finish_golden(run_dir: Path) -> tuple[MergeReport, GoldenReport | None]:
 
 def merge_run(run_dir: Path) -> MergeReport:
     """Check that every key of the run's config is recorded exactly once across shards; when
-    it is, write the merged records/<condition>/merged.jsonl, summary and report."""
-    experiment = RunDir(run_dir).read_config().experiment
-    instances = load_instances(experiment.dataset)
+    it is, write the merged records/<condition>/merged.jsonl, summary and report. ConfigError,
+    writing nothing, when the dataset is not the one the run fingerprinted."""
+    run = RunDir(run_dir)
+    resolved = run.read_config()
+    experiment = resolved.experiment
+    instances = fingerprinted_instances(run, resolved)
     store = RecordStore(run_dir)
     report = merge(store, instances, experiment.conditions, experiment.seeds)
     if report.ok:

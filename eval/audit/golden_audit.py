@@ -8,8 +8,9 @@ read, as the nugget builder saw them). The grounding verdict (`support` / `parti
 comes from the judge role's model with its own prompt (agents/grounding.py), or, with no
 model, from a lexical pre-filter: the share of the nugget's content terms found in the cited
 text, one level lower when a number of the nugget is missing there. Terms are lowercased
-words cut to a 5-letter stem, jieba words for Chinese, and numbers, stop words left out; the
-same terms give the near-duplicate similarity (Jaccard), so both work for Chinese text.
+words stemmed (a plural, -ed or -ing ending off, then a final e) and cut to 5 letters, jieba
+words for Chinese, and numbers, stop words left out; the same terms give the near-duplicate
+similarity (Jaccard), so both work for Chinese text.
 
 A nugget that cites nothing that states it — no citation, citations that resolve to nothing,
 or verdict `none` — is what the audit exists to find."""
@@ -88,12 +89,17 @@ def numbers(text: str) -> set[str]:
 
 def _stem(word: str) -> str:
     # No stemmer ships with the toolkit: a plural or -ed/-ing ending off, then a 5-letter
-    # prefix, is enough for "plays"/"play" and "charging"/"charge" to meet.
-    if len(word) > 4:
+    # prefix, is enough for "plays"/"play" and "charging"/"charge" to meet. A final -e goes
+    # too: "-es" cannot tell "cases" (case+s) from "boxes" (box+es), and "pricing" has lost
+    # it, so "price", "prices", "priced" and "pricing" all become "pric". A final -ss is no
+    # plural ("class", "classes" → "class").
+    if len(word) > 4 and not word.endswith("ss"):
         for suffix in ("ing", "ed", "es", "s"):
             if word.endswith(suffix) and len(word) - len(suffix) >= 3:
                 word = word[: -len(suffix)]
                 break
+    if word.endswith("e") and len(word) > 3:
+        word = word[:-1]
     return word[:STEM_CHARS]
 
 
@@ -265,6 +271,14 @@ class AuditInput:
     golden_run: RunDir | None = None
 
 
+def sample_sources(split: str | None = None) -> list[DatasetSource]:
+    """What `sample` is to the golden commands (audit, export, import): the shipped sample's
+    `split`, or every split of it (SAMPLE_SPLITS, train included), as one file source each.
+    DatasetError for a split the sample does not have."""
+    splits = [split] if split else SAMPLE_SPLITS
+    return [DatasetSource(path=str(sample_path(s)), split=None) for s in splits]
+
+
 def load_audit_dataset(dataset: str, split: str | None = None) -> AuditInput:
     """`sample` (every split, or `split`), a golden construction folder (its dataset.jsonl and
     traces), or any dataset `cts data` reads. Citations are not checked against a corpus here:
@@ -273,8 +287,7 @@ def load_audit_dataset(dataset: str, split: str | None = None) -> AuditInput:
     golden_run = None
     traces_dir = None
     if dataset == "sample":
-        paths = [str(sample_path(s)) for s in ([split] if split else SAMPLE_SPLITS)]
-        sources = [DatasetSource(path=p, split=None) for p in paths]
+        sources = sample_sources(split)
     else:
         path = Path(dataset).expanduser()
         if path.is_dir() and RunDir(path).golden_dataset.is_file():
@@ -489,16 +502,31 @@ async def model_grounding(
     return result
 
 
+def require_grounding_judge(resolved: ResolvedExperiment) -> None:
+    """ConfigError, before any call, when the experiment has no judge role or its model answers
+    no chat request (the lexical judge labels nuggets by itself: every grounding request would
+    fail, each nugget left without a verdict)."""
+    roles = resolved.experiment.roles
+    if "judge" not in roles:
+        raise ConfigError(
+            f"{resolved.origins.where('roles')}: no judge role, whose model the grounding "
+            "check uses (or audit with --lexical)"
+        )
+    if resolved.model_for("judge").engine == "lexical":
+        raise ConfigError(
+            f"{resolved.origins.where('roles', 'judge', 'model')}: roles.judge is "
+            f"{roles['judge'].model!r}, the lexical judge (engine 'lexical'), which answers no "
+            "chat request; the grounding check needs a language model as roles.judge (e.g. "
+            "--set roles.judge.model=qwen3-8b), or audit with --lexical"
+        )
+
+
 async def judged_grounding(
     resolved: ResolvedExperiment, checks: Sequence[NuggetCheck], use_cache: bool = True
 ) -> ModelGrounding:
     """`model_grounding` with the engine and configured sampling of the experiment's judge
     role (the grounding check's own needs over them: temperature 0, fixed seed, room)."""
-    if "judge" not in resolved.experiment.roles:
-        raise ConfigError(
-            f"{resolved.origins.where('roles')}: no judge role, whose model the grounding "
-            "check uses (or audit with --lexical)"
-        )
+    require_grounding_judge(resolved)
     sampling = grounding.SAMPLING.apply(resolved.configured_sampling("judge"))
     async with open_engines(resolved, ["judge"], use_cache=use_cache) as engines:
         found = await model_grounding(engines.roles["judge"], checks, sampling)

@@ -19,6 +19,7 @@ from eval.audit.golden_audit import (
     golden_audit,
     judged_grounding,
     load_audit_dataset,
+    require_grounding_judge,
     sample_checks,
     sample_markdown,
 )
@@ -62,6 +63,8 @@ def audit_golden(
     sample.md (`sample` nuggets drawn with `seed`) to `out` (default
     runs/golden-audit-NAME). The corpus defaults to the experiment's, else the golden
     folder's, else the shipped one for `sample`."""
+    if resolved is not None and not lexical:
+        require_grounding_judge(resolved)  # before the dataset and corpus are read
     data = load_audit_dataset(dataset, split)
     instances = data.instances[:limit] if limit else data.instances
     if corpus is None:

@@ -51,6 +51,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from eval.audit.golden_audit import sample_sources
 from eval.data.dataset import DatasetError, DatasetSource, Row, load_instances, read_rows
 from eval.data.schema import Golden, Instance, Nugget, Record
 from eval.run.config import ALL_CONDITIONS
@@ -403,24 +404,27 @@ def _merged(
     report: ImportReport,
 ) -> Instance:
     old = list(instance.golden.nuggets) if instance.golden else []
-    by_text = {_same(n.text): n for n in old}
+    # A dataset may hold one text in several nuggets (other weights, other sources): the
+    # file's weight goes to each of them, every one keeping its own id and sources.
+    by_text: dict[str, list[Nugget]] = {}
+    for nugget in old:
+        by_text.setdefault(_same(nugget.text), []).append(nugget)
     taken = {n.id for n in old}
-    from_file: dict[str, Nugget] = {}
+    reweighted: dict[str, Nugget] = {}  # by id: the instance's nuggets the file names
+    added: list[Nugget] = []
     for text, importance in given.nuggets:
         weight = weights.weights[importance]
-        had = by_text.get(_same(text))
-        if had is None:
+        had = by_text.get(_same(text), [])
+        if not had:
             report.added += 1
-            from_file[_same(text)] = Nugget(id=_fresh_id(taken), text=text, weight=weight)
-        else:
+            added.append(Nugget(id=_fresh_id(taken), text=text, weight=weight))
+        for nugget in had:
             report.matched += 1
-            report.reweighted += had.weight != weight
-            from_file[_same(text)] = had.model_copy(update={"weight": weight})
-    kept = [
-        from_file.pop(_same(n.text), n) for n in old if not replace or _same(n.text) in from_file
-    ]
-    report.dropped += len(old) - len(kept) if replace else 0
-    nuggets = kept + list(from_file.values())
+            report.reweighted += nugget.weight != weight
+            reweighted[nugget.id] = nugget.model_copy(update={"weight": weight})
+    kept = [reweighted.get(n.id, n) for n in old if not replace or n.id in reweighted]
+    report.dropped += len(old) - len(kept)
+    nuggets = kept + added
     report.without_sources += sum(not n.source_ids for n in nuggets)
     golden = (instance.golden or Golden(nuggets=nuggets)).model_copy(update={"nuggets": nuggets})
     return instance.model_copy(update={"golden": golden})
@@ -433,11 +437,12 @@ def merge_nuggets(
     replace: bool = False,
     dataset_label: str = "the dataset",
 ) -> tuple[list[Instance], ImportReport]:
-    """`instances` with each qid's nuggets merged into the instance of that id: a nugget whose
-    text the instance has keeps its id and sources and takes the file's weight, a new one is
-    added with a fresh id `nK` and no sources; with `replace`, the instance's nuggets the file
-    does not have are dropped. NuggetizerError for a qid no instance has, or an importance the
-    weight map does not weigh (every one, each at its file:line)."""
+    """`instances` with each qid's nuggets merged into the instance of that id: each nugget of
+    the instance with the file's text (one or several) keeps its id and sources and takes the
+    file's weight, a new one is added with a fresh id `nK` and no sources; with `replace`, the
+    instance's nuggets the file does not have are dropped. NuggetizerError for a qid no
+    instance has, or an importance the weight map does not weigh (every one, each at its
+    file:line)."""
     by_id = {i.id: i for i in instances}
     problems: list[Problem] = []
     for given in queries:
@@ -493,10 +498,14 @@ def import_nuggets(
     replace: bool = False,
     split: str | None = None,
 ) -> ImportReport:
-    """Read a nuggets file and a dataset (`sample` or a dataset file in our shape), merge, and
-    write the dataset to `out`. Problems of either input raise before anything is written."""
+    """Read a nuggets file and a dataset (`sample`: every split, as `golden export` and `golden
+    audit` read it; or a dataset file in our shape), merge, and write the dataset to `out`.
+    Problems of either input raise before anything is written."""
     queries = read_nuggets(nuggets_file)
-    instances = load_instances(DatasetSource(path=dataset, split=split))
+    sources = (
+        sample_sources(split) if dataset == "sample" else [DatasetSource(path=dataset, split=split)]
+    )
+    instances = [i for source in sources for i in load_instances(source)]
     merged, report = merge_nuggets(instances, queries, weights, replace, dataset)
     write_dataset(merged, out)
     return report

@@ -25,6 +25,7 @@ from eval.audit.golden_audit import (
     near_duplicates,
     sample_checks,
     similarity,
+    terms,
     trace_texts,
 )
 from eval.data.golden import GOLDEN, golden_dataset
@@ -232,6 +233,36 @@ def test_lexical_verdicts():
     )
 
 
+@pytest.mark.parametrize(
+    "words",
+    [
+        ("play", "plays", "played", "playing"),
+        ("charge", "charges", "charged", "charging"),
+        ("price", "prices", "priced", "pricing"),
+        ("zone", "zones"),
+        ("fare", "fares"),
+        ("time", "times"),
+        ("rate", "rates", "rated", "rating"),
+        ("case", "cases"),
+        ("class", "classes"),
+        ("box", "boxes"),
+    ],
+)
+def test_a_word_and_its_plural_or_tense_are_one_term(words):
+    # A singular in -e met its plural nowhere ("prices" lost the e with its -es, "price" kept
+    # it): the stem drops a final e as "pricing" does.
+    assert len({terms(w) for w in words}) == 1, [sorted(terms(w)) for w in words]
+
+
+def test_a_plural_in_the_evidence_supports_the_singular_in_the_nugget():
+    # Hand count. Nugget terms: fare, single, zone, rise, peak, time (6). The evidence has
+    # fare(s), single, zone, peak, time(s) but not "rise": 5/6 = 0.833 ≥ 0.7, support. With a
+    # stem that kept the -e of a singular, zone/zones and time/times missed: 3/6, partial.
+    evidence = "Vendrick Valley Rail fares: the single-zone fare is €3.10 and peak times add a fee."
+    found = lexical_verdict("Fares for single zones rise at peak time.", [evidence])
+    assert (found.verdict, found.coverage, found.missing_numbers) == ("support", 0.833, ())
+
+
 # -- model grounding ------------------------------------------------------------------------------
 
 
@@ -426,7 +457,9 @@ def test_cli_judges_with_the_experiments_judge_model(tmp_path, corpus, monkeypat
     data = write_jsonl(tmp_path / "clean.jsonl", clean_rows())
     out = tmp_path / "a"
     args = ["golden", "audit", str(data), "--corpus", str(corpus), "--out", str(out)]
-    result = cts(*args, "-c", "quickstart")
+    # The quickstart's judge is the lexical one (no chat model): a language model instead.
+    judge = ("-c", "quickstart", "--set", "roles.judge.model=smollm2-135m-judge")
+    result = cts(*args, *judge)
     assert result.exit_code == 1, result.output
     assert "grounding by model" in result.output
     assert "z1\tn3\tverdict none" in result.output
@@ -435,8 +468,30 @@ def test_cli_judges_with_the_experiments_judge_model(tmp_path, corpus, monkeypat
     assert "(model: “q”; lexical support, coverage" in (out / "sample.md").read_text()
     calls = len(engine.requests)
     # --lexical: no model call, the lexical verdicts.
-    assert cts(*args, "-c", "quickstart", "--lexical").exit_code == 0
+    assert cts(*args, *judge, "--lexical").exit_code == 0
     assert len(engine.requests) == calls
+
+
+def test_cli_refuses_a_judge_that_answers_no_chat_request(tmp_path, corpus, monkeypatch):
+    # The quickstart's judge is the lexical judge: every grounding request would fail, each
+    # nugget "no verdict". Refused before any engine is opened, naming roles.judge.
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("no engine may be opened")
+
+    monkeypatch.setattr(eval.audit.golden_audit, "open_engines", never)
+    data = write_jsonl(tmp_path / "clean.jsonl", clean_rows())
+    out = tmp_path / "a"
+    args = ["golden", "audit", str(data), "--corpus", str(corpus), "--out", str(out)]
+    result = cts(*args, "-c", "quickstart")
+    assert result.exit_code == 2, result.output
+    assert "quickstart.yaml" in result.output and "roles.judge.model:" in result.output
+    assert "'lexical-judge'" in result.output and "answers no chat request" in result.output
+    assert "--lexical" in result.output
+    assert not out.exists()
+    # The suggestion works: the lexical pre-filter, the experiment's corpus setting kept.
+    done = cts(*args, "-c", "quickstart", "--lexical")
+    assert done.exit_code == 0, done.output
+    assert "grounding by lexical" in done.output
 
 
 # -- a golden construction folder: citations resolve to what its trace showed ---------------------

@@ -16,6 +16,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from cts.cli import app
+from eval.audit.golden_audit import load_audit_dataset
 from eval.audit.nuggetizer import (
     NuggetizerError,
     assignment_rows,
@@ -289,6 +290,58 @@ def test_a_custom_map_weighs_other_words(tmp_path, dataset):
     report = import_nuggets(nuggets, str(dataset), tmp_path / "out.jsonl", custom)
     assert nuggets_of(load(tmp_path / "out.jsonl")["q2"]) == [("n1", "x", 0.5, [])]
     assert report.other_query == ["q2"]  # neither the fused nor the blurred query
+
+
+def test_one_text_in_two_nuggets_reweights_both_keeping_each_id_and_sources(tmp_path):
+    # n1 and n2 state one fact (other weights, other sources); the file names it once, okay.
+    # Both take weight 1 and keep their own ids and citations; n3 is untouched (no --replace).
+    same, other = "The earbuds play for 7.5 hours.", "The case gives 30 hours in total."
+    stated = [
+        ("n1", same, 3, ["A-0001"]),
+        ("n2", same, 2, ["A-0002"]),
+        ("n3", other, 1, ["A-0001"]),
+    ]
+    query = "What is the battery life of the Korvex Aura Pro earbuds?"
+    dataset = write_lines(tmp_path / "d.jsonl", [instance("q1", query, stated)])
+    given = {
+        "qid": "q1",
+        "nuggets": [{"text": "The earbuds play for  7.5 hours.", "importance": "okay"}],
+    }
+    nuggets = write_lines(tmp_path / "n.jsonl", [given])
+    out = tmp_path / "out.jsonl"
+    report = import_nuggets(nuggets, str(dataset), out, DEFAULT)
+    assert nuggets_of(load(out)["q1"]) == [
+        ("n1", same, 1.0, ["A-0001"]),
+        ("n2", same, 1.0, ["A-0002"]),
+        ("n3", other, 1.0, ["A-0001"]),
+    ]
+    assert (report.added, report.matched, report.reweighted, report.dropped) == (0, 2, 2, 0)
+    # --replace keeps both (the file has their text) and drops only n3.
+    report = import_nuggets(nuggets, str(dataset), out, DEFAULT, replace=True)
+    assert [n[:3] for n in nuggets_of(load(out)["q1"])] == [("n1", same, 1.0), ("n2", same, 1.0)]
+    assert (report.matched, report.dropped) == (2, 1)
+
+
+def test_sample_is_every_split_to_import_as_to_export_and_audit(tmp_path):
+    # `golden export sample` writes all 72 instances (dev, test, train): importing one of them
+    # back writes all 72, the other 71 unchanged, the train split included.
+    exported = tmp_path / "sample.nuggets.jsonl"
+    written = write_jsonl(nugget_rows(load_audit_dataset("sample").instances, DEFAULT), exported)
+    assert written == 72
+    one = write_lines(
+        tmp_path / "one.jsonl", [r for r in lines(exported) if r["qid"] == "A-train-01"]
+    )
+    out = tmp_path / "out.jsonl"
+    report = import_nuggets(one, "sample", out, DEFAULT)
+    assert (report.instances, report.updated) == (72, ["A-train-01"])
+    ids = [r["id"] for r in lines(out)]
+    assert len(ids) == 72 and sum("-train-" in i for i in ids) == 24
+    # The whole file round-trips: no qid is unknown.
+    report = import_nuggets(exported, "sample", out, DEFAULT)
+    assert len(report.updated) == 72
+    # --split still narrows `sample` to one split.
+    report = import_nuggets(one, "sample", out, DEFAULT, split="train")
+    assert (report.instances, len(lines(out))) == (24, 24)
 
 
 def test_an_unknown_qid_is_refused_at_its_line_and_nothing_is_written(tmp_path, dataset):

@@ -200,3 +200,54 @@ def test_cts_golden_build_on_the_tiny_model(tmp_path, tiny_path, monkeypatch):
     assert "0 instances searched, 2 already done" in again.output
     retry = CliRunner().invoke(app, [*args, "--retry-failed"], catch_exceptions=False)
     assert f"{len(summary['failed'])} instances searched" in retry.output
+
+
+def test_golden_merge_refuses_a_dataset_changed_since_the_build(tmp_path):
+    """`cts golden merge` (finish_golden) pairs each record's nuggets with the dataset's
+    instance of its id: a fused query edited since the build would get nuggets of the old one.
+    Refused as a resumed build is, naming fingerprint.dataset; a --limit is no change."""
+    from eval.experiment import build_golden, finish_golden
+    from eval.run.config import load_experiment
+    from serving.yaml_config import ConfigError
+    from tests.builders import scripted_experiment
+
+    data = tmp_path / "ds.jsonl"
+    rows = [
+        {"id": "f1", "blurred_query": "Battery life?", "fused_query": "Korvex Aura Pro battery?"},
+        {"id": "f2", "blurred_query": "Pass price?", "fused_query": "Vendrick monthly pass?"},
+    ]
+
+    def write(first: dict, second: dict) -> None:
+        data.write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
+
+    write(*rows)
+    config = scripted_experiment(
+        tmp_path / "golden.yaml",
+        "golden-fp",
+        ["searcher", "summarizer", "nugget_builder"],
+        {},
+        {},
+        dataset={"path": str(data), "split": None, "limit": 1},
+        search={"backend": "local", "corpus": "sample", "tool_cache": str(tmp_path / "t.sqlite")},
+        cache={"path": str(tmp_path / "responses.sqlite")},
+    )
+    run_dir = tmp_path / "golden"
+    built = build_golden(load_experiment(str(config)), run_dir, show_progress=False)
+    assert not built.outcome.interrupted
+    # The fingerprint is of the whole dataset, the limit aside: the limited build merges.
+    merged, report = finish_golden(run_dir)
+    assert merged.ok and report is not None and report.built == 1
+    written = (run_dir / "dataset.jsonl").read_text()
+    assert json.loads(written)["fused_query"] == "Korvex Aura Pro battery?"
+    # The built instance's query edited, or one past the limit: not the dataset it was built on.
+    for edited in (
+        ({**rows[0], "fused_query": "Zephyr X2 headphones battery?"}, rows[1]),
+        (rows[0], {**rows[1], "fused_query": "Vendrick annual pass?"}),
+    ):
+        write(*edited)
+        with pytest.raises(ConfigError) as refused:
+            finish_golden(run_dir)
+        message = str(refused.value)
+        assert message.startswith(f"{run_dir / 'config.yaml'}: this run directory holds records")
+        assert "fingerprint.dataset: " in message
+        assert (run_dir / "dataset.jsonl").read_text() == written  # nothing rewritten
