@@ -66,8 +66,8 @@ def run(
         False,
         "--dry-run",
         help="Print the plan (keys to run and done, where each model runs, search, output "
-        "directory, whether it may resume) and exit: no model is loaded or called, nothing "
-        "is written. Exit 2 when the run would be refused.",
+        "directory, whether it may resume, the notes the run would print) and exit: no model "
+        "is loaded or called, nothing is written. Exit 2 when the run would be refused.",
     ),
 ) -> None:
     """Run an experiment (default: configs/experiments/quickstart.yaml).
@@ -177,7 +177,7 @@ def plan_lines(plan: RunPlan) -> list[str]:
         lines.append(f"resume: {run.config} matches this config; the run resumes")
     else:
         lines.append(f"resume: nothing to resume; {run.config} would be written")
-    return lines
+    return lines + plan.notes
 
 
 def _where(model: ModelPlan) -> str:

@@ -230,6 +230,17 @@ def unscored_note(instances: list[Instance]) -> str | None:
     )
 
 
+def run_notes(
+    resolved: ResolvedExperiment, instances: list[Instance], conditions: Sequence[str]
+) -> list[str]:
+    """What the user should know before any model is called: sampling overrides a role
+    replaces, and instances that will run unscored."""
+    notes = [f"note: {unused}" for unused in resolved.unused_sampling()]
+    # Golden construction runs instances without nuggets by design: nothing to say there.
+    unscored = unscored_note(instances) if GOLDEN not in conditions else None
+    return notes + ([unscored] if unscored is not None else [])
+
+
 def _run_into(
     resolved: ResolvedExperiment,
     run_dir: Path,
@@ -242,11 +253,7 @@ def _run_into(
     `report`, a whole finished run also gets its summary and report. `notify` is told what
     the user should know before any model is called."""
     everything, instances = instances_for(resolved, keys[0])
-    for unused in resolved.unused_sampling():
-        notify(f"note: {unused}")
-    # Golden construction runs instances without nuggets by design: nothing to say there.
-    note = unscored_note(instances) if GOLDEN not in keys[0] else None
-    if note is not None:
+    for note in run_notes(resolved, instances, keys[0]):
         notify(note)
     run = RunDir(run_dir)
     run.write_config(resolved, fingerprint(everything, corpus_digest(resolved)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.experiment import instances_for, require_roles
+from eval.experiment import instances_for, require_roles, run_notes
 from eval.run.config import ResolvedExperiment
 from eval.run.fingerprint import fingerprint
 from eval.run.run_dir import RunDir, Shard
@@ -67,6 +67,7 @@ class RunPlan:
     resumes: bool
     #: Why the run directory refuses this config (what changed), or None.
     refusal: str | None = None
+    #: What the run would say before any model call (`eval.experiment.run_notes`).
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -124,6 +125,7 @@ def plan_run(
         retry_failed=retry_failed,
         resumes=run.config.is_file(),
         refusal=refusal,
+        notes=run_notes(resolved, instances, conditions),
     )
 
 

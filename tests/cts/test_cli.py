@@ -321,6 +321,15 @@ def test_run_says_which_instances_run_unscored_before_its_first_key(tmp_path, mo
     assert lines[1] == _unscored_note(data) and lines[2].startswith("quickstart: 0/4 done")
 
 
+def test_a_dry_run_says_what_the_run_would_note(tmp_path):
+    data = _partly_golden(tmp_path)
+    args = ["run", "--dry-run", "--output-dir", str(tmp_path / "r"), "--set", JUDGE_AT_07]
+    result = runner.invoke(app, [*args, "--set", f"dataset.path={data}", *RUN_PARTLY])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-2:] == [JUDGE_NOTE, _unscored_note(data)]
+    assert not (tmp_path / "r").exists()
+
+
 def test_the_unscored_note_comes_before_any_model_is_opened(tmp_path, monkeypatch):
     scripted_cli(tmp_path, monkeypatch, scripted_roles)
     data = _partly_golden(tmp_path)
