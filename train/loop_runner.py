@@ -93,7 +93,12 @@ def _run(
     starting = lambda n: notify(f"starting {n} vLLM server(s)")  # noqa: E731
     with serving_for(resolved, options or ServeOptions(), logs, starting) as ready:
         return run_experiment(
-            ready.resolved, run_dir, shard=shard, show_progress=show_progress, watch=ready.watch
+            ready.resolved,
+            run_dir,
+            notify=notify,
+            shard=shard,
+            show_progress=show_progress,
+            watch=ready.watch,
         )
 
 

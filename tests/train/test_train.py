@@ -1143,6 +1143,18 @@ def test_the_loop_runs_from_python_step_by_step(tmp_path, monkeypatch):
     assert again[3].fitted_before == tmp_path / "out" / "iter-1" / "clarifier.yaml"
 
 
+def test_the_sampling_run_says_what_cts_run_would_note_before_its_first_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    path = tiny_train_config(tmp_path)
+    document = yaml.safe_load(path.read_text())
+    document["experiment_overrides"].append("roles.judge.sampling.temperature=0.7")
+    path.write_text(yaml.safe_dump(document))
+    lines: list[str] = []
+    train.loop_runner.sample(load_train_config(str(path)), show_progress=False, notify=lines.append)
+    assert "note: roles.judge.sampling.temperature=0.7 is not used" in "\n".join(lines)
+
+
 def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
     tmp_path, monkeypatch
 ):
