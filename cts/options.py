@@ -185,15 +185,15 @@ class SbatchOptions(OptionGroup):
     shards: int | None = None
 
     def options(self) -> list[tuple[str, Any, Any]]:
-        def option(default: Any, help: str) -> Any:
-            return typer.Option(default, help=self.prefix + help)
+        def option(default: Any, help: str, min: int | None = None) -> Any:
+            return typer.Option(default, help=self.prefix + help, min=min)
 
         shards = ... if self.shards is None else self.shards
         return [
             ("shards", int, option(shards, "Array tasks: shard i of N each.")),
             ("partition", str | None, option(None, "sbatch --partition.")),
-            ("gpus_per_task", int, option(0, GPUS_PER_TASK_HELP)),
-            ("cpus_per_task", int | None, option(None, CPUS_PER_TASK_HELP)),
+            ("gpus_per_task", int, option(0, GPUS_PER_TASK_HELP, min=0)),
+            ("cpus_per_task", int | None, option(None, CPUS_PER_TASK_HELP, min=1)),
             ("mem", str | None, option(None, MEM_HELP)),
             ("time", str | None, option(None, "sbatch --time per task, e.g. 24:00:00.")),
             ("account", str | None, option(None, "sbatch --account.")),

@@ -55,8 +55,12 @@ _SUBMIT_SOURCE = typer.Option(
     help="--job rejudge: the finished run to judge again (--config then defaults to its "
     "config.yaml; --set changes the judge).",
 )
-_SUBMIT_ARRAY_PARALLELISM = typer.Option(None, help="At most M tasks at once (--array=0-N%M).")
-_SUBMIT_FIT_GPUS = typer.Option(1, help="--job train / train-loop: GPUs of the fine-tuning job(s).")
+_SUBMIT_ARRAY_PARALLELISM = typer.Option(
+    None, min=1, help="At most M tasks at once (--array=0-N%M)."
+)
+_SUBMIT_FIT_GPUS = typer.Option(
+    1, min=0, help="--job train / train-loop: GPUs of the fine-tuning job(s)."
+)
 _SUBMIT_ITERATIONS = typer.Option(
     None,
     "--iterations",
@@ -123,7 +127,8 @@ def submit_command(
     Each task serves its models on its GPUs, runs its shard and stops its servers; jobs are
     requeued on preemption and resume. Scripts, the frozen config, logs and job ids go to
     RUN_DIR/slurm/. Submitting again on the same run directory runs only what is missing; a
-    changed experiment is refused while jobs of the latest submission are queued or running."""
+    changed experiment or another --shards is refused while jobs of the latest submission are
+    queued or running."""
     console = output_console()
     options = replace(
         sbatch,

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from eval.build.store import BUILD_STEPS, BuildFileError, BuildRow, RowStore
-from eval.data.dataset import load_instances
+from eval.data.dataset import DatasetSource, load_instances
+from eval.data.golden import GOLDEN
 from eval.run.config import load_experiment
 from eval.run.run_dir import RunDir, Shard
 from eval.run.runner import RecordFileError, RecordStore
@@ -88,24 +89,66 @@ def shard_progress(submission: dict[str, Any]) -> list[ShardProgress]:
         frozen = run.read_config()
     else:
         frozen = load_experiment(Path(str(submission["experiment"])))
-    instances = load_instances(frozen.experiment.dataset)
-    per_instance = submission["keys_per_instance"]
-    if per_instance is None:
-        per_instance = len(frozen.experiment.conditions) * len(frozen.experiment.seeds)
+    experiment = frozen.experiment
+    instances = load_instances(as_the_jobs_read_it(experiment.dataset, submit_dir(submission)))
+    # The keys the shard's task runs (as `cts run` counts what is already done): a golden
+    # build's one record per instance, else each condition and seed.
+    if submission["kind"] == "golden":
+        conditions, seeds = [GOLDEN], [experiment.golden.seed]
+    else:
+        conditions, seeds = list(experiment.conditions), list(experiment.seeds)
     store = RecordStore(Path(str(submission["records_dir"])))
     rows = []
     shards = int(submission["shards"])
     for index in range(shards):
         shard = Shard(index, shards)
-        expected = len(shard.select(instances)) * per_instance
+        mine = {i.id for i in shard.select(instances)}
+        expected = len(mine) * len(conditions) * len(seeds)
         try:
-            records = store.completed(shard)
+            # Its own file and those of the run's other shard counts (a resharded resume);
+            # only its keys: a lowered dataset.limit leaves records of instances it no
+            # longer covers.
+            records = [
+                r
+                for key, r in store.completed_for(shard).items()
+                if key[0] in mine and key[1] in conditions and key[2] in seeds
+            ]
         except RecordFileError as e:
             rows.append(ShardProgress(shard, 0, expected, 0, None, str(e)))
             continue
-        failed = sum(1 for r in records.values() if r.error is not None)
+        failed = sum(1 for r in records if r.error is not None)
         rows.append(ShardProgress(shard, len(records), expected, failed, None))
     return rows
+
+
+def submit_dir(submission: dict[str, Any]) -> Path | None:
+    """The directory the submission's jobs run in (their --chdir: where it was submitted);
+    None when it was not recorded."""
+    if submission.get("workdir"):
+        return Path(str(submission["workdir"]))
+    for arg in (submission.get("commands") or {}).get("array", []):
+        if str(arg).startswith("--chdir="):  # recorded before `workdir` was
+            return Path(str(arg).split("=", 1)[1])
+    return None
+
+
+def as_the_jobs_read_it(dataset: DatasetSource, workdir: Path | None) -> DatasetSource:
+    """The dataset with its relative local paths (file, corpus, gold table) made absolute
+    against `workdir`: the jobs read them from there, and `cts slurm status` may be typed
+    anywhere. A path that names nothing there (`sample`, a hub id) is kept as written."""
+    if workdir is None:
+        return dataset
+
+    def anchored(path: str | None) -> str | None:
+        if path is None or path == "sample" or path.startswith("~") or Path(path).is_absolute():
+            return path
+        return str(workdir / path) if (workdir / path).exists() else path
+
+    gold = dataset.gold
+    if gold is not None:
+        gold = gold.model_copy(update={"path": anchored(gold.path)})
+    update = {"path": anchored(dataset.path), "corpus": anchored(dataset.corpus), "gold": gold}
+    return dataset.model_copy(update=update)
 
 
 def _build_progress(submission: dict[str, Any]) -> list[ShardProgress]:

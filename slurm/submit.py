@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -127,6 +128,20 @@ class SlurmOptions:
     def __post_init__(self) -> None:
         if self.shards < 1:
             raise SlurmOptionError(f"--shards must be at least 1, got {self.shards}")
+        # sbatch refuses a negative count (`--cpus-per-task=-4`, `--array=0-1%-1`), and a
+        # parallelism of 0 would be dropped from --array without a word.
+        for name, least in (
+            ("gpus_per_task", 0),
+            ("fit_gpus", 0),
+            ("shared_gpus", 0),
+            ("cpus_per_task", 1),
+            ("array_parallelism", 1),
+        ):
+            count = getattr(self, name)
+            if count is not None and count < least:
+                raise SlurmOptionError(
+                    f"--{name.replace('_', '-')} must be at least {least}, got {count}"
+                )
         for name in ("partition", "time", "account", "mem", "shared_time"):
             value = getattr(self, name)
             # Each is one sbatch argument: no shell sees it, but a newline would still make a
@@ -702,6 +717,9 @@ class Submission:
     #: `--shared-servers`: the job serving the shared models, and the one that stops it.
     servers_job: str | None = None
     stop_job: str | None = None
+    #: Where the jobs run (their --chdir, the submit directory): relative paths of the frozen
+    #: experiment are read from there.
+    workdir: str | None = None
 
 
 def live_jobs(run_dir: Path, job_states: Callable[[str], dict[str, JobState]]) -> list[str]:
@@ -732,32 +750,56 @@ def live_jobs(run_dir: Path, job_states: Callable[[str], dict[str, JobState]]) -
     return live
 
 
+def latest_shards(run_dir: Path) -> int | None:
+    """The shard count of the run directory's latest recorded submission; None without one."""
+    if not RunDir(run_dir).jobs.is_file():
+        return None
+    return int(submissions(run_dir)[-1]["shards"])
+
+
 def refuse_changing_live_jobs(
-    job: Job, job_states: Callable[[str], dict[str, JobState]] | None = None
+    job: Job,
+    job_states: Callable[[str], dict[str, JobState]] | None = None,
+    shards: int | None = None,
 ) -> None:
     """SlurmOptionError when the latest submission still has queued or running jobs and this
-    one would change the frozen configs they (or a requeue of them) read."""
+    one would change the frozen configs they (or a requeue of them) read, or run the same keys
+    in another shard count (`shards`, None: not checked) beside them: each shard's lock is
+    per shard file name, so two shard counts would both run every key and no merge could then
+    pick one record per key."""
     changed = [
         job.slurm_dir / name
         for name, text in job.frozen.items()
         if (job.slurm_dir / name).is_file() and (job.slurm_dir / name).read_text() != text
     ]
-    if not changed:
+    before = latest_shards(job.run_dir) if shards is not None else None
+    resharded = before is not None and before != shards
+    if not changed and not resharded:
         return
     if job_states is None:
         from slurm.status import job_states as scontrol_states
 
         job_states = scontrol_states
     live = live_jobs(job.run_dir, job_states)
-    if live:
-        ids = sorted({j.split("_")[0] for j in live}, key=lambda j: (len(j), j))
-        raise SlurmOptionError(
-            f"{job.run_dir}: jobs {', '.join(live)} of the latest submission are still queued "
-            f"or running and read {', '.join(str(p) for p in changed)}; submitting another "
-            "experiment would change what they (or a requeue of them) run. Wait for them to "
-            f"finish, or `scancel {' '.join(ids)}`, then submit again (or use another "
-            "--output-dir)."
+    if not live:
+        return
+    ids = sorted({j.split("_")[0] for j in live}, key=lambda j: (len(j), j))
+    why = []
+    if changed:
+        why.append(
+            f"read {', '.join(str(p) for p in changed)}; submitting another experiment would "
+            "change what they (or a requeue of them) run"
         )
+    if resharded:
+        why.append(
+            f"run it in {before} shard(s); --shards {shards} would run the same keys again into "
+            "other shard files beside them, and every merge would then find them twice"
+        )
+    raise SlurmOptionError(
+        f"{job.run_dir}: jobs {', '.join(live)} of the latest submission are still queued "
+        f"or running and {', and '.join(why)}. Wait for them to finish, or "
+        f"`scancel {' '.join(ids)}`, then submit again (or use another --output-dir)."
+    )
 
 
 def _write(path: Path, text: str) -> None:
@@ -800,17 +842,27 @@ def submit_chain(
         where = Path(tempfile.mkdtemp(prefix="cts-slurm-dry-run-"))
         jobs = [job.relocate(where) for job in jobs]
     else:
-        refuse_changing_live_jobs(jobs[0], job_states)
+        refuse_changing_live_jobs(jobs[0], job_states, options.shards)
         run.slurm_logs.mkdir(parents=True, exist_ok=True)
     chain = time.strftime("%Y-%m-%dT%H:%M:%S%z") if len(jobs) > 1 else None
     done: list[Submission] = []
     for job in jobs:
         after = done[-1].final_job if done else None
-        submission = _submit_one(job, name, options, workdir, dry_run, chain, bool(done), after)
+        try:
+            submission = _submit_one(job, name, options, workdir, dry_run, chain, bool(done), after)
+        except SubmitError as refused:
+            # The chain's earlier steps would run with nothing after them; they stay recorded
+            # (cancelled), so a resubmitted chain does not run beside them.
+            which = "the chain's earlier steps, which would run with nothing after them"
+            raise withdrawn(refused, _chain_jobs(done), which) from None
         done.append(submission)
         if not dry_run:
             record_submission(run.jobs, asdict(submission))
     return done
+
+
+def _chain_jobs(done: list[Submission]) -> list[str]:
+    return [j for d in done for j in (d.servers_job, d.array_job, d.final_job, d.stop_job) if j]
 
 
 def _submit_one(
@@ -866,6 +918,7 @@ def _submit_one(
         stage=job.label or None,
         titles=[job.array_title, job.final_title],
         chain=chain,
+        workdir=str(workdir),
     )
     if servers is not None:
         submission.scripts.update(servers.scripts)
@@ -874,18 +927,39 @@ def _submit_one(
         return submission
     try:
         submission.array_job = sbatch(array_args, array_script)
-    except SubmitError:
-        if servers is not None:  # no task will use it, and no stop job would end it
-            servers.cancel()
-        raise
-    final_args.append(f"--dependency=afterok:{submission.array_job}")
-    submission.commands["final"] = ["sbatch", *final_args, str(final_script)]
-    submission.final_job = sbatch(final_args, final_script)
-    if servers is not None:
-        submission.servers_job = servers.job_id
-        submission.stop_job = servers.stop_after(submission.array_job)
-        submission.commands.update(servers.commands)
+        final_args.append(f"--dependency=afterok:{submission.array_job}")
+        submission.commands["final"] = ["sbatch", *final_args, str(final_script)]
+        submission.final_job = sbatch(final_args, final_script)
+        if servers is not None:
+            submission.servers_job = servers.job_id
+            submission.stop_job = servers.stop_after(submission.array_job)
+            submission.commands.update(servers.commands)
+    except SubmitError as refused:
+        # What was taken would otherwise stay queued unrecorded: an array with no merge after
+        # it, a servers job holding its GPUs with nothing to stop it.
+        taken = [servers.job_id if servers else None, submission.array_job, submission.final_job]
+        which = "this submission had already submitted them, and none is in jobs.json"
+        raise withdrawn(refused, [j for j in taken if j], which) from None
     return submission
+
+
+def scancel(job_ids: list[str]) -> None:
+    """Cancel jobs (best effort: a job that has already ended is no error)."""
+    if job_ids:
+        with suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60, check=False)
+
+
+def withdrawn(refused: SubmitError, job_ids: list[str], which: str) -> SubmitError:
+    """Cancel jobs submitted before sbatch refused another (`which` says what they were); the
+    refusal, saying so."""
+    if not job_ids:
+        return refused
+    scancel(job_ids)
+    return SubmitError(
+        f"{refused}\ncancelled job(s) {', '.join(job_ids)} (scancel): {which}; submit again "
+        "once sbatch takes every job"
+    )
 
 
 @dataclass
@@ -906,11 +980,6 @@ class _ServersSubmission:
         self.job.shared.endpoints.unlink(missing_ok=True)
         self.job_id = sbatch(self.args, Path(self.scripts["servers"]))
         return self.job_id
-
-    def cancel(self) -> None:
-        """scancel the servers job (the array it was for was not submitted)."""
-        if self.job_id is not None:
-            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=60, check=False)
 
     def stop_after(self, array_job: str) -> str:
         """Cancel the servers job once every array task has ended, however (afterany)."""

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from eval.run.progress import ShowProgress, progress
 from eval.run.run_dir import Shard
-from eval.run.runner import parse_jsonl
+from eval.run.runner import parse_jsonl, shard_lock
 from serving.disk import append_line, write_whole
 
 #: The building steps, as `cts data` and `cts slurm submit --job` name them.
@@ -134,25 +134,29 @@ async def run_rows(
     as it is done; a progress bar or log lines as `show_progress` says. Nothing is opened when
     nothing is left to run: the unsharded pass after a Slurm array only writes the output."""
     shard = control.shard
-    store.repair(shard)
-    store.write_keys(keys)
-    todo = store.to_run(keys, shard, control.retry_failed)
-    mine = shard.select(keys)
-    if todo:
-        gate = asyncio.Semaphore(control.concurrency)
-        show = control.show_progress
-        async with (
-            open_work() as work,
-            progress(control.name, len(mine), len(mine) - len(todo), show, "rows") as done,
-        ):
+    # One writer per shard file: a second (the same Slurm submit sent twice, a requeued task
+    # beside its old self) would repair the file the first appends to and run every key
+    # again into it. A busy shard is ShardBusy, as `cts run` says.
+    with shard_lock(store.root, shard):
+        store.repair(shard)
+        store.write_keys(keys)
+        todo = store.to_run(keys, shard, control.retry_failed)
+        mine = shard.select(keys)
+        if todo:
+            gate = asyncio.Semaphore(control.concurrency)
+            show = control.show_progress
+            async with (
+                open_work() as work,
+                progress(control.name, len(mine), len(mine) - len(todo), show, "rows") as done,
+            ):
 
-            async def one(key: str) -> None:
-                async with gate:
-                    row = await work(key)
-                store.append(row, shard)
-                done(row.error is not None)
+                async def one(key: str) -> None:
+                    async with gate:
+                        row = await work(key)
+                    store.append(row, shard)
+                    done(row.error is not None)
 
-            await asyncio.gather(*(one(k) for k in todo))
+                await asyncio.gather(*(one(k) for k in todo))
     rows = store.rows()
     failed = sum(1 for k in mine if k in rows and rows[k].error is not None)
     return BuildOutcome(keys=len(mine), ran=len(todo), failed=failed)
