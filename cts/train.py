@@ -25,7 +25,15 @@ from serving.serve import ServeOptions, served
 from train.adapters import ROLE_ADAPTERS
 from train.config import TrainConfig
 from train.fit import FitResult, fit
-from train.grpo import GrpoResult, downstream_models, experiment, finished, grpo, grpo_dir
+from train.grpo import (
+    GrpoResult,
+    downstream_models,
+    experiment,
+    failure_counts,
+    finished,
+    grpo,
+    grpo_dir,
+)
 from train.loop import MAIN, iterations, loop_step
 from train.loop_runner import StepDone, run_loop, run_step, sample
 from train.lora_sft import RoleAdapter
@@ -198,14 +206,27 @@ def _grpo(train: TrainConfig, options: ServeOptions) -> GrpoResult | None:
     with served(downstream_models(resolved), options, logs, starting) as (urls, _):
         result = grpo(train, resolved.with_endpoints(urls))
     m = result.metrics
-    table = Table("method", "steps", "final loss", "mean reward", "unscorable", "seconds", "device")
+    # Invalid questions are priced invalid_reward in their groups; left out: failed after
+    # the question, in no group.
+    invalid, left_out = failure_counts(m["rollout_failures"])
+    table = Table(
+        "method",
+        "steps",
+        "final loss",
+        "mean reward",
+        "invalid questions",
+        "left out",
+        "seconds",
+        "device",
+    )
     rewards = [e["reward"] for e in m["log"] if "reward" in e]
     table.add_row(
         "grpo",
         str(m["steps"]),
         "–" if m["final_loss"] is None else f"{m['final_loss']:.4f}",
         f"{sum(rewards) / len(rewards):.2f}" if rewards else "–",
-        str(sum(m["rollout_failures"].values())),
+        str(invalid),
+        str(left_out),
         f"{m['seconds']:.0f}",
         f"{m['device']} ({m['dtype']})",
     )
@@ -232,9 +253,11 @@ def grpo_command(
     and puts each through the experiment's own User Answerer, Rewriter, search and judge
     (clarify@1 under seed i for the i-th question); its reward is `reward`'s (gain over the
     blurred score, less the price of asking and of `unknown`). A question outside the schema
-    earns `grpo.invalid_reward`; a failure after it is left out of its group. Writes
+    earns `grpo.invalid_reward` (the table's "invalid questions"); a failure after it is left
+    out of its group ("left out"). Writes
     OUTPUT_DIR/grpo/: rollouts.jsonl (every question with its answer, score and reward's
-    parts), trainer/ checkpoints every `grpo.save_steps` (a rerun resumes there), then the
+    parts), trainer/ checkpoints every `grpo.save_steps` (a rerun resumes there; under a
+    config changed in more than steps, logging or where vLLM runs, it is refused), then the
     adapter, the merged checkpoint, clarifier.yaml and grpo_metrics.json. --serve starts vLLM
     for the other roles; the policy trains in this process."""
     _grpo(train, options)

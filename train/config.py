@@ -16,14 +16,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from configs import CONFIG_DIR
-from eval.run.config import check_template
+from eval.run.config import ALL_CONDITIONS, check_template
 from serving.yaml_config import ConfigError, Origins, Override, load_config
 
 DEFAULT_TRAIN = "quickstart"
+#: The deepest clarify@k condition an experiment runs (eval/run/config.py `Condition`).
+MAX_TURNS = max(int(c.split("@")[1]) for c in ALL_CONDITIONS if c.startswith("clarify@"))
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # No inf or nan anywhere: a reward, cost or rate that is not a number turns every reward
+    # into inf or nan (and rollouts.jsonl into text that is not JSON).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LoraSettings(_Strict):
@@ -91,8 +95,9 @@ class GrpoSettings(_Strict):
     #: KL to the base (0: none, TRL's default; the LoRA adapter alone keeps it close).
     beta: float = Field(0.0, ge=0.0)
     #: The reward of a completion the clarifier's schema refuses (cut off at
-    #: max_completion_length): the worst a restore gain can be.
-    invalid_reward: float = -100.0
+    #: max_completion_length): the worst a restore gain can be, −100, or below (never above:
+    #: a broken question would beat a question that lost the whole score).
+    invalid_reward: float = Field(-100.0, le=-100.0)
     #: A checkpoint every N steps under OUTPUT_DIR/grpo/trainer/: a rerun resumes there.
     save_steps: int = Field(10, ge=1)
     #: Sample with vLLM inside TRL (a GPU; `vllm_mode: colocate` shares it with training,
@@ -130,8 +135,9 @@ class TrainConfig(_Strict):
     #: Dialogues sampled per instance (one seed each); preference needs at least two.
     candidates: int = Field(4, ge=2)
     #: Turns of each sampled dialogue (clarify@turns, sequential). 1: first questions only;
-    #: above, every turn's question is credited by the dialogues that continue from it.
-    turns: int = Field(1, ge=1, le=10)
+    #: above, every turn's question is credited by the dialogues that continue from it. At
+    #: most the deepest clarify@k condition there is.
+    turns: int = Field(1, ge=1, le=MAX_TURNS)
     #: Let the clarifier stop before `turns` questions; a stop is then an action that can be
     #: chosen or rejected like a question (its reward pays no further question cost).
     allow_stop: bool = False

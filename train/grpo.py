@@ -19,6 +19,7 @@ pays only for what it had not asked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -31,6 +32,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from pydantic import ValidationError
+
 from agents import clarifier
 from eval.data.dataset import load_instances
 from eval.data.schema import Instance, Record
@@ -38,6 +41,7 @@ from eval.experiment import no_nuggets
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.dialogue import Clarification
 from eval.run.engines import open_engines
+from eval.run.fingerprint import bound_view, changes
 from eval.run.pipeline import PipelineContext, run_instance
 from eval.run.search_agent import open_agent
 from serving.checks import TRL_VLLM_RANGE, version_tuple
@@ -89,7 +93,9 @@ def grpo_dir(config: TrainConfig) -> Path:
 def experiment(config: TrainConfig, check_instances: bool = True) -> ResolvedExperiment:
     """The experiment that scores each question (the sampling experiment: the train split,
     sequential clarify@1, `allow_stop`); ConfigError for data the experiment evaluates on
-    (with `check_instances`, compared instance by instance: train/held_out.py)."""
+    (with `check_instances`, compared instance by instance: train/held_out.py); GrpoError for
+    checkpoints trained under another configuration (`refuse_changed_resume`)."""
+    refuse_changed_resume(config)
     if config.turns != 1:
         raise GrpoError(
             f"{config.where('turns')}: GRPO trains the first question (turns: 1); whole "
@@ -249,10 +255,15 @@ class PipelineReward:
         rollouts = self._runner.run(self._score_all(step, instance_id, texts, seeds))
         self._append(rollouts)
         scored = [r for r in rollouts if r.parts]  # not cut off, not failed after the question
-        if log_metric is not None and scored:
-            log_metric("restore/score", mean(r.parts["score"] for r in scored))
-            log_metric("restore/gain", mean(r.parts["gain"] for r in scored))
-            log_metric("restore/failed", float(len(rollouts) - len(scored)))
+        # Left out of their groups (no reward); a question outside the schema is not: it is
+        # priced invalid_reward and counted apart.
+        left_out = sum(r.reward is None for r in rollouts)
+        if log_metric is not None:
+            if scored:
+                log_metric("restore/score", mean(r.parts["score"] for r in scored))
+                log_metric("restore/gain", mean(r.parts["gain"] for r in scored))
+            log_metric("restore/failed", float(left_out))
+            log_metric("restore/invalid", float(len(rollouts) - len(scored) - left_out))
         return [r.reward for r in rollouts]
 
     async def _score_all(
@@ -461,11 +472,8 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
     from trl import GRPOConfig, GRPOTrainer
 
     output = grpo_dir(config)
-    output.mkdir(parents=True, exist_ok=True)
-    trainer_dir = output / "trainer"
-    last = get_last_checkpoint(str(trainer_dir)) if trainer_dir.is_dir() else None
-    rollouts_path = output / "rollouts.jsonl"
-    _keep_rollouts_before(rollouts_path, _checkpoint_step(last))
+    trainer_dir, rollouts_path = output / "trainer", output / "rollouts.jsonl"
+    last = _resume_point(config, get_last_checkpoint)
 
     key, base = base_model(config)
     template_kwargs = dict(base.chat_template_kwargs)
@@ -529,6 +537,21 @@ def grpo(config: TrainConfig, resolved: ResolvedExperiment | None = None) -> Grp
     return GrpoResult(output, model_config_path, metrics, last)
 
 
+def _resume_point(config: TrainConfig, last_checkpoint: Any) -> str | None:
+    """The checkpoint to resume from (None: from the start), once a changed config is refused;
+    drops the rollouts after it and records the config beside the checkpoints, before the
+    first is written (a rerun compares its config with it)."""
+    refuse_changed_resume(config)  # before the rollouts after the checkpoint are dropped
+    trainer_dir = grpo_dir(config) / "trainer"
+    last: str | None = last_checkpoint(str(trainer_dir)) if trainer_dir.is_dir() else None
+    _keep_rollouts_before(grpo_dir(config) / "rollouts.jsonl", _checkpoint_step(last))
+    trainer_dir.mkdir(parents=True, exist_ok=True)
+    (trainer_dir / TRAIN_CONFIG_FILE).write_text(
+        json.dumps(config.model_dump(mode="json"), indent=1) + "\n"
+    )
+    return last
+
+
 def finished(config: TrainConfig) -> Path | None:
     """clarifier.yaml of a GRPO run that finished with this very config (a rerun does
     nothing); None otherwise."""
@@ -538,6 +561,86 @@ def finished(config: TrainConfig) -> Path | None:
         return None
     done = json.loads(metrics_path.read_text())
     return model_config if done.get("train_config") == config.model_dump(mode="json") else None
+
+
+#: The train config the checkpoints under OUTPUT_DIR/grpo/trainer/ were trained with.
+TRAIN_CONFIG_FILE = "train_config.json"
+
+#: Train-config keys no GRPO-trained weight depends on: a rerun may resume the checkpoints
+#: with them changed (more steps, other checkpoint spacing or logging, the end's merge, where
+#: vLLM runs), and the settings of DPO/SFT fits, which GRPO does not read.
+FREE_GRPO_KEYS: tuple[tuple[str, ...], ...] = (
+    ("name",),
+    ("description",),
+    ("output_dir",),
+    ("logging_steps",),
+    ("merge",),
+    ("gradient_checkpointing",),
+    ("loop",),
+    ("candidates",),
+    ("method",),
+    ("min_margin",),
+    ("pairing",),
+    ("sft_min_score",),
+    ("sft_above_mean",),
+    ("epochs",),
+    ("batch_size",),
+    ("grad_accum",),
+    ("beta",),
+    ("max_length",),
+    ("grpo", "max_steps"),
+    ("grpo", "save_steps"),
+    ("grpo", "vllm_mode"),
+    ("grpo", "vllm_server_base_url"),
+    ("grpo", "vllm_gpu_memory_utilization"),
+    ("grpo", "vllm_max_model_length"),
+)
+
+
+def resume_changes(config: TrainConfig) -> list[str]:
+    """`key: old → new` for each key the trained weights depend on where the checkpoints in
+    OUTPUT_DIR/grpo/trainer/ were trained with another value. Empty without a checkpoint, or
+    for checkpoints that recorded no config (made before they did): those cannot be
+    compared."""
+    trainer_dir = grpo_dir(config) / "trainer"
+    path = trainer_dir / TRAIN_CONFIG_FILE
+    if not path.is_file() or not any(trainer_dir.glob("checkpoint-*")):
+        return []
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return [f"(the recorded configuration cannot be read: {e})"]
+    # Keys added since it was written compare at their defaults.
+    with contextlib.suppress(ValidationError):
+        recorded = TrainConfig.model_validate(recorded).model_dump(mode="json")
+    return changes(
+        bound_view(recorded, FREE_GRPO_KEYS),
+        bound_view(config.model_dump(mode="json"), FREE_GRPO_KEYS),
+    )
+
+
+def refuse_changed_resume(config: TrainConfig) -> None:
+    """GrpoError listing what changed when the checkpoints a rerun would resume were trained
+    under another configuration: their steps and rollouts would be mixed with this one's."""
+    changed = resume_changes(config)
+    if changed:
+        out = grpo_dir(config)
+        raise GrpoError(
+            f"{out / 'trainer' / TRAIN_CONFIG_FILE}: the checkpoints were trained under another "
+            "configuration; resuming would continue them under this one, and rollouts.jsonl "
+            "and grpo_metrics.json would mix the two. What changed:\n  "
+            + "\n  ".join(changed)
+            + f"\nMove {out} aside to train again under this configuration, or give the run "
+            "another output_dir."
+        )
+
+
+def failure_counts(failures: dict[str, int]) -> tuple[int, int]:
+    """(invalid questions, left out) of `rollout_failures`: questions outside the schema
+    (`clarify:*`, priced `invalid_reward`, in their groups) and rollouts that failed after
+    the question (left out of their groups)."""
+    invalid = sum(n for key, n in failures.items() if key.startswith("clarify:"))
+    return invalid, sum(failures.values()) - invalid
 
 
 def _failures(rollouts_path: Path) -> dict[str, int]:

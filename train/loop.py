@@ -35,11 +35,11 @@ from eval.report.summary import Comparison, Summary
 from eval.run.config import ResolvedExperiment, Role
 from eval.run.pipeline import clarify_turns
 from eval.run.usage import role_usage
-from serving.yaml_config import ConfigError, parse_override
+from serving.yaml_config import ConfigError, Override, parse_override
 from train.config import TrainConfig
 from train.fit import fit_changes, lora_base
 from train.held_out import describe, held_out_overlap
-from train.sample import experiment_with, overlaps, sampling_experiment
+from train.sample import experiment_with, labelled, overlaps, sampling_experiment, sets_key
 
 MAIN = "main"
 CLARIFIER = ("roles", "clarifier", "model")
@@ -102,6 +102,7 @@ def iterations(config: TrainConfig, count: int) -> list[Iteration]:
             "(engine: openai, vllm.serve: true; every iteration is then a LoRA adapter on "
             "that one server); set merge: true"
         )
+    variants(config)  # its refusals (a clarifier set there) before any step
     root = config.resolved_output_dir()
     found = [Iteration(0, root, None)]
     for i in range(1, count + 1):
@@ -170,18 +171,40 @@ def loop_step(plan: list[Iteration], name: str, index: int) -> LoopStep:
     return LoopStep(name, plan[index])
 
 
-def variants(config: TrainConfig) -> dict[str, list[str]]:
+def variants(config: TrainConfig) -> dict[str, list[Override]]:
     """Evaluation variants: `main` (the experiment with `loop.evaluation_overrides`) and each
-    `loop.robustness` entry (the same, then its own overrides)."""
-    base = list(config.loop.evaluation_overrides)
-    return {MAIN: base, **{name: [*base, *extra] for name, extra in config.loop.robustness.items()}}
+    `loop.robustness` entry (the same, then its own overrides), each override naming its own
+    line in errors. ConfigError for one that sets the clarifier: every iteration's evaluation
+    sets it (iteration 0 the base one, from `experiment_overrides`), and one set here would
+    make iteration 0 evaluate another model than the one the loop trains from."""
+    base = labelled(config, ("loop", "evaluation_overrides"), config.loop.evaluation_overrides)
+    found = {MAIN: base}
+    for name, extra in config.loop.robustness.items():
+        found[name] = [*base, *labelled(config, ("loop", "robustness", name), extra)]
+    for where, entries in [
+        (("loop", "evaluation_overrides"), config.loop.evaluation_overrides),
+        *((("loop", "robustness", name), extra) for name, extra in config.loop.robustness.items()),
+    ]:
+        _refuse_clarifier(config, where, entries)
+    return found
+
+
+def _refuse_clarifier(config: TrainConfig, where: tuple[str, ...], entries: list[str]) -> None:
+    for index, entry in enumerate(entries):
+        if sets_key(parse_override(entry), CLARIFIER):
+            raise ConfigError(
+                f"{config.where(*where, str(index))}: {entry!r} sets the clarifier of the "
+                "loop's evaluations: each iteration is evaluated with its own clarifier, "
+                "iteration 0 with the base one (the experiment's, or the one "
+                "experiment_overrides sets). Set it in experiment_overrides."
+            )
 
 
 def base_clarifier(config: TrainConfig) -> list[str]:
     """The override that makes iteration 0 evaluate the clarifier iteration 1 trains from:
     `experiment_overrides` apply to sampling only, but a clarifier set there is the loop's
     base, and "Δ vs base" against the experiment's own clarifier would compare two models."""
-    found = [o for o in config.experiment_overrides if parse_override(o).keys == CLARIFIER]
+    found = [o for o in config.experiment_overrides if sets_key(parse_override(o), CLARIFIER)]
     return found[-1:]
 
 
@@ -192,7 +215,7 @@ def evaluation(
     data the loop samples on (a gain measured on the training queries is no gain): the same
     file and split, or, with `check_instances` (both datasets loaded), the same instances
     under any path."""
-    overrides = list(variants(config)[variant])
+    overrides: list[str | Override] = list(variants(config)[variant])
     clarifier = iteration.clarifier()
     if clarifier is not None:
         overrides.append(f"roles.clarifier.model={clarifier.resolve()}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from eval.data.dataset import DatasetSource
 from eval.run.config import ResolvedExperiment, load_experiment
-from serving.yaml_config import ConfigError, Override
+from serving.yaml_config import ConfigError, Override, parse_override
 from train.config import TrainConfig
 from train.held_out import describe, held_out_overlap
 
@@ -24,9 +24,25 @@ _SAMPLE_DEFAULT_SPLITS = {"dev", "test"}
 _NATIVE_SUFFIXES = {".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet"}
 
 
+#: The experiment's keys sampling derives, each from the train-config key that controls it
+#: (None: sampling always sets it).
+_DERIVED_FROM: dict[tuple[str, ...], str | None] = {
+    ("dataset", "path"): "dataset",
+    ("dataset", "split"): "split",
+    ("dataset", "limit"): "limit",
+    ("conditions",): "turns",
+    ("seeds",): "candidates",
+    ("roles", "clarifier", "sampling", "temperature"): "temperature",
+    ("clarification", "mode"): None,
+    ("clarification", "allow_stop"): "allow_stop",
+}
+
+
 def sampling_overrides(config: TrainConfig) -> list[str | Override]:
     """The experiment's keys that sampling changes: the train config's own
-    `experiment_overrides` (text, like `--set`), then typed values derived from it."""
+    `experiment_overrides` (like `--set`, errors naming their line), then typed values derived
+    from it, each labelled with the train-config key it comes from. ConfigError for an
+    `experiment_overrides` entry that sets a derived key: it would be replaced unsaid."""
     derived: dict[tuple[str, ...], object] = {
         **({("dataset", "path"): config.dataset} if config.dataset else {}),
         ("dataset", "split"): config.split,
@@ -43,7 +59,64 @@ def sampling_overrides(config: TrainConfig) -> list[str | Override]:
         ("clarification", "mode"): "sequential",
         ("clarification", "allow_stop"): config.allow_stop,
     }
-    return [*config.experiment_overrides, *(Override(k, v) for k, v in derived.items())]
+    own = labelled(config, ("experiment_overrides",), config.experiment_overrides)
+    for index, override in enumerate(own):
+        _refuse_derived(config, index, override, derived)
+    return [*own, *(Override(k, v, _derived_label(config, k)) for k, v in derived.items())]
+
+
+def _derived_label(config: TrainConfig, keys: tuple[str, ...]) -> str:
+    source = _DERIVED_FROM[keys]
+    return config.where(source) + " →" if source else f"{config.where('experiment')} (sampling)"
+
+
+def sets_key(override: Override, keys: tuple[str, ...]) -> bool:
+    """Whether `override` sets `keys` (the key itself, a key inside it, or a mapping above it
+    that holds it)."""
+    n = len(override.keys)
+    if override.keys[: len(keys)] == keys:
+        return True
+    if keys[:n] != override.keys:
+        return False
+    value: object = override.value
+    for key in keys[n:]:
+        if not isinstance(value, dict) or key not in value:
+            return False
+        value = value[key]
+    return True
+
+
+def _refuse_derived(
+    config: TrainConfig, index: int, override: Override, derived: dict[tuple[str, ...], object]
+) -> None:
+    for keys in derived:
+        if not sets_key(override, keys):
+            continue
+        source = _DERIVED_FROM[keys]
+        instead = (
+            f"set the train config's `{source}` instead"
+            if source
+            else "sampling always runs sequential dialogues, one question per turn"
+        )
+        raise ConfigError(
+            f"{config.where('experiment_overrides', str(index))}: "
+            f"{config.experiment_overrides[index]!r} sets {'.'.join(keys)}, which sampling "
+            f"derives from the train config and would replace: {instead}"
+        )
+
+
+def labelled(config: TrainConfig, where: tuple[str, ...], entries: Sequence[str]) -> list[Override]:
+    """`--set`-style entries of a train-config list (`experiment_overrides`,
+    `loop.evaluation_overrides`, ...) as overrides whose errors name the entry's own line."""
+    found = []
+    for index, entry in enumerate(entries):
+        label = config.where(*where, str(index))
+        try:
+            override = parse_override(entry)
+        except ConfigError as e:
+            raise ConfigError(f"{label}: {e}") from None
+        found.append(Override(override.keys, override.value, f"{label} →"))
+    return found
 
 
 def dialogue_condition(config: TrainConfig) -> str:
@@ -63,6 +136,7 @@ def sampling_experiment(config: TrainConfig, check_instances: bool = True) -> Re
     evaluated = load_experiment(config.experiment).experiment.dataset
     resolved = experiment_with(config, sampling_overrides(config))
     sampled = resolved.experiment.dataset
+    _refuse_split_of_a_file(config, sampled)
     if overlaps(sampled, evaluated):
         splits = _splits(sampled)
         read = (
@@ -101,6 +175,22 @@ def experiment_with(config: TrainConfig, overrides: Sequence[str | Override]) ->
             f"{config.where('experiment')} {config.experiment!r}, as this train config "
             f"overrides it:\n{e}"
         ) from None
+
+
+#: The split a single file's rows are to `datasets` (and the train config's default): accepted
+#: with a file, which is read whole.
+_FILE_SPLIT = "train"
+
+
+def _refuse_split_of_a_file(config: TrainConfig, sampled: DatasetSource) -> None:
+    """A native file has no splits and is read whole: a split other than `train` (what
+    `datasets` calls a file's rows, and the default) would be ignored unsaid, sampling on rows
+    the user meant to leave out."""
+    if _is_file(sampled.path) and config.split not in (None, _FILE_SPLIT):
+        raise ConfigError(
+            f"{config.where('split')}: {config.split!r}: {sampled.path} is a file, which has no "
+            "splits: sampling reads all of it. Set `split: null` (or split the file)."
+        )
 
 
 def _is_file(path: str) -> bool:

@@ -497,7 +497,8 @@ def test_config_errors_name_file_line_and_key(tmp_path):
         sampling_experiment(overridden)
     assert str(e.value).splitlines() == [
         f"{tmp_path / 'train.yaml'}:2: experiment 'quickstart', as this train config overrides it:",
-        "--set budgets.max_calls: unknown key",
+        # The entry's own line (the 6th line is `experiment_overrides:`).
+        f"{tmp_path / 'train.yaml'}:7: experiment_overrides.0 → budgets.max_calls: unknown key",
     ]
     missing = runner.invoke(app, ["train", "sample", "-c", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 2 and "train config file not found" in missing.output
@@ -558,12 +559,10 @@ def test_shipped_train_configs_load_and_derive_the_sampling_experiment():
 
 
 def test_sampling_forces_sequential_dialogues_of_the_configured_turns(tmp_path):
-    config = train_yaml(
-        tmp_path,
-        experiment_overrides=["clarification.mode=all_at_once", "clarification.allow_stop=true"],
-        temperature=0.7,
-    )
-    experiment = sampling_experiment(load_train_config(config)).experiment
+    config = train_yaml(tmp_path, temperature=0.7)
+    sampled = sampling_experiment(load_train_config(config))
+    assert sampled.sampling_for("clarifier").temperature == 0.7
+    experiment = sampled.experiment
     assert experiment.clarification.mode == "sequential"
     assert experiment.clarification.allow_stop is False
     assert experiment.conditions == ["blurred", "clarify@1"]
