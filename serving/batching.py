@@ -17,7 +17,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import hashlib
+import json
 import threading
+from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -38,6 +40,14 @@ def weights_fingerprint(path: str) -> str:
             st = p.stat()
             h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()[:16]
+
+
+def settings_digest(settings: Mapping[str, Any]) -> str:
+    """A short digest of settings that change a model's answers (the chat template's options,
+    a server's flags), for engine identities: the same settings give the same digest in every
+    process and run; keys in any order."""
+    text = json.dumps(settings, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 #: Set while `Unbatched` sends a request: the request is queued to run alone.
@@ -75,6 +85,10 @@ class BatchingEngine(Engine):
         self.identity = (
             f"{self.kind}:{model}:{path}@{revision or weights_fingerprint(path)}:{dtype}"
         )
+        if self.chat_template_kwargs:
+            # Options such as Qwen3's enable_thinking change the prompt, hence the answer; an
+            # engine without them keeps the identity it always had.
+            self.identity += f"+template:{settings_digest(self.chat_template_kwargs)}"
         self._load_lock = threading.Lock()
         #: Set by `aclose`: a batch still generating in the worker thread stops at its next
         #: step (its results are dropped), so a stopped run does not wait minutes for it

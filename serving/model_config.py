@@ -8,15 +8,18 @@ file (`path: /scratch/ckpt/step-2000`).
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from serving.batching import Checkpoint
+from serving.batching import Checkpoint, weights_fingerprint
 from serving.cache import CachedEngine, ResponseCache
 from serving.engine import ChatModel, Engine
 from serving.replicas import Routing
+from serving.secrets import secret_from_env
 from serving.yaml_config import ConfigError, load_config
 
 #: `path: tiny:smollm2-135m-instruct` means the converted tiny model (serving/tiny_model.py).
@@ -116,6 +119,17 @@ class ModelConfig(_Strict):
     #: on your GPU), for `cts estimate`'s server- and GPU-hours; None: unknown, and it says so.
     throughput_tokens_per_s: float | None = Field(None, gt=0)
 
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoints_are_urls(cls, value: str | list[str] | None) -> str | list[str] | None:
+        from serving.openai_engine import endpoint_problem
+
+        for i, url in enumerate([value] if isinstance(value, str) else value or []):
+            problem = endpoint_problem(url)
+            if problem is not None:
+                raise ValueError(problem if isinstance(value, str) else f"[{i}]: {problem}")
+        return value
+
     @model_validator(mode="after")
     def _scripted_needs_a_script(self) -> ModelConfig:
         if self.engine == "scripted":
@@ -200,6 +214,26 @@ class ModelConfig(_Strict):
             max_batch_size=max_batch_size,
         )
 
+    def served_settings(self) -> dict[str, Any]:
+        """What the server of an `openai` model was started with that changes its answers,
+        for the engine's identity in the response cache: the checkpoint (`checkpoint_name`),
+        dtype, the LoRA adapter (its folder's fingerprint too: an adapter trained again in
+        place is a new one), vLLM's extra flags (a reasoning parser, a chat template). Not the
+        endpoint, port, GPUs or replicas: they change where, not what, it answers."""
+        adapter = None
+        if self.adapter is not None:
+            from configs import CONFIG_DIR
+
+            folder = Path(self.adapter).expanduser()
+            folder = folder if folder.is_absolute() else CONFIG_DIR / folder
+            adapter = f"{self.adapter}@{_fingerprint(str(folder))}"
+        return {
+            "checkpoint": checkpoint_name(self.path),
+            "dtype": self.dtype,
+            "adapter": adapter,
+            "extra_args": list(self.vllm.extra_args),
+        }
+
     def resolved_path(self) -> str:
         """The checkpoint directory, preparing the tiny model first when this config needs it."""
         if self.is_tiny:
@@ -210,6 +244,34 @@ class ModelConfig(_Strict):
                 raise ConfigError(f"model {self.name}: unknown tiny model {wanted!r}")
             return str(prepare_tiny())
         return os.path.expanduser(self.path)
+
+
+#: A Hugging Face cache snapshot (what `cts models download` fetches): models--ORG--NAME/
+#: snapshots/<commit>.
+_HUB_SNAPSHOT = re.compile(r"models--(?P<repo>[^/]+)/snapshots/[0-9a-f]{40}/?$")
+
+
+def checkpoint_name(path: str) -> str:
+    """The checkpoint at `path` as the response cache tells checkpoints apart: a hub id as
+    written; a hub snapshot folder as the hub id it is a copy of (`cts models download`
+    rewrites an experiment onto its copies, and their cached answers stay valid: the
+    `revision`, when pinned, is in the identity either way); any other local folder by its
+    path and the fingerprint of its files, so that a checkpoint trained again in place is a
+    new one."""
+    snapshot = _HUB_SNAPSHOT.search(path)
+    if snapshot is not None:
+        return snapshot["repo"].replace("--", "/")
+    folder = os.path.expanduser(path)
+    return f"{path}@{_fingerprint(folder)}" if Path(folder).is_dir() else path
+
+
+def _fingerprint(path: str) -> str:
+    """`weights_fingerprint(path)`; `path` itself where the folder cannot be read here (the
+    server may read what this machine cannot)."""
+    try:
+        return weights_fingerprint(path)
+    except OSError:
+        return path
 
 
 def model_label(ref: str, name: str) -> str:
@@ -223,6 +285,39 @@ def model_label(ref: str, name: str) -> str:
 
 def load_model_config(path: Path, overrides: list[str] | None = None) -> ModelConfig:
     return load_config(ModelConfig, path, overrides or []).config
+
+
+def openai_endpoint(config: ModelConfig) -> str | list[str]:
+    """Where an `openai` model is reached: its `endpoint`, else CTS_OPENAI_BASE_URL (checked
+    as `endpoint` is; a ConfigError names the variable, never its credentials)."""
+    if config.endpoint:
+        return config.endpoint
+    endpoint = os.environ.get("CTS_OPENAI_BASE_URL")
+    if not endpoint:
+        raise ConfigError(
+            f"model {config.name}: engine 'openai' needs `endpoint` (e.g. "
+            "http://127.0.0.1:8000/v1) or CTS_OPENAI_BASE_URL"
+        )
+    from serving.openai_engine import endpoint_problem
+
+    problem = endpoint_problem(endpoint)
+    if problem is not None:
+        raise ConfigError(f"model {config.name}: CTS_OPENAI_BASE_URL: {problem}")
+    return endpoint
+
+
+def check_api_keys(models: Mapping[str, ModelConfig]) -> None:
+    """A ConfigError naming the model key and its `api_key_env` for the first `openai` model
+    whose key variable is unset (or blank); what opening its engine would refuse, checked
+    before a run writes anything."""
+    for key, config in models.items():
+        if config.engine != "openai" or not config.api_key_env:
+            continue
+        if not secret_from_env(config.api_key_env):
+            raise ConfigError(
+                f"model {key}: api_key_env names {config.api_key_env}, which is not set "
+                "(export it, or leave api_key_env out for a server that takes no key)"
+            )
 
 
 def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> ChatModel:
@@ -241,15 +336,9 @@ def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> Cha
     elif config.engine == "openai":
         from serving.openai_engine import OpenAIEngine
 
-        endpoint = config.endpoint or os.environ.get("CTS_OPENAI_BASE_URL")
-        if not endpoint:
-            raise ConfigError(
-                f"model {config.name}: engine 'openai' needs `endpoint` (e.g. "
-                "http://127.0.0.1:8000/v1) or CTS_OPENAI_BASE_URL"
-            )
         engine = OpenAIEngine(
             config.name,
-            endpoint,
+            openai_endpoint(config),
             api_key_env=config.api_key_env,
             max_concurrency=config.max_concurrency,
             timeout_s=config.timeout_s,
@@ -258,6 +347,7 @@ def build_engine(config: ModelConfig, cache: ResponseCache | None = None) -> Cha
             chat_template_kwargs=config.chat_template_kwargs,
             revision=config.revision,
             routing=config.routing,
+            served_as=config.served_settings(),
         )
     elif config.engine == "lexical":
         from serving.lexical import LexicalEngine

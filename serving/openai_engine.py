@@ -14,11 +14,13 @@ import math
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 
+from serving.batching import settings_digest
 from serving.engine import Engine
 from serving.errors import (
     ContextLengthExceeded,
@@ -27,7 +29,7 @@ from serving.errors import (
     ServerUnreachable,
 )
 from serving.replicas import Replicas, Routing
-from serving.secrets import redact_cut, secret_from_env
+from serving.secrets import redact, redact_cut, secret_from_env, split_credentials
 from serving.types import (
     ChatRequest,
     ChatResponse,
@@ -38,6 +40,7 @@ from serving.types import (
     RegexOutput,
     Usage,
 )
+from serving.yaml_config import ConfigError
 
 ConstraintField = Literal["structured_outputs", "response_format"]
 _RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -77,6 +80,24 @@ def context_length_error(status: int, text: str) -> ContextLengthExceeded | None
     return ContextLengthExceeded(message[:500], int(window[1]), tokens, exact=not prompt[2])
 
 
+def endpoint_problem(url: str) -> str | None:
+    """Why `url` cannot be a server's base URL, or None: it must be an absolute http(s) URL
+    with a host (`http://127.0.0.1:8000/v1`). Without the scheme every request would fail as a
+    transport error, retried until each key fails, instead of the config being refused. The
+    URL is quoted without its credentials."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number in range raises ValueError)
+    except ValueError as e:
+        return f"not a URL ({e})"
+    public = split_credentials(url)[0]
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return f"{public!r} holds whitespace or a control character"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{public!r} is not an absolute http(s) URL (e.g. http://127.0.0.1:8000/v1)"
+    return None
+
+
 def constraint_fields(spec: OutputSpec, prefer: ConstraintField) -> dict[str, Any]:
     """The request-body fields that carry `spec`."""
     if isinstance(spec, JsonSchemaOutput):
@@ -93,6 +114,22 @@ def constraint_fields(spec: OutputSpec, prefer: ConstraintField) -> dict[str, An
     if isinstance(spec, RegexOutput):
         return {"structured_outputs": {"regex": spec.pattern}}
     raise TypeError(f"unknown output spec {spec!r}")
+
+
+def served_identity(
+    model: str,
+    revision: str | None,
+    chat_template_kwargs: Mapping[str, Any],
+    served_as: Mapping[str, Any],
+) -> str:
+    """The engine's name in the response cache: the served model, and a digest of what else
+    changes its answers (the chat template's options, what the server was started with). The
+    endpoint is not in it: the same model on another port or node answers the same."""
+    name = f"openai:{model}@{revision or 'served'}"
+    settings = {"chat_template_kwargs": dict(chat_template_kwargs), **served_as}
+    if not any(settings.values()):
+        return name  # nothing said beyond the name: the identity caches had before
+    return f"{name}+{settings_digest(settings)}"
 
 
 class OpenAIEngine(Engine):
@@ -114,25 +151,40 @@ class OpenAIEngine(Engine):
         chat_template_kwargs: dict[str, Any] | None = None,
         revision: str | None = None,
         routing: Routing = "affinity",
+        served_as: Mapping[str, Any] | None = None,
     ) -> None:
+        """`served_as`: what the server was started with that changes its answers (checkpoint,
+        dtype, adapter, vLLM flags; `model_config.served_settings`), part of the identity."""
         super().__init__()
         self.model = model
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        for url in urls:
+            problem = endpoint_problem(url)
+            if problem is not None:
+                raise ConfigError(f"model {model}: endpoint {problem}")
+        # Credentials in a URL travel as basic auth; the URLs that stats and messages quote
+        # hold none (serving/secrets.py).
+        public, credentials = zip(*(split_credentials(u) for u in urls), strict=True)
+        self._auth = [httpx.BasicAuth(*c) if c else None for c in credentials]
         #: One URL, or a model's replicas: each key's requests stay on one (serving/replicas.py).
-        self.replicas = Replicas([base_url] if isinstance(base_url, str) else base_url, routing)
+        self.replicas = Replicas(public, routing)
         if len(self.replicas) > 1:
             self.stats.replicas = self.replicas
         self.base_url = self.replicas.urls[0]
         self.url = f"{self.base_url}/chat/completions"
-        self.identity = f"openai:{model}@{revision or 'served'}"
+        self.chat_template_kwargs = chat_template_kwargs or {}
+        self.identity = served_identity(model, revision, self.chat_template_kwargs, served_as or {})
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.constraint_field = constraint_field
-        self.chat_template_kwargs = chat_template_kwargs or {}
         headers = {}
         if api_key_env:
             key = secret_from_env(api_key_env)
             if not key:
-                raise EngineError(f"{model}: environment variable {api_key_env} is not set")
+                raise ConfigError(
+                    f"model {model}: api_key_env names {api_key_env}, which is not set (export "
+                    "it, or leave api_key_env out for a server that takes no key)"
+                )
             headers["Authorization"] = f"Bearer {key}"
         self._timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
         self._headers = headers
@@ -194,10 +246,16 @@ class OpenAIEngine(Engine):
         self.replicas.in_flight[replica] += 1
         self.replicas.sent[replica] += 1
         try:
-            return await clients[i].post(self._chat_url(replica), json=body)
+            return await clients[i].post(
+                self._chat_url(replica), json=body, auth=self._auth_of(replica)
+            )
         finally:
             self._in_flight[i] -= 1
             self.replicas.in_flight[replica] -= 1
+
+    def _auth_of(self, replica: int) -> httpx.Auth | httpx._client.UseClientDefault:
+        """The `auth` argument of a request to `replica`: the credentials its URL held."""
+        return self._auth[replica] or httpx.USE_CLIENT_DEFAULT
 
     def _chat_url(self, replica: int) -> str:
         return f"{self.replicas.urls[replica]}/chat/completions"
@@ -217,7 +275,8 @@ class OpenAIEngine(Engine):
                 async with semaphore:
                     reply = await self._post(clients, replica, body)
             except (httpx.TransportError, httpx.TimeoutException) as e:
-                last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                # A protocol error may quote the request's headers (the key in them).
+                last_error = redact(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
                 # Nobody listening (or answering a connect): the server, not this request.
                 refused = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
                 if refused and self.replicas.mark_down(replica):
@@ -230,11 +289,10 @@ class OpenAIEngine(Engine):
             else:
                 refused = False
                 self.replicas.mark_up(replica)
-                if reply.status_code not in _RETRYABLE_STATUS:
-                    return self._answer(reply, url, time.perf_counter() - started)
-                # A server may echo the request's headers in its error body.
-                last_error = f"HTTP {reply.status_code}: {redact_cut(reply.text, 300)}"
-                why = f"HTTP {reply.status_code}"
+                settled = self._settle(reply, url, time.perf_counter() - started)
+                if isinstance(settled, ChatResponse):
+                    return settled
+                why, last_error = settled
             attempt += 1
             if attempt > self.max_retries:
                 break
@@ -247,23 +305,39 @@ class OpenAIEngine(Engine):
         )
         raise ServerUnreachable(message) if refused else EngineUnavailable(message)
 
-    def _answer(self, reply: httpx.Response, url: str, latency: float) -> ChatResponse:
-        """A reply that is not worth sending again: the response, or the refusal raised."""
-        overflow = context_length_error(reply.status_code, reply.text)
+    def _settle(
+        self, reply: httpx.Response, url: str, latency: float
+    ) -> ChatResponse | tuple[str, str]:
+        """The response, or the refusal raised, or (why, error) for a reply worth sending
+        again: a 429 or 5xx, and a 200 whose body is not JSON. That one is a proxy's error page
+        or a body cut off mid-way, both passing faults like a 502; a JSON body of the wrong
+        shape is the server's steady answer, refused at once (`_response`)."""
+        status = reply.status_code
+        if status in _RETRYABLE_STATUS:
+            # A server may echo the request's headers in its error body.
+            return f"HTTP {status}", f"HTTP {status}: {redact_cut(reply.text, 300)}"
+        overflow = context_length_error(status, reply.text)
         if overflow is not None:
             raise overflow
-        if reply.status_code != 200:
+        if status != 200:
             raise EngineError(
                 f"{url} (model {self.model}) refused the request: "
-                f"HTTP {reply.status_code}: {redact_cut(reply.text, 500)}"
+                f"HTTP {status}: {redact_cut(reply.text, 500)}"
             )
-        return self._response(reply.json(), url, latency)
+        try:
+            payload = reply.json()
+        except ValueError:  # not JSON, or not UTF-8
+            return "malformed reply", (
+                f"HTTP 200 with a body that is not valid JSON: {redact_cut(reply.text, 300)}"
+            )
+        return self._response(payload, url, latency)
 
     async def count_prompt_tokens(self, request: ChatRequest) -> PromptCount | None:
         """vLLM's `POST /tokenize` of the request's messages, with the chat template and the
         generation prompt as a chat request gets them; None when the server cannot say (not
         vLLM, unreachable): the caller then estimates."""
-        root = self.replicas.urls[self.replicas.pick()].removesuffix("/v1")
+        replica = self.replicas.pick()
+        root = self.replicas.urls[replica].removesuffix("/v1")
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [m.model_dump() for m in request.messages],
@@ -274,29 +348,37 @@ class OpenAIEngine(Engine):
         clients, semaphore = self._session()
         try:
             async with semaphore:
-                reply = await clients[0].post(f"{root}/tokenize", json=body)
+                reply = await clients[0].post(
+                    f"{root}/tokenize", json=body, auth=self._auth_of(replica)
+                )
             payload = reply.json() if reply.status_code == 200 else {}
             return PromptCount(tokens=payload["count"], window=payload.get("max_model_len"))
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 
-    def _response(self, payload: dict[str, Any], url: str, latency: float) -> ChatResponse:
+    def _response(self, payload: Any, url: str, latency: float) -> ChatResponse:
+        """The chat completion in `payload`; one of another shape (no choices, a content or
+        usage of the wrong type) is an EngineError naming the endpoint and the model."""
         try:
             choice = payload["choices"][0]
-            text = choice["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError) as e:
-            raise EngineError(f"{url}: malformed reply {redact_cut(str(payload), 300)}") from e
-        usage = payload.get("usage") or {}
-        finish = choice.get("finish_reason") or "stop"
-        return ChatResponse(
-            text=text,
-            finish_reason="length" if finish == "length" else "stop",
-            usage=Usage(
-                prompt_tokens=usage.get("prompt_tokens", 0),
-                completion_tokens=usage.get("completion_tokens", 0),
-            ),
-            latency_s=latency,
-        )
+            finish = choice.get("finish_reason") or "stop"
+            usage = payload.get("usage") or {}
+            return ChatResponse(
+                text=choice["message"]["content"] or "",
+                finish_reason="length" if finish == "length" else "stop",
+                usage=Usage(
+                    # A count left null is one not given, as a count left out is.
+                    prompt_tokens=usage.get("prompt_tokens") or 0,
+                    completion_tokens=usage.get("completion_tokens") or 0,
+                ),
+                latency_s=latency,
+            )
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+            # ValueError covers pydantic's ValidationError (a content that is not text).
+            raise EngineError(
+                f"{url} (model {self.model}): malformed reply (not a chat completion): "
+                f"{redact_cut(str(payload), 300)}"
+            ) from e
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, []

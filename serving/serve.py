@@ -26,6 +26,7 @@ from types import FrameType
 
 from serving.disk import write_whole
 from serving.model_config import ModelConfig, model_label
+from serving.openai_engine import endpoint_problem
 from serving.vllm_server import ServerError, VllmServer, free_port, log_tail
 
 
@@ -481,23 +482,44 @@ def read_endpoints(path: Path, wait_s: float = 0.0) -> dict[str, str | list[str]
         time.sleep(min(ENDPOINTS_POLL_S, max(0.0, deadline - time.monotonic())))
     try:
         data = json.loads(path.read_text())
-        return {key: _urls(entry) for key, entry in data["models"].items()}
     except FileNotFoundError:
         waited = f" after waiting {wait_s:g} s (is the shared servers job running? see its log)"
         raise EndpointsError(
             f"{path}: endpoints file not found"
             + (waited if wait_s else " (is `cts serve` running?)")
         ) from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise EndpointsError(
             f"{path}: not an endpoints file written by `cts serve` ({e})"
         ) from None
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, dict):
+        raise EndpointsError(
+            f"{path}: not an endpoints file written by `cts serve` (no `models` mapping of "
+            "model key to its server)"
+        )
+    urls = {}
+    for key, entry in models.items():
+        try:
+            urls[key] = _urls(entry)
+        except ValueError as e:
+            raise EndpointsError(f"{path}: not an endpoints file (model {key}: {e})") from None
+    return urls
 
 
-def _urls(entry: dict[str, object]) -> str | list[str]:
-    urls = entry.get("base_urls") or [entry["base_url"]]  # files from before replicas
+def _urls(entry: object) -> str | list[str]:
+    """A model's base URL, or its copies' (ValueError saying what is wrong)."""
+    if not isinstance(entry, dict):
+        raise ValueError(
+            f"{type(entry).__name__} where `cts serve` writes an object with `base_urls`"
+        )
+    urls = entry.get("base_urls") or [entry.get("base_url")]  # files from before replicas
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
-        raise TypeError("base_urls is not a list of URLs")
+        raise ValueError("base_urls (or base_url) is not a list of URLs")
+    for url in urls:
+        problem = endpoint_problem(url)
+        if problem is not None:
+            raise ValueError(problem)
     return urls[0] if len(urls) == 1 else urls
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from serving.yaml_config import ConfigError
+
 
 def _die_with_parent() -> None:
     """Runs in the server process before vLLM starts: ask Linux to send it SIGTERM when the
@@ -46,9 +48,26 @@ def vllm_executable() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port free on `host` (an IPv4 or IPv6 address, or a name), in its address family; a
+    host this machine cannot listen on is a ConfigError naming it."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as s:
+            s.bind(address)
+            return int(s.getsockname()[1])
+    except OSError as e:  # socket.gaierror too: a name that does not resolve
+        raise ConfigError(f"--host {host}: not an address this machine can listen on ({e})") from e
+
+
+#: Where a server listening on every interface is reached from this machine.
+_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+def url_host(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 literal in brackets (`[::1]`)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -76,8 +95,9 @@ class VllmServer:
     def base_url(self) -> str:
         """Where clients reach it: a server listening on every interface (a shared servers
         job's, which tasks on other nodes use) by this machine's host name."""
-        wildcard = self.host in ("0.0.0.0", "::", "")
-        return f"http://{socket.gethostname() if wildcard else self.host}:{self.port}/v1"
+        wildcard = self.host in _LOOPBACK
+        host = socket.gethostname() if wildcard else url_host(self.host)
+        return f"http://{host}:{self.port}/v1"
 
     def command(self) -> list[str]:
         if self.python:
@@ -130,20 +150,23 @@ class VllmServer:
                     f"vLLM server for {self.served_name} exited with code {code} before it was "
                     f"ready; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
                 )
-            try:
-                if (
-                    httpx.get(f"http://{self.host}:{self.port}/health", timeout=2).status_code
-                    == 200
-                ):
-                    return time.monotonic() - started
-            except httpx.HTTPError:
-                pass
+            if self._healthy():
+                return time.monotonic() - started
             time.sleep(poll_s)
         self.stop()
         raise ServerError(
             f"vLLM server for {self.served_name} not ready after {deadline_s:.0f} s; "
             f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
         )
+
+    def _healthy(self) -> bool:
+        """`GET /health` answers 200, asked on this machine (a server listening on every
+        interface is asked on the loopback of its address family)."""
+        host = url_host(_LOOPBACK.get(self.host, self.host))
+        try:
+            return httpx.get(f"http://{host}:{self.port}/health", timeout=2).status_code == 200
+        except (httpx.HTTPError, httpx.InvalidURL):  # not up yet; a host no URL can hold
+            return False
 
     def stop(self, grace_s: float = 20.0) -> None:
         if self.process is None or self.process.poll() is not None:

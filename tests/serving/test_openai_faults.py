@@ -19,6 +19,7 @@ from serving.errors import (
 from serving.openai_engine import OpenAIEngine
 from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput
 from serving.vllm_server import free_port
+from serving.yaml_config import ConfigError
 from tests.fault_helpers import QuietHandler, loopback_server
 
 
@@ -176,7 +177,8 @@ def test_constraints_travel_as_structured_outputs_never_guided(server):
 
 def test_api_key_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("CTS_TEST_KEY", raising=False)
-    with pytest.raises(EngineError, match="CTS_TEST_KEY is not set"):
+    # A config problem (exit 2, no traceback), not a model call's failure.
+    with pytest.raises(ConfigError, match="api_key_env names CTS_TEST_KEY, which is not set"):
         OpenAIEngine("m", "http://127.0.0.1:9/v1", api_key_env="CTS_TEST_KEY")
     monkeypatch.setenv("CTS_TEST_KEY", "sk-secret")
     engine = OpenAIEngine("m", "http://127.0.0.1:9/v1", api_key_env="CTS_TEST_KEY")
