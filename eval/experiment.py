@@ -44,6 +44,7 @@ from eval.run.runner import (
 from eval.run.search_agent import corpus_digest, open_agent
 from serving.cache import EVALUATION, GOLDEN_CONSTRUCTION
 from serving.engine import EngineStats
+from serving.model_config import check_api_keys
 from serving.serve import ServeOptions, served
 from serving.types import Sampling
 from serving.yaml_config import ConfigError
@@ -71,12 +72,18 @@ class RunResult:
 
 
 async def until_signalled(
-    work: Awaitable[RunOutcome], watch: Callable[[], None] | None = None, poll_s: float = 2.0
+    work: Awaitable[RunOutcome],
+    watch: Callable[[], None] | None = None,
+    poll_s: float = 2.0,
+    outcome: RunOutcome | None = None,
 ) -> RunOutcome:
     """Run `work`; SIGINT or SIGTERM cancels it and gives an interrupted outcome. Finished
     records are already on disk (each is appended and fsync'd as it completes), so the run
-    resumes where it stopped. `watch` is called every `poll_s` seconds (e.g. checking that the
-    model servers live); what it raises cancels the work and is raised here."""
+    resumes where it stopped. `outcome` is the one `work` fills as it goes (run_keys's): a
+    second signal cancels the work before it can return it, and this returns it instead, its
+    counts kept. `watch` is called every `poll_s` seconds (e.g. checking that the model
+    servers live); what it raises cancels the work and is raised here, whatever the work
+    returned (run_keys answers a cancellation with an interrupted outcome)."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -95,16 +102,18 @@ async def until_signalled(
 
     watching = asyncio.create_task(watcher(watch)) if watch else None
     try:
-        return await task
+        result = await task
     except asyncio.CancelledError:
-        if failure:
-            raise failure[0] from None
-        return RunOutcome(interrupted=True)
+        result = outcome if outcome is not None else RunOutcome()
+        result.interrupted = True
     finally:
         if watching:
             watching.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    if failure:
+        raise failure[0] from None
+    return result
 
 
 async def _run(
@@ -151,8 +160,9 @@ async def _run(
         already = already_done(store, shard, (mine, conditions, seeds), retry_failed)
         show = control.get("show_progress", True)
         async with key_progress(experiment.name, total, already, show) as done:
+            outcome = RunOutcome()
             try:
-                outcome = await until_signalled(
+                await until_signalled(
                     run_keys(
                         instances,
                         conditions,
@@ -164,8 +174,10 @@ async def _run(
                         on_done=done,
                         retry_failed=retry_failed,
                         key_order=experiment.key_order,
+                        outcome=outcome,
                     ),
                     control.get("watch"),
+                    outcome=outcome,
                 )
             finally:
                 await ctx.clarification.aclose()
@@ -256,6 +268,7 @@ def _run_into(
     for note in run_notes(resolved, instances, keys[0]):
         notify(note)
     run = RunDir(run_dir)
+    check_api_keys(resolved.model_configs)  # what opening the engines would refuse, unwritten
     run.write_config(resolved, fingerprint(everything, corpus_digest(resolved)))
     started = time.perf_counter()
     outcome, stats, (cache, tool_cache) = asyncio.run(_run(resolved, run, instances, keys, control))

@@ -61,7 +61,7 @@ from eval.run.run_dir import RunDir, RunDirError, Shard, frozen_experiment
 from eval.run.runner import Key, RecordStore, RunControl, RunOutcome, already_done, run_keys
 from serving.disk import write_whole
 from serving.engine import ChatModel, EngineStats
-from serving.model_config import model_label
+from serving.model_config import check_api_keys, model_label
 from serving.yaml_config import ConfigError, Override, parse_override, read_yaml
 from webdancer.agent import WebDancerAgent
 
@@ -390,6 +390,8 @@ def rejudge_run(
     # Everything checked before anything is written; then rejudge.json before config.yaml, so
     # that a shard starting beside this one never finds a config.yaml without it.
     run.check_resume(resolved, prints)
+    judge = resolved.experiment.roles["judge"].model
+    check_api_keys({judge: resolved.model_configs[judge]})  # the one model a rejudge opens
     _write_provenance(run, source, resolved)
     run.write_config(resolved, prints)
     started = time.perf_counter()
@@ -444,7 +446,8 @@ async def _rejudge(
                 )
                 advance(record)
 
-            outcome = await until_signalled(
+            outcome = RunOutcome()
+            await until_signalled(
                 run_keys(
                     instances,
                     conditions,
@@ -455,8 +458,10 @@ async def _rejudge(
                     concurrency=resolved.experiment.concurrency,
                     on_done=done,
                     retry_failed=retry_failed,
+                    outcome=outcome,
                 ),
                 control.get("watch"),
+                outcome=outcome,
             )
         stats = {name: e.stats for name, e in engines.by_model.items()}
         # `is not None`: an empty cache is falsy (it has a length).

@@ -539,12 +539,18 @@ def find_experiment(config: str | Path | None) -> Path:
     raise ConfigError(f"{path}: config file not found")
 
 
-def _model_file(ref: str, experiment_path: Path) -> Path | None:
+def _model_file(ref: str, experiment_path: Path, inlined: bool = False) -> Path | None:
+    """The model config file `ref` names (None: a name no file has). `inlined`: the experiment
+    holds the model under `models.<ref>`, which stands alone when a path ref's file is gone."""
     if ref.endswith((".yaml", ".yml")):
         path = Path(ref).expanduser()
         if not path.is_absolute() and not path.is_file():
             # Not where the command runs: beside the experiment file, as written in it.
             path = experiment_path.parent / path
+        if not path.is_file() and inlined:
+            # A frozen experiment (RunDir.freeze, a Slurm task's): every model inlined whole
+            # under the ref it was read by, in a file far from the one a relative ref names.
+            return None
         if not path.is_file():
             raise ConfigError(f"{path}: model config file not found")
         return path
@@ -624,15 +630,20 @@ def load_experiment(
         ref, where = wanted.pop(0)
         if ref in model_configs:
             continue
-        file = _model_file(ref, path)
         inline = experiment.models.get(ref, {})
+        file = _model_file(ref, path, inlined=bool(inline))
         if file is None and not inline:
             raise ConfigError(
                 f"{where}: no model config {ref!r} (looked in "
                 f"{', '.join(str(f) for f in model_folders(path))} and under `models:`)"
             )
         label = f"{path}: models.{ref}:"
-        model = load_config(ModelConfig, file, mapping_overrides(inline, label))
+        try:
+            model = load_config(ModelConfig, file, mapping_overrides(inline, label))
+        except ConfigError:
+            if file is None:  # a path ref whose inline part is not a whole model: the file
+                _model_file(ref, path)  # is missing (raised here), not the keys it would hold
+            raise
         model.config.resolved_adapter()  # a missing adapter is an error now, before any run
         model_configs[ref] = model.config
         model_files[ref] = file

@@ -124,9 +124,13 @@ def read_lines(root: Path) -> Iterator[Dialogue]:
             try:
                 yield Dialogue.model_validate_json(line)
             except ValidationError as e:
+                # Worded as runner.parse_jsonl words a bad records line (runner imports this
+                # module through the pipeline: it cannot be imported here).
+                problem = e.errors()[0]
+                where = ".".join(str(x) for x in problem["loc"])
                 raise DialogueFileError(
-                    f"{path}:{n}: not a dialogue ({e.errors()[0]['msg']}); fix or remove "
-                    "the line, then run again"
+                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — not a "
+                    "dialogue; fix or remove the line, then run again"
                 ) from None
 
 

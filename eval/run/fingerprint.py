@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from eval.data.schema import Instance
+from serving.model_config import ModelConfig
+from serving.yaml_config import ConfigError
 
 #: Experiment keys a resumed run may change.
 FREE_EXPERIMENT_KEYS: tuple[tuple[str, ...], ...] = (
@@ -205,3 +208,87 @@ def fingerprint(instances: Sequence[Instance], corpus: str | None = None) -> dic
 def model_view(model: dict[str, Any]) -> dict[str, Any]:
     """The dotted keys of one model config (as config.yaml holds it) that records depend on."""
     return _bound(_leaves(model), FREE_MODEL_KEYS)
+
+
+#: Fingerprint keys of what a model config names by path (`model:judge-ft:adapter`): a replay
+#: file edited, or an adapter or checkpoint retrained in place, is another model under the
+#: same config.
+MODEL_KEY = "model:"
+
+#: The files of a checkpoint or adapter folder that make the model (as the response cache's
+#: serving/batching.weights_fingerprint lists them).
+_MODEL_FILES = frozenset({".json", ".safetensors", ".bin", ".jinja", ".model"})
+
+#: Bytes read at each end of a model file: its weights are never read whole (gigabytes), yet a
+#: retrained adapter, whose files keep their names and sizes, differs within them.
+_ENDS = 256 * 1024
+
+
+def _file_ends(path: Path) -> str:
+    """A file's size and a digest of its first and last `_ENDS` bytes (all of a small one)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        h.update(f.read(_ENDS))
+        if size > _ENDS:
+            f.seek(max(_ENDS, size - _ENDS))
+            h.update(f.read(_ENDS))
+    return f"{size}:{h.hexdigest()}"
+
+
+def _folder_digest(root: Path) -> str:
+    """The model files of a checkpoint or adapter folder: names, sizes and ends (never
+    modification times: a copy of the same weights is the same model)."""
+    h = hashlib.sha256()
+    for path in sorted(root.iterdir()):
+        if path.suffix in _MODEL_FILES and path.is_file():
+            h.update(f"{path.name}:{_file_ends(path)}\n".encode())
+    return h.hexdigest()
+
+
+def _local_files(model: ModelConfig) -> dict[str, Path]:
+    """What `model` reads from this machine's disk: its replay file, its checkpoint folder,
+    its adapter. A hub id, an endpoint's model, the tiny model (built from its pinned spec)
+    and what is not here have none."""
+    if model.engine == "scripted":
+        replay = Path(model.replay).expanduser() if model.replay else None
+        return {"replay": replay} if replay is not None and replay.is_file() else {}
+    found: dict[str, Path] = {}
+    checkpoint = Path(model.path).expanduser()
+    if model.engine != "lexical" and not model.is_tiny and checkpoint.is_dir():
+        found["path"] = checkpoint
+    try:
+        adapter = model.resolved_adapter()
+    except ConfigError:
+        adapter = None  # not on this machine: nothing to compare (a run refuses it itself)
+    if adapter is not None:
+        found["adapter"] = Path(adapter)
+    return found
+
+
+def _local_content(model: ModelConfig) -> dict[str, str]:
+    """A digest of each of `_local_files`: a replay file's content; a folder's model files
+    (`_folder_digest`). One this process may not read has none (nothing to compare)."""
+    found: dict[str, str] = {}
+    for part, path in _local_files(model).items():
+        try:
+            found[part] = (
+                _folder_digest(path)
+                if path.is_dir()
+                else hashlib.sha256(path.read_bytes()).hexdigest()
+            )
+        except OSError:
+            continue
+    return found
+
+
+def model_prints(models: Mapping[str, ModelConfig]) -> dict[str, str]:
+    """`model:<ref>:<part>` → digest of each model's local content (`_local_content`), compared
+    on resume as every fingerprint is; a config.yaml written before them resumes (`changes`
+    skips a fingerprint one side lacks)."""
+    return {
+        f"{MODEL_KEY}{ref}:{part}": digest
+        for ref, model in models.items()
+        for part, digest in _local_content(model).items()
+    }

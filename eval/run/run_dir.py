@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel
 
 from eval.run.config import ExperimentConfig, ResolvedExperiment
-from eval.run.fingerprint import changes, results_view
+from eval.run.fingerprint import changes, model_prints, results_view
 from serving.disk import write_whole
 from serving.model_config import ModelConfig
 from serving.yaml_config import ConfigError, load_config, read_yaml
@@ -73,6 +73,15 @@ class _RunConfig(BaseModel):
     versions: dict[str, str | None] = {}
     #: Digests of the dataset and prompts the records were made with (eval/run/fingerprint.py).
     fingerprint: dict[str, str] = {}
+
+
+def with_models(resolved: ResolvedExperiment, fingerprint: dict[str, str] | None) -> dict[str, str]:
+    """`fingerprint` with the digests of the models' local content (`model_prints`) it does not
+    give: a caller that passes the run's own (a merge, which compares the dataset only) keeps
+    them, so that a replay file edited after the last record refuses no merge."""
+    given = fingerprint or {}
+    found = model_prints(resolved.model_configs)
+    return {**given, **{key: found[key] for key in found if key not in given}}
 
 
 @dataclass(frozen=True)
@@ -159,7 +168,7 @@ class RunDir:
         changed, before anything is written). Shards of one run write it at once: each
         replaces the file whole, never half-written (a full disk: StorageFull, and the file
         stays as it was, or absent)."""
-        text = resolved.to_yaml(fingerprint)
+        text = resolved.to_yaml(with_models(resolved, fingerprint))
         if self.config.is_file():
             self._refuse_other_results(yaml.safe_load(text))
         write_whole(self.config, text)
@@ -169,7 +178,8 @@ class RunDir:
     ) -> None:
         """What `write_config` refuses (the same ConfigError), checked writing nothing."""
         if self.config.is_file():
-            self._refuse_other_results(yaml.safe_load(resolved.to_yaml(fingerprint)))
+            prints = with_models(resolved, fingerprint)
+            self._refuse_other_results(yaml.safe_load(resolved.to_yaml(prints)))
 
     def _refuse_other_results(self, new: dict[str, Any]) -> None:
         # The one config reader: a garbage, non-UTF-8 or aliased file is a ConfigError naming it.

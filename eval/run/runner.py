@@ -18,7 +18,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +75,55 @@ def shard_lock(root: Path, shard: Shard) -> Iterator[None]:
             handle.truncate(0)
             handle.write(str(os.getpid()))
             handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def _count_of(path: Path) -> int | None:
+    """N of a shard count's lock file `.of-N.lock` (None: another file)."""
+    count = path.name.removeprefix(".of-").removesuffix(".lock")
+    return int(count) if count.isdigit() else None
+
+
+def _live_other_count(root: Path, count: int) -> int | None:
+    """Another shard count whose lock some live process holds, if any. A held lock is known
+    only by failing to take it: a free one is taken and let go at once."""
+    for path in sorted(root.glob(".of-*.lock")):
+        other = _count_of(path)
+        if other is None or other == count:
+            continue
+        with storage_errors(path), path.open("rb") as probe:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return other
+    return None
+
+
+@contextmanager
+def shard_count_lock(root: Path, shard: Shard) -> Iterator[None]:
+    """Hold the lock of the shard's count (`.of-N.lock`) while running it. Shards of one count
+    split the instances alike, so they run side by side (the lock is shared); a writer of
+    another count would take keys a live shard has yet to write and record them twice, which
+    `merge` then refuses for good: it is ShardBusy, naming the other count. Each writer takes
+    its own count's lock before looking for another's, so of two starting at once at least
+    one is refused. The kernel's lock (flock): a killed holder leaves none behind."""
+    path = root / f".of-{shard.count}.lock"
+    with storage_errors(path):
+        root.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a+")
+    try:
+        # Waits only while another count's writer looks at this lock (an instant).
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        other = _live_other_count(root, shard.count)
+        if other is not None:
+            raise ShardBusy(
+                f"{root / f'.of-{other}.lock'}: another live process runs this run as {other} "
+                f"shard(s); running it as {shard.count} shard(s) beside it would write keys "
+                "twice (each count splits the instances its own way): wait for those shards to "
+                "end, or stop them, then run again"
+            )
         yield
     finally:
         handle.close()  # releases the lock
@@ -330,6 +379,55 @@ class ProgressHold:
         self._released.set()
 
 
+class _Writes:
+    """Records handed to the writer thread, each counted (ran, failures, `on_done`) once it is
+    on disk and only then, by its key or, for a key cancelled while it waited, when the run
+    stops: its write (and those queued behind it) still finish, and the account must hold
+    every record the run wrote."""
+
+    def __init__(
+        self,
+        store: RecordStore,
+        shard: Shard,
+        outcome: RunOutcome,
+        on_done: Callable[[Record], None] | None,
+    ) -> None:
+        self.store, self.shard, self.outcome, self.on_done = store, shard, outcome, on_done
+        # One thread: a shard file's lines go in the order the records were handed over.
+        self.thread = ThreadPoolExecutor(1, "cts-records")
+        self.pending: dict[Future[None], Record] = {}
+        self.waiting: set[asyncio.Future[None]] = set()
+
+    def submit(self, record: Record) -> tuple[Future[None], asyncio.Future[None]]:
+        """Start writing `record`: its write, and a future to await it with."""
+        done = self.thread.submit(self.store.append, record, self.shard)
+        self.pending[done] = record
+        written = asyncio.wrap_future(done)
+        self.waiting.add(written)
+        written.add_done_callback(self.waiting.discard)
+        return done, written
+
+    def count(self, done: Future[None]) -> None:
+        """Count the record of a finished write once (a failed or dropped write is no record)."""
+        if not done.done() or done not in self.pending:
+            return
+        record = self.pending.pop(done)
+        if done.cancelled() or done.exception() is not None:
+            return
+        self.outcome.ran += 1
+        if record.error:
+            self.outcome.failures[record.error["kind"]] += 1
+        if self.on_done:
+            self.on_done(record)
+
+    def close(self) -> None:
+        """Wait for every write under way (shutdown(wait=True), which no second signal can
+        cancel), then count those no key counted."""
+        self.thread.shutdown(wait=True)
+        for done in list(self.pending):
+            self.count(done)
+
+
 async def run_keys(
     instances: list[Instance],
     conditions: Iterable[str],
@@ -341,29 +439,35 @@ async def run_keys(
     on_done: Callable[[Record], None] | None = None,
     retry_failed: bool = False,
     key_order: KeyOrder = "longest_first",
+    outcome: RunOutcome | None = None,
 ) -> RunOutcome:
     """Run every key of this shard not recorded yet (and, with `retry_failed`, every key whose
     record is a failure); return counts. Cancelling (Ctrl-C, SIGTERM) stops in-flight keys;
     finished ones are already on disk. A key recorded in any shard file that can hold it counts
     as done, so a run resumed with another shard count re-runs nothing. Another live process
-    running the same shard is refused (ShardBusy)."""
-    # Records are written by a thread of their own, and leaving this block waits for it
-    # (shutdown(wait=True), which no second signal can cancel) before the shard's lock is let
-    # go: a resumed run may cut a torn last line, which must never be a line still being written.
-    with shard_lock(store.root, shard), ThreadPoolExecutor(1, "cts-records") as writer:
-        return await _run_keys(
-            instances,
-            conditions,
-            seeds,
-            run_one,
-            store,
-            shard,
-            concurrency,
-            on_done,
-            retry_failed,
-            key_order,
-            writer,
-        )
+    running the same shard, or the run under another shard count, is refused (ShardBusy).
+    `outcome` (a new one if None) is filled as the run goes: a caller that keeps it has the
+    counts even when a second signal cancels this before it returns (`until_signalled`)."""
+    outcome = outcome if outcome is not None else RunOutcome()
+    # Records are written by a thread of their own, and leaving this block waits for it before
+    # the shard's lock is let go: a resumed run may cut a torn last line, which must never be a
+    # line still being written.
+    with shard_lock(store.root, shard), shard_count_lock(store.root, shard):
+        writes = _Writes(store, shard, outcome, on_done)
+        try:
+            await _run_keys(
+                instances,
+                conditions,
+                seeds,
+                run_one,
+                concurrency,
+                retry_failed,
+                key_order,
+                writes,
+            )
+        finally:
+            writes.close()
+    return outcome
 
 
 async def _run_keys(
@@ -371,14 +475,12 @@ async def _run_keys(
     conditions: Iterable[str],
     seeds: Iterable[int],
     run_one: RunOne,
-    store: RecordStore,
-    shard: Shard,
     concurrency: int,
-    on_done: Callable[[Record], None] | None,
     retry_failed: bool,
     key_order: KeyOrder,
-    writer: Executor,
-) -> RunOutcome:
+    writes: _Writes,
+) -> None:
+    store, shard, outcome = writes.store, writes.shard, writes.outcome
     conditions, seeds = list(conditions), list(seeds)
     # This process is the only writer of its shard's files: it alone repairs a torn tail
     # left by its crashed predecessor, before appending after it.
@@ -391,14 +493,12 @@ async def _run_keys(
     }
     keys = [(inst, c, s) for inst in shard.select(instances) for c in conditions for s in seeds]
     todo = [(inst, c, s) for inst, c, s in keys if (inst.id, c, s) not in done]
-    outcome = RunOutcome(skipped=len(keys) - len(todo))
+    outcome.skipped = len(keys) - len(todo)
     costs = KeyCosts(done.values())
     ranked = key_order == "longest_first"
     if ranked:  # the first slots go in this order, later ones by `costs` as keys finish
         todo.sort(key=lambda key: -costs.expected(group_of(key[1])))
     slots = KeySlots(concurrency, costs.expected if ranked else None)
-    loop = asyncio.get_running_loop()
-    writing: set[asyncio.Future[None]] = set()
     hold = ProgressHold.from_env()
 
     async def one(instance: Instance, condition: str, seed: int) -> None:
@@ -414,16 +514,10 @@ async def _run_keys(
         # Written and fsync'd in a worker thread, so that the other keys' requests go on
         # meanwhile (an fsync waits on the disk). The key counts as done once the thread is
         # back: a record is on disk before it counts. Shielded: a cancelled key leaves its
-        # write to finish, and the run waits for it below.
-        written = loop.run_in_executor(writer, store.append, record, shard)
-        writing.add(written)
-        written.add_done_callback(writing.discard)
+        # write to finish (the run waits for it below, and counts it then).
+        write, written = writes.submit(record)
         await asyncio.shield(written)
-        outcome.ran += 1
-        if record.error:
-            outcome.failures[record.error["kind"]] += 1
-        if on_done:
-            on_done(record)
+        writes.count(write)
         await hold.after_record(outcome.ran)
 
     tasks = [asyncio.create_task(one(*key)) for key in todo]
@@ -432,16 +526,15 @@ async def _run_keys(
     except BaseException as e:
         # Cancelled (a signal), or an error that stops the whole run (a dead server, a full
         # disk): the keys in flight stop unrecorded and run again on resume (those whose record
-        # was being written are recorded, and count on resume).
+        # was being written are recorded, and count).
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         # Every write under way ends before this returns (and run_keys lets go of the lock).
-        await asyncio.gather(*writing, return_exceptions=True)
+        await asyncio.gather(*writes.waiting, return_exceptions=True)
         if not isinstance(e, asyncio.CancelledError):
             raise
         outcome.interrupted = True
-    return outcome
 
 
 @dataclass

@@ -258,8 +258,8 @@ def test_a_stopped_run_lets_the_record_being_written_finish_before_it_returns(tm
         assert not work.done()  # still waiting for the write
         release.set()
         outcome = await work
-        assert outcome.interrupted and outcome.ran == 0  # not counted by this run...
-        # ...but whole on disk, so a resumed run finds the key done.
+        # Whole on disk, so counted by this run's account and found done by a resumed run.
+        assert outcome.interrupted and outcome.ran == 1
         assert [r.key for r in store.completed().values()] == [(instances(1)[0].id, "blurred", 0)]
 
     asyncio.run(stopped_while_writing())

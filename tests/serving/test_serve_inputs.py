@@ -89,11 +89,13 @@ def test_an_unset_api_key_variable_exits_2_naming_the_model_and_field(tmp_path, 
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("CTS_UNSET_AUDIT_KEY", raising=False)
     config = experiment(tmp_path, api_key_env="CTS_UNSET_AUDIT_KEY")
-    result = CliRunner().invoke(app, ["run", "-c", str(config)])
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "-c", str(config), "--output-dir", str(run_dir)])
     assert result.exit_code == 2, result.output
     assert "config error" in result.output
     assert "api_key_env names CTS_UNSET_AUDIT_KEY, which is not set" in result.output
     assert isinstance(result.exception, SystemExit)
+    assert not (run_dir / "config.yaml").exists()  # refused before the run writes anything
 
 
 class Health(BaseHTTPRequestHandler):

@@ -301,7 +301,19 @@ def test_a_corrupt_dialogue_line_is_an_error_naming_file_and_line(tmp_path):
     from eval.run.dialogue import DialogueFileError
 
     (tmp_path / "s.jsonl").write_text('{"instance_id": "a", "seed": 0}\n{"oops": 1}\n')
-    with pytest.raises(DialogueFileError, match=r"s.jsonl:2: not a dialogue"):
+    with pytest.raises(DialogueFileError, match=r"s.jsonl:2: instance_id: .* — not a dialogue"):
+        DialogueStore(tmp_path, "s").load("")
+
+
+def test_a_dialogue_line_with_a_bad_field_is_an_error_naming_it(tmp_path):
+    """As a records line's error does (runner.parse_jsonl): file, line and field."""
+    from eval.run.dialogue import DialogueFileError
+
+    (tmp_path / "s.jsonl").write_text('{"instance_id": "a", "seed": "zero"}\n')
+    with pytest.raises(
+        DialogueFileError,
+        match=r"s.jsonl:1: seed: Input should be a valid integer.* — not a dialogue; fix or",
+    ):
         DialogueStore(tmp_path, "s").load("")
 
 
