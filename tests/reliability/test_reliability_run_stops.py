@@ -10,7 +10,9 @@ import asyncio
 import subprocess
 import sys
 import threading
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,6 +63,13 @@ class HeldWrites:
         monkeypatch.setattr(eval.run.runner, "ThreadPoolExecutor", Counting)
 
 
+def blurred(
+    data: list[Instance], store: RecordStore, shard: Shard | None = None, **options: Any
+) -> Coroutine[Any, Any, RunOutcome]:
+    """run_keys over `data`'s blurred keys, seed 0, each a blank record."""
+    return run_keys(data, ["blurred"], [0], blank_record, store, shard or Shard(), **options)
+
+
 def test_a_dead_server_stops_the_real_key_loop_and_is_raised(tmp_path):
     """run_keys answers the watch's cancellation with an interrupted outcome (as it answers a
     signal): the server's death must still be what the run ends with (exit 1, `server error`),
@@ -91,15 +100,7 @@ def test_a_stopped_run_counts_every_record_its_writer_finished(tmp_path, monkeyp
 
     async def stopped_while_writing() -> RunOutcome:
         work = asyncio.ensure_future(
-            run_keys(
-                instances(3),
-                ["blurred"],
-                [0],
-                blank_record,
-                store,
-                concurrency=3,
-                on_done=progressed.append,
-            )
+            blurred(instances(3), store, concurrency=3, on_done=progressed.append)
         )
         await held.submitted.wait()
         work.cancel()  # what the SIGTERM handler does; the keys awaiting writes are cancelled
@@ -137,15 +138,7 @@ def test_a_second_signal_keeps_the_counts_of_the_records_written(tmp_path, monke
 
     async def stopped_twice() -> RunOutcome:
         work = asyncio.ensure_future(
-            run_keys(
-                instances(1),
-                ["blurred"],
-                [0],
-                blank_record,
-                store,
-                on_done=progressed.append,
-                outcome=outcome,
-            )
+            blurred(instances(1), store, on_done=progressed.append, outcome=outcome)
         )
         stopping = asyncio.ensure_future(until_signalled(work, outcome=outcome))
         await held.submitted.wait()
@@ -186,12 +179,12 @@ def test_a_run_under_another_shard_count_than_a_live_one_is_refused(tmp_path):
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         for other in (Shard(), Shard(1, 3)):
             with pytest.raises(ShardBusy, match=r"\.of-2\.lock: .* as 2 shard\(s\); running it"):
-                asyncio.run(run_keys(data, ["blurred"], [0], blank_record, store, other))
-        beside = asyncio.run(run_keys(data, ["blurred"], [0], blank_record, store, Shard(1, 2)))
+                asyncio.run(blurred(data, store, other))
+        beside = asyncio.run(blurred(data, store, Shard(1, 2)))
         assert beside.ran == 1  # the same count: its own instance, side by side
     finally:
         holder.kill()
         holder.wait()
-    again = asyncio.run(run_keys(data, ["blurred"], [0], blank_record, store, Shard()))
+    again = asyncio.run(blurred(data, store, Shard()))
     assert again.ran == 1 and again.skipped == 1  # the holder's lock died with it
     assert len(store.completed()) == 2

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from cts.cli import app
 from serving.serve import EndpointsError, read_endpoints
 from serving.vllm_server import VllmServer, free_port
 from serving.yaml_config import ConfigError
+from tests.vllm_stand_in import Health
 
 ROLES = ["clarifier", "user_answerer", "rewriter", "searcher", "summarizer"]
 
@@ -96,16 +97,6 @@ def test_an_unset_api_key_variable_exits_2_naming_the_model_and_field(tmp_path, 
     assert "api_key_env names CTS_UNSET_AUDIT_KEY, which is not set" in result.output
     assert isinstance(result.exception, SystemExit)
     assert not (run_dir / "config.yaml").exists()  # refused before the run writes anything
-
-
-class Health(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/health" else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 class Health6(ThreadingHTTPServer):
