@@ -20,7 +20,7 @@ from typing import Any
 
 from eval.data.schema import Instance
 from eval.run.config import ResolvedExperiment, Role
-from eval.run.fingerprint import PROMPT_KEY, model_view
+from eval.run.fingerprint import MODEL_KEY, PROMPT_KEY, model_view
 
 #: The roles whose difference is not the clarifier's (each compared by model config, as
 #: records depend on it, and by the sampling it sends).
@@ -76,6 +76,19 @@ def _data(instances: Sequence[Instance]) -> dict[str, str]:
     return {"dataset (queries)": _digest(queries), "golden nuggets": _digest(nuggets)}
 
 
+def _content(fingerprint: dict[str, str], role: str, ref: str) -> dict[str, str]:
+    """The digests of what the role's model is made of locally (a replay file, an adapter or
+    checkpoint folder: `fingerprint.model_prints`), so that one trained again in place under
+    the same config is another setup. Named outside `<role>.model.`, so that a run written
+    before these digests compares on the rest alone."""
+    prefix = f"{MODEL_KEY}{ref}:"
+    return {
+        f"{role} model content ({key[len(prefix) :]})": digest
+        for key, digest in fingerprint.items()
+        if key.startswith(prefix)
+    }
+
+
 def setup_of(
     resolved: ResolvedExperiment,
     fingerprint: dict[str, str],
@@ -94,6 +107,7 @@ def setup_of(
         )
         setup.update(_flat(model_view(model), f"{role}.model"))
         setup.update(_flat(resolved.sampling_for(role).model_dump(mode="json"), f"{role}.sampling"))
+        setup.update(_content(fingerprint, role, experiment.roles[role].model))
     document = experiment.model_dump(mode="json")
     for section, free in SECTIONS.items():
         kept = {k: v for k, v in document[section].items() if k not in free}

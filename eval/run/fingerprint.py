@@ -131,6 +131,11 @@ def judge_setup(document: dict[str, Any]) -> str | None:
         "options": options,
         "prompts": judge_prompts(document.get("fingerprint") or {}),
     }
+    prints = document.get("fingerprint") or {}
+    prefix = f"{MODEL_KEY}{role.get('model')}:"
+    content = {k[len(prefix) :]: v for k, v in prints.items() if k.startswith(prefix)}
+    if content:  # a judge adapter or replay file trained or edited in place is another judge
+        view["content"] = content
     return hashlib.sha256(json.dumps(view, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -206,6 +206,24 @@ def test_the_judge_setup_reads_the_judges_own_prompt_not_another_roles():
     assert judge_setup(judge_edited) != judge_setup(base)
 
 
+def test_a_judge_adapter_trained_again_in_place_is_another_judge():
+    base = {
+        "experiment": {"roles": {"judge": {"model": "m"}}, "judge": {}},
+        "models": {"m": {"name": "m", "path": "/w", "adapter": "/a"}},
+        "fingerprint": {"model:m:adapter": "a1", "model:other:path": "o1"},
+    }
+    other_role = json.loads(json.dumps(base))
+    other_role["fingerprint"]["model:other:path"] = "o2"
+    assert judge_setup(other_role) == judge_setup(base)
+    retrained = json.loads(json.dumps(base))
+    retrained["fingerprint"]["model:m:adapter"] = "a2"
+    assert judge_setup(retrained) != judge_setup(base)
+    # Written before model digests: the judge as its config names it, as before.
+    older = json.loads(json.dumps(base))
+    older["fingerprint"] = {}
+    assert judge_setup(older) == judge_setup({**base, "fingerprint": {}})
+
+
 def rereading_judge(request: ChatRequest) -> str:
     """The scripted judge, re-reading one nugget differently: `none` where it said `full`
     for the first id of the batch."""

@@ -192,6 +192,17 @@ def test_a_model_key_only_one_run_has_is_a_difference(dataset, override, line):
     assert differences(_setup(dataset, [override]), _setup(dataset)) == [swapped]
 
 
+def test_a_model_trained_again_in_place_is_another_setup(dataset):
+    resolved = load_experiment(None, [])
+    ref = resolved.experiment.roles["judge"].model
+    prints = fingerprint(dataset)
+    before = setup_of(resolved, {**prints, f"model:{ref}:adapter": "a1"}, dataset)
+    after = setup_of(resolved, {**prints, f"model:{ref}:adapter": "a2"}, dataset)
+    assert differences(before, after) == ['judge model content (adapter): "a1" → "a2"']
+    # A run written before these digests is compared on the rest.
+    assert differences(before, setup_of(resolved, prints, dataset)) == []
+
+
 def test_a_role_only_one_run_has_is_not_compared(dataset):
     base = _setup(dataset)
     without = {k: v for k, v in base.items() if not k.startswith("summarizer.")}
