@@ -20,7 +20,7 @@ from typing import Any
 
 from eval.data.schema import Instance
 from eval.run.config import ResolvedExperiment, Role
-from eval.run.fingerprint import MODEL_KEY, PROMPT_KEY, model_view
+from eval.run.fingerprint import PROMPT_KEY, model_content, model_view
 
 #: The roles whose difference is not the clarifier's (each compared by model config, as
 #: records depend on it, and by the sampling it sends).
@@ -81,12 +81,8 @@ def _content(fingerprint: dict[str, str], role: str, ref: str) -> dict[str, str]
     checkpoint folder: `fingerprint.model_prints`), so that one trained again in place under
     the same config is another setup. Named outside `<role>.model.`, so that a run written
     before these digests compares on the rest alone."""
-    prefix = f"{MODEL_KEY}{ref}:"
-    return {
-        f"{role} model content ({key[len(prefix) :]})": digest
-        for key, digest in fingerprint.items()
-        if key.startswith(prefix)
-    }
+    content = model_content(fingerprint, ref)
+    return {f"{role} model content ({part})": digest for part, digest in content.items()}
 
 
 def setup_of(

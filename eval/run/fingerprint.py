@@ -131,9 +131,7 @@ def judge_setup(document: dict[str, Any]) -> str | None:
         "options": options,
         "prompts": judge_prompts(document.get("fingerprint") or {}),
     }
-    prints = document.get("fingerprint") or {}
-    prefix = f"{MODEL_KEY}{role.get('model')}:"
-    content = {k[len(prefix) :]: v for k, v in prints.items() if k.startswith(prefix)}
+    content = model_content(document.get("fingerprint") or {}, str(role.get("model")))
     if content:  # a judge adapter or replay file trained or edited in place is another judge
         view["content"] = content
     return hashlib.sha256(json.dumps(view, sort_keys=True, default=str).encode()).hexdigest()
@@ -286,6 +284,13 @@ def _local_content(model: ModelConfig) -> dict[str, str]:
         except OSError:
             continue
     return found
+
+
+def model_content(prints: Mapping[str, str], ref: str) -> dict[str, str]:
+    """`part` → digest of model `ref`'s local content, as `model_prints` keyed it in a run's
+    fingerprint (empty for a run written before them, or a model with no local content)."""
+    prefix = f"{MODEL_KEY}{ref}:"
+    return {key[len(prefix) :]: digest for key, digest in prints.items() if key.startswith(prefix)}
 
 
 def model_prints(models: Mapping[str, ModelConfig]) -> dict[str, str]:
