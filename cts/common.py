@@ -251,11 +251,12 @@ def run_keyed(
     console: Console,
     merge_with: str,
     noun: str = "records written",
+    retry: bool = True,
 ) -> RunResult:
     """The experiment pointed at its models (an endpoints file, or servers started for the
     run), `work` run on it, and its one-line account; a shard says that `merge_with` finishes
     the run. A dead server stops the work (exit 1, finished records kept); an interrupted run
-    exits 130 and resumes when rerun."""
+    exits 130 and resumes when rerun. `retry`: the command takes --retry-failed."""
 
     def starting(n: int) -> None:
         console.print(f"starting {n} vLLM server(s)")
@@ -263,7 +264,7 @@ def run_keyed(
     progress = progress_for(console)
     with serving_for(resolved, options, run.serve_logs(shard), starting) as ready:
         result = work(ready.resolved, shard, ready.watch, progress)
-    print_account(console, result, shard, merge_with, noun)
+    print_account(console, result, shard, merge_with, noun, retry)
     return result
 
 
@@ -273,13 +274,21 @@ def print_account(
     shard: Shard,
     merge_with: str,
     noun: str = "records written",
+    retry: bool = True,
 ) -> None:
     """A run's one-line account and its retry warnings; an interrupted run exits 130 (its
-    finished records kept), a shard says that `merge_with` finishes the run."""
+    finished records kept), a shard says that `merge_with` finishes the run. Failed records
+    count as done, so a plain rerun keeps them: the line says so, and (`retry`: the command
+    takes it) that --retry-failed runs them again."""
     outcome = result.outcome
+    failed = sum(outcome.failures.values())
+    kept = ""
+    if failed:
+        again = "; --retry-failed runs them again" if retry else ""
+        kept = f" (a plain rerun keeps them{again})"
     console.print(
         f"{outcome.ran} {noun}, {outcome.skipped} already done, "
-        f"{sum(outcome.failures.values())} failed {dict(outcome.failures)}; "
+        f"{failed} failed {dict(outcome.failures)}{kept}; "
         f"{result.model_calls} model calls"
         + (f", cache {result.cache}" if result.cache is not None else "")
         + (f", tool cache {result.tool_cache}" if result.tool_cache is not None else "")

@@ -136,6 +136,7 @@ def run_pilot(
         run_into(root),
         console,
         merge_with=f"cts merge {root}",
+        retry=False,
     )
     return root
 

@@ -60,7 +60,7 @@ def _sample(
     part, console = shard_of(shard), output_console()
     result = sample(train, options, part, progress_for(console), _say)
     merge_with = f"cts merge {train.samples_dir()}, then cts train pairs"
-    print_account(console, result, part, merge_with)
+    print_account(console, result, part, merge_with, retry=False)
     if result.report is not None:  # None: a shard (`cts merge` writes the report)
         print_summary(console, result.report["summary"])
 
@@ -298,7 +298,7 @@ def _print_step(done: StepDone, shard: Shard) -> None:
     pairs and fit tables, the loop table."""
     console = output_console()
     for run in done.runs:
-        print_account(console, run, shard, f"cts merge {run.run_dir}")
+        print_account(console, run, shard, f"cts merge {run.run_dir}", retry=False)
         if done.step.name == "sample" and run.report is not None:
             print_summary(console, run.report["summary"])
     if done.fitted_before is not None:

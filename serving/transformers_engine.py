@@ -1,37 +1,27 @@
-"""In-process Hugging Face model; constraints through outlines; concurrent requests batched.
+"""In-process Hugging Face model; constraints through outlines_core; concurrent requests batched.
 
 Requests from many coroutines go into one queue; a worker drains it, groups requests that share
 sampling settings and runs each group as one left-padded `generate` call in a thread. Each row
-carries its own outlines logits processor (so one batch can mix JSON, choice, regex and free
-text) and its own stop rule (max_tokens, stop strings).
+carries its own constraint (serving/constrained.py: so one batch can mix JSON, choice, regex and
+free text) and its own stop rule (max_tokens, stop strings). Every engine of the process takes
+its turn for a load or a generate (`_Turns`).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 import time
 import warnings
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, Unpack
 
 from serving.batching import BatchingEngine, Checkpoint, weights_fingerprint
+from serving.constrained import RowGuide, output_regex, row_rules, vocabulary
 from serving.errors import EngineError
-from serving.types import (
-    ChatRequest,
-    ChatResponse,
-    ChoiceOutput,
-    JsonSchemaOutput,
-    OutputSpec,
-    RegexOutput,
-    Sampling,
-    Usage,
-)
+from serving.types import ChatRequest, ChatResponse, OutputSpec, Sampling, Usage
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-_SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 #: Compiled output constraints an engine keeps (a run's roles use a few dozen schemas).
 _MAX_INDEXES = 512
 
@@ -63,77 +53,6 @@ def resolve_dtype(dtype: str) -> str:
 PADDING_SLACK = 1.25
 
 
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet: the printable character that stands for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    shifted = 0
-    alphabet = {chr(b): b for b in printable}
-    for b in range(256):
-        if b not in printable:
-            alphabet[chr(256 + shifted)] = b
-            shifted += 1
-    return alphabet
-
-
-def token_bytes(
-    vocab: dict[str, int], special: Collection[str], added: Collection[str] = ()
-) -> dict[bytes, list[int]]:
-    """Each ordinary token's bytes → its ids. outlines turns tokens into *strings*, so every
-    token holding part of a UTF-8 character becomes "�" and many CJK characters can then never
-    be generated: a span grammar over a Chinese query with "，" between two characters fails
-    to compile. Byte-level BPE (GPT-2, Qwen, Llama-3, SmolLM) maps through its byte alphabet;
-    SentencePiece through `▁` and its `<0xNN>` byte tokens. Tokens added to the tokenizer are
-    plain text; special tokens are left out: no constrained answer needs them."""
-    alphabet = _byte_level_alphabet()
-    ordinary = {t: i for t, i in vocab.items() if t not in special}
-    byte_level = all(ch in alphabet for t in ordinary if t not in added for ch in t)
-    found: dict[bytes, list[int]] = {}
-    for token, token_id in ordinary.items():
-        if token in added:
-            data = token.encode()
-        elif byte_level:
-            data = bytes(alphabet[ch] for ch in token)
-        elif match := _SENTENCEPIECE_BYTE.fullmatch(token):
-            data = bytes([int(match.group(1), 16)])
-        else:
-            data = token.replace("▁", " ").encode()
-        found.setdefault(data, []).append(token_id)
-    return found
-
-
-def vocabulary(tokenizer: Any) -> Any:
-    """outlines_core's vocabulary of a Hugging Face tokenizer: what an `Index` compiles a regex
-    against (here, and for the clarifier's rollouts in train/grpo.py)."""
-    from outlines_core import Vocabulary
-
-    return Vocabulary(
-        tokenizer.eos_token_id,
-        token_bytes(
-            tokenizer.get_vocab(),
-            set(tokenizer.all_special_tokens),
-            set(tokenizer.get_added_vocab()),
-        ),
-    )
-
-
-def output_regex(spec: OutputSpec) -> str:
-    """The regex outlines compiles for a spec (JSON schemas go through outlines_core)."""
-    if isinstance(spec, RegexOutput):
-        return spec.pattern
-    if isinstance(spec, ChoiceOutput):
-        return "(" + "|".join(re.escape(c) for c in spec.choices) + ")"
-    if isinstance(spec, JsonSchemaOutput):
-        from outlines_core.json_schema import build_regex_from_schema
-
-        # Compact whitespace: the tiny model otherwise pads JSON with runs of newlines.
-        regex = build_regex_from_schema(json.dumps(spec.json_schema), r"[ ]?")
-        # outlines_core leaves digit runs unbounded and a small model can loop on digits until
-        # max_tokens (invalid JSON). Capping them keeps every answer inside the schema.
-        return regex.replace("[0-9]*", "[0-9]{0,15}").replace("[0-9]+", "[0-9]{1,15}")
-    raise TypeError(f"unknown output spec {spec!r}")
-
-
 def with_adapter(hf: Any, adapter: str) -> Any:
     """`hf` with the LoRA adapter at `adapter` merged into its weights (peft, the `train`
     extra, is needed only here)."""
@@ -153,52 +72,49 @@ def with_adapter(hf: Any, adapter: str) -> Any:
         return PeftModel.from_pretrained(hf, adapter).merge_and_unload()
 
 
-class _LoadGate:
-    """Loads one at a time and never beside a generation; generations together.
+class _Turns:
+    """One in-process model call at a time in the whole process — a load or a generate() — in
+    the order they were asked for.
 
-    `from_pretrained` and peft's merge set process-wide state while they run (torch's default
-    dtype, the meta device a model is built on, patched module methods): in the quickstart,
-    whose searcher, User Answerer and Rewriter are adapted copies of the tiny model, an engine
-    loading in its worker thread while another loaded or generated failed those requests
-    ("Cannot copy out of meta tensor", "float != BFloat16", "expected an instance of Token").
-    A load waits for the generations running to end, and generations wait for a load; a load
-    waiting goes first, so that a busy engine cannot hold another's load back forever.
+    Three kinds of process-wide state make calls from several threads at once unsafe:
+    - `from_pretrained` and peft's merge set torch's default dtype, the meta device a model is
+      built on and patched module methods while they run: loads that overlapped another load
+      or a generation failed ("Cannot copy out of meta tensor", "float != BFloat16");
+    - transformers' Llama attention keeps per-forward state (through the `kernels` package)
+      in a variable that turns process-wide while any thread compiles (serving/constrained.py):
+      two forwards in two threads then corrupt it;
+    - a seeded request seeds torch's one global generator and samples from it: another
+      thread's seed or draw in between would make a sampled answer depend on timing.
+    Turns are handed out first come, first served, so a busy engine cannot hold another back.
+    On a CPU, generations side by side only shared the same cores.
     """
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._generating = 0
-        self._loading = False
-        self._loads_waiting = 0
+        self._next_ticket = 0
+        self._serving = 0
 
     @contextmanager
-    def loading(self) -> Iterator[None]:
+    def turn(self) -> Iterator[None]:
         with self._changed:
-            self._loads_waiting += 1
-            self._changed.wait_for(lambda: not self._loading and not self._generating)
-            self._loads_waiting -= 1
-            self._loading = True
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._changed.wait_for(lambda: self._serving == ticket)
         try:
             yield
         finally:
             with self._changed:
-                self._loading = False
+                self._serving += 1
                 self._changed.notify_all()
 
-    @contextmanager
-    def generating(self) -> Iterator[None]:
+    @property
+    def waiting(self) -> int:
+        """Calls asked for and not yet finished (the one running included)."""
         with self._changed:
-            self._changed.wait_for(lambda: not self._loading and not self._loads_waiting)
-            self._generating += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._generating -= 1
-                self._changed.notify_all()
+            return self._next_ticket - self._serving
 
 
-_GATE = _LoadGate()
+_TURNS = _Turns()
 
 
 class TransformersEngine(BatchingEngine):
@@ -222,7 +138,7 @@ class TransformersEngine(BatchingEngine):
             self.identity += f"+lora:{weights_fingerprint(adapter)}"
         self._hf: Any = None
         self._tokenizer: Any = None
-        self._backend: Any = None
+        self._vocabulary: Any = None
         #: Compiled output constraints by regex. The engine's own, so that they go with it: a
         #: cache on the class (functools.lru_cache on the method) held every engine a process
         #: ever built, and its weights, until the process ended.
@@ -234,12 +150,10 @@ class TransformersEngine(BatchingEngine):
         """Load weights and tokenizer (idempotent; runs in the worker thread on first use)."""
         if self._hf is not None:
             return  # loaded: no lock, so that a batch never waits on another model's load
-        with _GATE.loading(), self._load_lock:
+        with _TURNS.turn(), self._load_lock:
             if self._hf is not None:
                 return
-            import outlines
             import torch
-            from outlines.backends.outlines_core import OutlinesCoreBackend
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             if self.threads:
@@ -255,8 +169,7 @@ class TransformersEngine(BatchingEngine):
             if self.adapter is not None:
                 hf = with_adapter(hf, self.adapter)
             hf.eval()
-            self._backend = OutlinesCoreBackend(outlines.from_transformers(hf, tokenizer))
-            self._backend.vocabulary = vocabulary(tokenizer)
+            self._vocabulary = vocabulary(tokenizer)
             self._tokenizer = tokenizer
             self._hf = hf
 
@@ -266,19 +179,17 @@ class TransformersEngine(BatchingEngine):
         if regex not in self._indexes:
             if len(self._indexes) >= _MAX_INDEXES:  # the oldest goes first
                 del self._indexes[next(iter(self._indexes))]
-            self._indexes[regex] = Index(regex, self._backend.vocabulary)
+            self._indexes[regex] = Index(regex, self._vocabulary)
         return self._indexes[regex]
 
     def _processor(self, spec: OutputSpec | None) -> Any:
         if spec is None:
             return None
-        from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
-
         try:
             index = self._index(output_regex(spec))
         except Exception as e:  # outlines_core raises plain ValueErrors for unsupported regex
             raise EngineError(f"{self.model}: cannot compile output constraint: {e}") from e
-        return OutlinesCoreLogitsProcessor(index, "torch")
+        return RowGuide(index)
 
     def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResponse | EngineError]:
         self.load()
@@ -362,7 +273,7 @@ class TransformersEngine(BatchingEngine):
             "pad_token_id": tok.pad_token_id,
             **_sampling_kwargs(s),
         }
-        with _GATE.generating(), torch.inference_mode():
+        with _TURNS.turn(), torch.inference_mode():
             if s.seed is not None:
                 torch.manual_seed(s.seed)
             out = self._hf.generate(**enc, **kwargs)
@@ -427,50 +338,3 @@ def _sampling_kwargs(s: Sampling) -> dict[str, Any]:
     if s.repetition_penalty != 1.0:
         kwargs["repetition_penalty"] = s.repetition_penalty
     return kwargs
-
-
-def row_rules(
-    tok: Any,
-    processors: list[Any],
-    prompt_len: int,
-    limits: list[int],
-    stops: list[tuple[str, ...]],
-    abandon: threading.Event | None = None,
-) -> tuple[Any, Any]:
-    """The per-row constraint (a logits processor) and stop rule (a stopping criterion) of one
-    batched generate(). They share `done`: once RowStops finishes a row, RowConstraints leaves
-    it alone. Once `abandon` is set, every row stops at the next token."""
-    import torch
-    from transformers import LogitsProcessor, StoppingCriteria
-
-    done = [False] * len(limits)
-
-    class RowConstraints(LogitsProcessor):
-        """One outlines processor per row; finished rows are left alone."""
-
-        def __call__(self, input_ids: Any, scores: Any) -> Any:
-            for i, proc in enumerate(processors):
-                if proc is not None and not done[i]:
-                    scores[i : i + 1] = proc(input_ids[i : i + 1], scores[i : i + 1])
-            return scores
-
-    class RowStops(StoppingCriteria):
-        """Per-row max_tokens and stop strings (HF's own rules are batch-wide)."""
-
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            generated = input_ids[:, prompt_len:]
-            if abandon is not None and abandon.is_set():
-                # Nobody waits for these rows any more: the engine is closing.
-                return torch.ones(len(limits), dtype=torch.bool, device=input_ids.device)
-            flags = []
-            for i in range(len(limits)):
-                if not done[i]:
-                    n = generated.shape[1]
-                    hit_stop = bool(stops[i]) and any(
-                        s in tok.decode(generated[i, -16:]) for s in stops[i]
-                    )
-                    done[i] = n >= limits[i] or hit_stop
-                flags.append(done[i])
-            return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
-
-    return RowConstraints(), RowStops()

@@ -45,9 +45,9 @@ from eval.run.fingerprint import bound_view, changes
 from eval.run.pipeline import PipelineContext, run_instance
 from eval.run.search_agent import open_agent
 from serving.checks import TRL_VLLM_RANGE, version_tuple
+from serving.constrained import RowGuide, output_regex, row_rules, vocabulary
 from serving.engine import Engine
 from serving.model_config import ModelConfig
-from serving.transformers_engine import output_regex, row_rules, vocabulary
 from serving.types import ChatRequest, ChatResponse, JsonSchemaOutput, Sampling
 from train.config import GrpoSettings, TrainConfig
 from train.fit import (
@@ -342,14 +342,13 @@ def constrained_rollouts(
     schema: JsonSchemaOutput, chat_kwargs: dict[str, Any], max_tokens: int
 ) -> Any:
     """TRL's `rollout_func` for generation with transformers: the current policy samples each
-    prompt's completion under the clarifier's JSON schema (the same outlines constraint the
+    prompt's completion under the clarifier's JSON schema (the same constraint the
     transformers engine applies), with the trainer's own generation settings."""
     index: Any = None
 
     def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         nonlocal index
         import torch
-        from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
         from outlines_core import Index
         from transformers import LogitsProcessorList
         from trl.models import unwrap_model_for_generation
@@ -368,7 +367,7 @@ def constrained_rollouts(
             tok.padding_side = side
         enc = enc.to(trainer.accelerator.device)
         width = enc["input_ids"].shape[1]
-        processors = [OutlinesCoreLogitsProcessor(index, "torch") for _ in prompts]
+        processors = [RowGuide(index) for _ in prompts]
         constraints, stops = row_rules(
             tok, processors, width, [max_tokens] * len(prompts), [()] * len(prompts)
         )

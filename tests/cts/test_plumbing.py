@@ -238,3 +238,31 @@ def test_only_the_command_line_package_imports_typer():
             if any(n == "typer" or n.startswith("typer.") for n in names):
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_the_closing_line_says_a_plain_rerun_keeps_failed_records(retry):
+    """Failed records count as done: a rerun of the same command skips them. The line says so,
+    and, for a command that takes it, that --retry-failed runs them again."""
+    from collections import Counter
+
+    from rich.console import Console
+
+    from cts.common import print_account
+    from eval.experiment import RunResult
+    from eval.run.run_dir import Shard
+    from eval.run.runner import RunOutcome
+
+    console = Console(record=True, width=400)
+    failed = RunOutcome(ran=24, failures=Counter(engine_error=8))
+    result = RunResult(Path("r"), failed, 3.0, None, {}, None)
+    print_account(console, result, Shard(), "cts merge r", retry=retry)
+    line = console.export_text()
+    assert (
+        "24 records written, 0 already done, 8 failed {'engine_error': 8} (a plain rerun " in line
+    )
+    assert ("--retry-failed runs them again" in line) is retry
+    print_account(
+        console, RunResult(Path("r"), RunOutcome(ran=3), 1.0, None, {}, None), Shard(), ""
+    )
+    assert console.export_text().startswith("3 records written, 0 already done, 0 failed {}; ")
