@@ -146,14 +146,17 @@ async def judge(
     sampling: Sampling,
     query: str | None = None,
     batch_size: int = BATCH,
+    asked: str = "",
 ) -> dict[str, NuggetLabel]:
     """Labels for every nugget, in the order given, in batches of `batch_size` (at most 10);
     `query` is shown only if given. A lexical engine (serving/lexical.py) is no model:
-    agents/lexical_judge.py labels the nuggets, reading neither the query nor the language."""
+    agents/lexical_judge.py labels the nuggets, reading neither `query` nor the language but
+    `asked` (the fused query, given whether or not the judge is shown it), whose words and
+    numbers it counts as no evidence; an LLM judge never reads `asked`."""
     if not 1 <= batch_size <= BATCH:
         raise ValueError(f"batch_size must be 1..{BATCH}, got {batch_size}")
     if is_lexical(engine):  # no model to ask, and no model call to count
-        return {n.id: NuggetLabel(*lexical_judge.label(answer, n.text)) for n in nuggets}
+        return {n.id: NuggetLabel(*lexical_judge.label(answer, n.text, asked)) for n in nuggets}
     batches = [nuggets[i : i + batch_size] for i in range(0, len(nuggets), batch_size)]
     labelled: dict[str, NuggetLabel] = {}
     for part in await asyncio.gather(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
 
+from agents import lexical_judge
 from eval.data.dataset import DatasetError, DatasetSource, load_instances
 from eval.data.golden import GOLDEN, GoldenReport, golden_dataset
 from eval.data.schema import Instance
@@ -204,7 +205,27 @@ def instances_for(
         unscorable = no_nuggets(dataset, instances)
         if unscorable is not None:
             raise DatasetError([unscorable])
+        require_judgeable(resolved, instances)
     return everything, instances
+
+
+def require_judgeable(resolved: ResolvedExperiment, instances: list[Instance]) -> None:
+    """With the lexical judge, DatasetError naming every nugget it cannot judge (no word or
+    number beyond its instance's fused query: agents.lexical_judge.check_nugget), before any
+    model is called: every record of the instance would otherwise fail at its judge."""
+    roles = resolved.experiment.roles
+    if "judge" not in roles or resolved.model_for("judge").engine != "lexical":
+        return
+    problems = []
+    for instance in instances:
+        for nugget in instance.golden.nuggets if instance.golden else ():
+            try:
+                lexical_judge.check_nugget(nugget.text, instance.fused_query)
+            except lexical_judge.UnjudgeableNugget as e:
+                where = f"golden.nuggets (instance {instance.id}, nugget {nugget.id})"
+                problems.append(Problem(resolved.experiment.dataset.path, None, where, str(e)))
+    if problems:
+        raise DatasetError(problems)
 
 
 def no_nuggets(dataset: DatasetSource, instances: list[Instance]) -> Problem | None:

@@ -49,7 +49,7 @@ import yaml
 from eval.audit.agreement import PairAgreement, compare, read_judgement
 from eval.data.dataset import load_instances
 from eval.data.schema import Instance, Record
-from eval.experiment import RunResult, require_roles, until_signalled
+from eval.experiment import RunResult, require_judgeable, require_roles, until_signalled
 from eval.report.report import write_report
 from eval.run.config import ResolvedExperiment, load_experiment
 from eval.run.dialogue import Clarification
@@ -382,6 +382,7 @@ def rejudge_run(
     _refuse_other_than_judge(source, resolved)
     _require_own_cache(resolved, output_dir)
     instances, prints = _source_instances(resolved, source)
+    require_judgeable(resolved, instances)
     conditions = [str(c) for c in resolved.experiment.conditions]
     seeds = list(resolved.experiment.seeds)
     recorded = RecordStore(source.run.root).completed()

@@ -506,6 +506,7 @@ def judge_call(engine: ChatModel, sampling: Sampling, options: JudgeConfig) -> J
             sampling,
             query=answer.query if options.show_query else None,
             batch_size=options.batch_size,
+            asked=answer.query or "",
         )
         return {i: v.label for i, v in got.items()}
 

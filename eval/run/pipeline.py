@@ -272,6 +272,7 @@ async def _judge(
         ctx.sampling["judge"],
         query=instance.fused_query if ctx.judge.show_query else None,
         batch_size=ctx.judge.batch_size,
+        asked=instance.fused_query,
     )
     # The judge's output schema admits only the three labels.
     chosen = cast(dict[str, Label], {i: v.label for i, v in labels.items()})
@@ -320,6 +321,7 @@ async def _canary(
                 ctx.sampling["judge"],
                 query=instance.fused_query if ctx.judge.show_query else None,
                 batch_size=ctx.judge.batch_size,
+                asked=instance.fused_query,
             )
     except StageFailed as e:
         return Canary(answer=options.answer, error=e.error["message"])
