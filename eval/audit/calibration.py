@@ -201,19 +201,29 @@ class Agreement:
     strict_kappa: float | None
     #: Rows: the people's label, columns: the judge's, both in LABELS order.
     confusion: list[list[int]]
+    #: How much more the judge credits than the people, in restore-score points: the mean of
+    #: 100 · (s(judge) − s(people)) over the pairs (s: full 1, partial 0.5, none 0). Below 0:
+    #: stricter than the people. None without pairs.
+    shift: float | None = None
+
+
+#: A label's credit in the restore score (eval.score.metrics).
+_CREDIT = {"full": 1.0, "partial": 0.5, "none": 0.0}
 
 
 def agreement(people: Sequence[str], judged: Sequence[str]) -> Agreement:
     """The judge's labels against the people's, pair by pair (κ and the confusion matrix as
-    `cts judge agreement` computes them between two judges)."""
+    `cts judge agreement` computes them between two judges; the shift in score points)."""
     pairs = list(zip(people, judged, strict=True))
     kappa = cohen_kappa(pairs, LABELS)
+    shifts = [100 * (_CREDIT[b] - _CREDIT[a]) for a, b in pairs]
     return Agreement(
         n=len(pairs),
         accuracy=kappa.observed,
         kappa=kappa.kappa,
         strict_kappa=cohen_kappa([(strict(a), strict(b)) for a, b in pairs], STRICT_LABELS).kappa,
         confusion=confusion(pairs, LABELS).counts,
+        shift=sum(shifts) / len(shifts) if shifts else None,
     )
 
 
@@ -552,6 +562,10 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def _points(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1f}"
+
+
 def _rate_lines(title: str, rows: list[RateRow]) -> list[str]:
     lines = [
         f"### {title}",
@@ -591,6 +605,7 @@ def render(result: Calibration, judge_name: str = "") -> str:
         f"| Cohen's κ, full / partial / none | {_num(a.kappa)}{_ci(result.kappa_ci)} | {a.n} |",
         f"| Cohen's κ, strict (full vs rest) | {_num(a.strict_kappa)} | {a.n} |",
         f"| agreement (same label) | {_pct(a.accuracy)} | {a.n} |",
+        f"| score shift (judge − people, points; below 0: stricter) | {_points(a.shift)} | {a.n} |",
         f"| order flip (labels changed when the nuggets are shuffled) | "
         f"{_changes(result.order_flip)} |",
         f"| rerun identity (labels changed on the same request, cache off) | "
@@ -598,8 +613,8 @@ def render(result: Calibration, judge_name: str = "") -> str:
     ]
     for language, found in result.by_language.items():
         lines.append(
-            f"| κ, language {language} (strict κ {_num(found.strict_kappa)}) | "
-            f"{_num(found.kappa)} | {found.n} |"
+            f"| κ, language {language} (strict κ {_num(found.strict_kappa)}; "
+            f"score shift {_points(found.shift)}) | {_num(found.kappa)} | {found.n} |"
         )
     lines += [
         "",

@@ -53,10 +53,12 @@ def test_agreement_on_a_small_table():
     assert found.kappa == pytest.approx(3 / 11)
     assert found.strict_kappa == pytest.approx(1 / 2)
     assert found.confusion == [[1, 0, 0], [1, 0, 0], [0, 1, 1]]
+    # Shift: (1−1) + (1−0.5) + (0−0) + (0.5−0) = 1 over 4 pairs: +25 points.
+    assert found.shift == pytest.approx(25.0)
     # A judge that gives one label to every pair the people gave it too: κ is undefined.
     same = agreement(["none"] * 3, ["none"] * 3)
     assert same.kappa is None and same.accuracy == 1.0
-    assert agreement([], []).kappa is None
+    assert agreement([], []).kappa is None and agreement([], []).shift is None
 
 
 # -- the shipped labelled set -----------------------------------------------------------------
