@@ -64,10 +64,40 @@ UNRELATED_ANSWERS = {
 }
 
 
-def canary_answer(kind: str, language: str) -> str:
-    """The answer the canary judges nuggets against: "" (shown as "(no answer)") or the
-    unrelated text in the instance's prompt language."""
-    return "" if kind == "empty" else UNRELATED_ANSWERS[prompt_language(language)]
+#: The answers the canary may judge a record's nuggets against (eval.run.config.JudgeCanary):
+#: none, a fixed unrelated text, another instance's nuggets, the instance's fused query.
+CANARY_ANSWERS = ("empty", "unrelated", "other", "restated")
+
+
+def canary_answer(kind: str, language: str, fused_query: str = "", other: str = "") -> str:
+    """The answer the canary judges nuggets against: "" for `empty` (shown as "(no answer)");
+    the unrelated text in the instance's prompt language for `unrelated` (and for `other` when
+    there is no other instance); `other`, the nuggets of another instance of the dataset in
+    the same language, stated as written (facts, only not these); `restated`, the fused query
+    itself, which states what the user asked and no fact that answers it."""
+    if kind == "empty":
+        return ""
+    if kind == "restated":
+        return fused_query
+    if kind == "other" and other:
+        return other
+    return UNRELATED_ANSWERS[prompt_language(language)]
+
+
+def other_answers(instances: Sequence[Any]) -> dict[str, str]:
+    """Per instance id, the `other` canary answer: the nuggets of the next instance (by id,
+    round) of the same prompt language that has nuggets; none where it is alone."""
+    groups: dict[str, list[Any]] = {}
+    for i in sorted(instances, key=lambda i: i.id):
+        if i.golden is not None and i.golden.nuggets:
+            groups.setdefault(prompt_language(i.language), []).append(i)
+    found = {}
+    for group in groups.values():
+        for k, instance in enumerate(group):
+            other = group[(k + 1) % len(group)]
+            if other is not instance:
+                found[instance.id] = " ".join(n.text for n in other.golden.nuggets)
+    return found
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,21 @@ _PLACES_EN = (
     "|dublin|edinburgh|manchester|stockholm|copenhagen|oslo|helsinki|prague|warsaw"
     "|(?-i:US|USA|U\\.S\\.?|UK|U\\.K\\.?|EU|UAE|NYC|LA)"
 )
+#: "where in …" a text, not a place: a part of it (scope).
+_IN_A_TEXT = (
+    r"(the|this|that|your|my|a|an) (document|text|file|code|book|paper|article|page|report"
+    r"|chapter|section|video|list|table|spreadsheet|email|message|form|app|program|output|log"
+    r"|script|image|story|film|movie|game|song|slides?|thesis|contract|manual|docs?)\b"
+)
+#: The head word of a proper name that names a thing, not a place (Paris Agreement, New York
+#: Times, London Marathon): matched case-sensitively after a capitalised word.
+_NAMED_THING_HEADS = (
+    "Agreement|Protocol|Accords?|Treaty|Convention|Declaration|Act|Times|Post|Journal|Herald"
+    "|Tribune|Gazette|Marathon|Open|Cup|Games|Award|Prize|Festival|Museum|Institute|University"
+    "|College|Bank|Airlines?|Airways|Exchange|Index|Group|Inc|Ltd|Corp|FC|Orchestra|Opera"
+)
+#: After a place name: not the start of a proper noun it belongs to (a capitalised word).
+_NOT_A_NAME = "(?!(?-i: [A-Z]))"
 _PLACES_ZH = (
     "中国|美国|英国|日本|韩国|德国|法国|加拿大|澳大利亚|澳洲|俄罗斯|印度|新加坡|马来西亚|泰国"
     "|越南|意大利|西班牙|荷兰|瑞士|瑞典|新西兰|巴西|墨西哥|欧盟|欧洲|亚洲|非洲|北美|南美|东南亚"
@@ -161,9 +176,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "region",
         "where",
-        # "Where did you see/read that term?" asks for a source, not a place.
-        r"\bwhere\b(?! (did|do) you (see|hear|read|find|get))",
-        r"哪里|哪儿|哪边|何处|什么地方|哪个地方",
+        # "Where did you see/read that term?" asks for a source, "where in the document?" for a
+        # part of it: not a place. 去哪儿网 is a company.
+        r"\bwhere\b(?! (did|do) you (see|hear|read|find|get))"
+        rf"(?! in {_IN_A_TEXT})",
+        r"哪里|哪儿(?!网)|哪边|何处|什么地方|哪个地方",
     ),
     Rule(
         "region",
@@ -174,7 +191,9 @@ RULES: tuple[Rule, ...] = (
         r"|boroughs?|municipalit(y|ies)|prefectures?|cantons?|destinations?|time ?zones?)\b"
         r"|(?<!take )(?<!took )(?<!takes )(?<!taking )(?<!first )\bplaces?\b",
         # 哪个市场 / 哪个区块链 / 哪国产 are no places.
-        r"国家|城市|地区|区域|地点|位置|省份|哪一个省|县城|乡镇|街道|社区|小区|哪个洲|大洲|哪座"
+        # 国家队 (a national team), 国家级 (a level), 国家大剧院 (a venue), 国家标准 (a standard).
+        r"国家(?![队级大标])|城市|地区|区域|地点|位置|省份|哪一个省|县城|乡镇|街道|社区|小区|哪个洲"
+        r"|大洲|哪座"
         r"|哪(个|一个)?(省|县|镇|乡|村|州|国(?![产货语])|市(?![场值面民])|区(?![块别间分]))"
         r"|省市|地级市|县级市|直辖市|市区|城区|郊区|城镇|农村|乡村|乡下",
     ),
@@ -185,14 +204,16 @@ RULES: tuple[Rule, ...] = (
         # follows. 去哪 / 在哪 without a noun after it (在哪个行业 is scope).
         r"\b(live|lives|living|based|located|staying|reside|residing) (in|near|around)\b"
         rf"|\b(are|were) you (currently |now |still )?(in|at|near|from) (the )?({_PLACES_EN})\b",
-        r"[去到在住]哪(?![个一些种类款家位部本])"
+        r"[去到在住]哪(?![个一些种类款家位部本]|儿网)"
         rf"|在({_PLACES_ZH})[省市]?[^？?。，,]{{0,4}}(吗|么|呢)",
     ),
     Rule(
         "region",
         "places offered as alternatives",
-        rf"\b({_PLACES_EN})\b[^?.!;]{{0,20}}?\b(or|vs\.?|versus)\b"
-        rf"|\b(or|vs\.?|versus) (the |in |for |in the |for the )?({_PLACES_EN})\b",
+        # A place name before a capitalised word names something else (Paris Agreement,
+        # New York Times, London Marathon).
+        rf"\b({_PLACES_EN})\b{_NOT_A_NAME}[^?.!;]{{0,20}}?\b(or|vs\.?|versus)\b"
+        rf"|\b(or|vs\.?|versus) (the |in |for |in the |for the )?({_PLACES_EN})\b{_NOT_A_NAME}",
         rf"({_PLACES_ZH}|{_ZH_PLACE_BY_SUFFIX})的?(还是|或者?)"
         rf"|(还是|或者?)({_PLACES_ZH}|{_ZH_PLACE_BY_SUFFIX})",
     ),
@@ -209,15 +230,24 @@ RULES: tuple[Rule, ...] = (
         "state / province as a place",
         # Only place senses: "which state", "US state", "state or province". Never "state of
         # the art", "state of development", "the current state of …".
+        # "Which state is your application in?" asks a status; a home or a company is somewhere.
         r"\b(which|what|your|u\.?s\.?|american|australian|indian|german|mexican|brazilian) "
-        r"states?\b(?![- ]of\b)|\bstates? or (province|countr|territor)|\b(province|country)"
+        r"states?\b(?![- ]of\b)(?! (is|are) (your|the|this|that|my|its|their|our) "
+        r"(?!(home|house|address|office|company|business|school|college|university|property"
+        r"|apartment|flat|store|shop|event|wedding|trip|hotel|clinic|hospital|firm|farm"
+        r"|residence|family|team|branch)\b)\w+ in\b)"
+        r"|\bstates? or (province|countr|territor)|\b(province|country)"
         r" or states?\b",
         r"哪个州|哪一个州|州或|或州|州还是|还是州",
     ),
     Rule(
         "region",
         "nearby / local / domestic vs abroad",
-        r"\b(nearby|near (you|me)|local(ly)?|domestic(ally)?|international(ly)?|abroad"
+        # "local variable", "local copy", "local minimum" are no places.
+        r"\b(nearby|near (you|me)|local(ly)?(?! (variables?|scope|storage|files?|cop(y|ies)"
+        r"|branch(es)?|repo(sitor(y|ies))?|machines?|models?|servers?|cache|install(ation)?|host"
+        r"|network|minim(um|a)|maxim(um|a)|optim(um|a)|search|changes?|commits?|env(ironment)?s?"
+        r"|path|disk|drive)\b)|domestic(ally)?|international(ly)?|abroad"
         r"|overseas|worldwide|nationwide|intercontinental|cross-border)\b",
         r"附近|周边|本地|当地|国内|国外|海外|境外|国际|全国|全球|出境|跨境",
     ),
@@ -228,7 +258,8 @@ RULES: tuple[Rule, ...] = (
         r"\b(aspects?|facets?|angles?|sub-?topics?|topics?|features?|categor(y|ies)|genres?"
         r"|((which|what) parts?|parts? of)(?! (of )?(the )?(town|city|country|world|state))"
         r"|sections?"
-        r"|components?|what (information|content)|perspectives?|points? of view|viewpoints?)\b",
+        r"|components?|what (information|content)|perspectives?|points? of view|viewpoints?)\b"
+        rf"|\bwhere in {_IN_A_TEXT}",
         r"方面|哪部分|哪一部分|部分|角度|主题|话题|内容|功能|类别|门类|题材|关心的是|关注的是|关注点",
     ),
     Rule(
@@ -302,6 +333,13 @@ RULES: tuple[Rule, ...] = (
         r"作者|艺术家|歌手|演员|导演|球员|人物|名字|名称|叫什么|书名|哪本|哪部|电影|歌曲|专辑|游戏"
         r"|药品|药物|编程语言|框架",
     ),
+    Rule(
+        "entity",
+        "a proper name of a thing (an agreement, a newspaper, an event, a site)",
+        rf"(?-i:\b[A-Z][\w'’.-]* ({_NAMED_THING_HEADS})\b)",
+        # 去哪儿网, 携程网: a site by its name; 哪支 (队): which team; 剧院: a venue.
+        r"[\u4e00-\u9fff]{2,4}网(?![络上页站友民])|哪支|剧院",
+    ),
     # --- numeric ----------------------------------------------------------------------------
     Rule(
         "numeric",
@@ -358,7 +396,8 @@ RULES: tuple[Rule, ...] = (
 _WHICH_FALLBACK: Rule = Rule(
     "entity",
     "bare which",
-    r"\bwhich\b",
+    # "Which state is your application in?" asks a status (the state rule leaves it): other.
+    r"\bwhich\b(?! states? (is|are)\b)",
     r"哪个|哪一个|哪些",
 )
 

@@ -58,10 +58,18 @@ def estimate(
     detect: float | None = typer.Option(
         None,
         help="Also plan instances × seeds that detect a true difference of D restore points "
-        "between two systems (80% power, α 0.05), each with its keys and GPU-hours, from the "
-        "pilot's noise; run the pilot with 2+ seeds to split it (--set 'seeds=[0,1]').",
+        "between two systems (80% power, α 0.05 over the report's Holm family of clarify@k "
+        "rows), each with its keys and GPU-hours, from the pilot's noise; run the pilot with "
+        "2+ seeds to split it (--set 'seeds=[0,1]').",
     ),
     power: float = typer.Option(0.8, min=0.5, max=0.99, help="--detect: the power wanted."),
+    alpha: float = typer.Option(
+        0.05,
+        min=0.001,
+        max=0.2,
+        help="--detect: the level the report's comparisons are read at; plans are made at "
+        "alpha / m, m the sweep's clarify@k conditions (a Holm family's first rejection).",
+    ),
     detect_between: str | None = typer.Option(
         None,
         help="--detect: the pilot's two conditions whose paired noise stands for two systems', "
@@ -105,7 +113,7 @@ def estimate(
     print_estimate(console, found)
     document = found.as_dict()
     if detect is not None:
-        document["detect"] = _detect(console, from_run, found, detect, pair, power)
+        document["detect"] = _detect(console, from_run, found, detect, pair, (power, alpha))
     if out is not None:
         write_whole(out, json.dumps(document, indent=1))
         console.print(f"estimate: {out}", highlight=False)
@@ -370,11 +378,13 @@ def _detect(
     found: Estimate,
     detect: float,
     pair: tuple[str, str] | None,
-    power: float,
+    level: tuple[float, float],
 ) -> dict[str, object]:
-    """`--detect`: the plans from the pilot's records, printed; their JSON."""
+    """`--detect`: the plans from the pilot's records (`level`: the power wanted and the
+    family's α), printed; their JSON."""
     records, _ = attempts(run_dir)
-    detection = detect_plans(records, found, detect, between=pair, wanted=power)
+    power, alpha = level
+    detection = detect_plans(records, found, detect, between=pair, wanted=power, alpha=alpha)
     print_detection(console, detection)
     return detection.as_dict()
 
@@ -389,6 +399,22 @@ def _detect_pair(detect: float | None, between: str | None) -> tuple[str, str] |
     return (named[0], named[1]) if named else None
 
 
+def _pilot_advice(found: Detection) -> str:
+    """What the pilot's own uncertainty means for the cheapest plan."""
+    cheapest, n = found.costs[0], found.noise.instances
+    needed = cheapest.instances_if_noisier
+    line = (
+        f"the pilot's {n} instances leave its noise uncertain: at its 90% upper bound (variance "
+        f"× {found.noisier:.2f}) the cheapest plan needs "
+        + ("more instances than the dataset holds" if needed is None else f"{needed} instances")
+    )
+    if needed is None or needed > 1.2 * cheapest.instances:
+        return (
+            line + f"; plan for that many, or pilot more instances (--pilot {2 * n}) to narrow it"
+        )
+    return line + "; the pilot is large enough for this plan"
+
+
 def print_detection(console: Console, found: Detection) -> None:
     """The plans of `--detect`, cheapest first, and what limits them."""
     noise, plans = found.noise, found.plans
@@ -399,21 +425,33 @@ def print_detection(console: Console, found: Detection) -> None:
         if noise.seed_share is None
         else f"{noise.seed_share:.0%}"
     )
+    level = (
+        f"α {found.alpha:g} over a Holm family of {found.family} clarify@k rows: planned at "
+        f"{plans.alpha:.4g}"
+        if found.family > 1
+        else f"α {plans.alpha:g}"
+    )
     console.print(
-        f"to detect {plans.detect:g} points between two systems (power {plans.power:g}, α "
-        f"{plans.alpha:g}, two-sided): noise of {found.between[0]} − {found.between[1]} over "
+        f"to detect {plans.detect:g} points between two systems (power {plans.power:g}, "
+        f"{level}, two-sided): noise of {found.between[0]} − {found.between[1]} over "
         f"{noise.instances} pilot instances, sd {noise.variance**0.5:.1f} at {noise.seeds:g} "
         f"seed(s), {share} of it from seeds",
         highlight=False,
         markup=False,
     )
     if found.costs:
-        table = Table("instances", "seeds", "MDE", "keys (one system)", "GPU-hours")
+        table = Table(
+            "instances", "seeds", "MDE", "keys (one system)", "GPU-hours", "if noisier (90%)"
+        )
         for i, c in enumerate(found.costs):
             mark = " (cheapest)" if i == 0 else ""
             hours = "unknown" if c.gpu_hours is None else f"{c.gpu_hours:g}"
-            table.add_row(str(c.instances), str(c.seeds), f"{c.mde:.2f}", f"{c.keys}{mark}", hours)
+            noisier = "> dataset" if c.instances_if_noisier is None else str(c.instances_if_noisier)
+            table.add_row(
+                str(c.instances), str(c.seeds), f"{c.mde:.2f}", f"{c.keys}{mark}", hours, noisier
+            )
         console.print(table)
+        console.print(_pilot_advice(found), highlight=False, markup=False)
     if plans.instances_at_any_seeds is not None:
         console.print(
             f"with unlimited seeds it would still take {plans.instances_at_any_seeds} instances "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
 
-from agents import lexical_judge
+from agents import judge, lexical_judge
 from eval.data.dataset import DatasetError, DatasetSource, load_instances
 from eval.data.golden import GOLDEN, GoldenReport, golden_dataset
 from eval.data.schema import Instance
@@ -155,6 +155,7 @@ async def _run(
             judge=experiment.judge,
             trace_dir=run.traces,
             unrecorded=lambda record: unrecorded.append(record, shard),
+            canary_others=judge.other_answers(instances),
         )
         mine = {i.id for i in shard.select(instances)}
         total = len(mine) * len(conditions) * len(seeds)

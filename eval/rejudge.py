@@ -35,7 +35,6 @@ rejudge; a resumed rejudge, and its other shards, replay only answers this rejud
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import tempfile
 import time
@@ -46,6 +45,7 @@ from typing import Any, Unpack, cast
 
 import yaml
 
+from agents import judge
 from eval.audit.agreement import PairAgreement, compare, read_judgement
 from eval.data.dataset import load_instances
 from eval.data.schema import Instance, Record
@@ -54,7 +54,7 @@ from eval.report.report import write_report
 from eval.run.config import ResolvedExperiment, load_experiment
 from eval.run.dialogue import Clarification
 from eval.run.engines import open_engines
-from eval.run.fingerprint import changes, fingerprint, results_view
+from eval.run.fingerprint import changes, fingerprint, results_digest, results_view
 from eval.run.pipeline import PipelineContext, StageFailed, judge_record
 from eval.run.progress import key_progress
 from eval.run.run_dir import RunDir, RunDirError, Shard, frozen_experiment
@@ -86,8 +86,7 @@ class Source:
     @property
     def digest(self) -> str:
         """What the source's records depend on (eval/run/fingerprint.py), hashed."""
-        view = json.dumps(results_view(self.document), sort_keys=True, default=str)
-        return hashlib.sha256(view.encode()).hexdigest()
+        return results_digest(self.document)
 
 
 def load_source(path: Path) -> Source:
@@ -160,9 +159,9 @@ def _source_with(
 def _judge_refs(document: dict[str, Any]) -> tuple[set[str], set[str]]:
     """The model refs the judge uses, and those any other role uses."""
     roles = (document.get("experiment") or {}).get("roles") or {}
-    judge = {str(r["model"]) for role, r in roles.items() if role == "judge"}
+    judges = {str(r["model"]) for role, r in roles.items() if role == "judge"}
     others = {str(r["model"]) for role, r in roles.items() if role != "judge"}
-    return judge, others
+    return judges, others
 
 
 def _refuse_other_than_judge(source: Source, resolved: ResolvedExperiment) -> None:
@@ -221,16 +220,20 @@ def describe_judge(resolved: ResolvedExperiment) -> dict[str, Any]:
     }
 
 
-def judge_context(engine: ChatModel, resolved: ResolvedExperiment) -> PipelineContext:
+def judge_context(
+    engine: ChatModel, resolved: ResolvedExperiment, instances: Sequence[Instance] = ()
+) -> PipelineContext:
     """A pipeline context in which only the judge stage runs: `judge_record` reads the judge's
-    engine and sampling and the `judge:` options. There is no search agent (a rejudge never
-    searches) and the clarification has no roles (it never asks)."""
+    engine and sampling and the `judge:` options (its canary's `other` answers from
+    `instances`). There is no search agent (a rejudge never searches) and the clarification
+    has no roles (it never asks)."""
     return PipelineContext(
         roles={"judge": engine},
         agent=cast(WebDancerAgent, None),
         sampling={"judge": resolved.sampling_for("judge")},
         clarification=Clarification({}, {}, k_max=0),
         judge=resolved.experiment.judge,
+        canary_others=judge.other_answers(instances),
     )
 
 
@@ -391,8 +394,8 @@ def rejudge_run(
     # Everything checked before anything is written; then rejudge.json before config.yaml, so
     # that a shard starting beside this one never finds a config.yaml without it.
     run.check_resume(resolved, prints)
-    judge = resolved.experiment.roles["judge"].model
-    check_api_keys({judge: resolved.model_configs[judge]})  # the one model a rejudge opens
+    model = resolved.experiment.roles["judge"].model
+    check_api_keys({model: resolved.model_configs[model]})  # the one model a rejudge opens
     _write_provenance(run, source, resolved)
     run.write_config(resolved, prints)
     started = time.perf_counter()
@@ -430,7 +433,7 @@ async def _rejudge(
     by_id = {i.id: i for i in instances}
     # The judge alone: no other role's engine is even built.
     async with open_engines(resolved, ["judge"]) as engines:
-        ctx = judge_context(engines.roles["judge"], resolved)
+        ctx = judge_context(engines.roles["judge"], resolved, instances)
         mine = {i.id for i in shard.select(instances)}
         total = len(mine) * len(conditions) * len(seeds)
         already = already_done(store, shard, (mine, conditions, seeds), retry_failed)

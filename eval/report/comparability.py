@@ -20,14 +20,15 @@ from typing import Any
 
 from eval.data.schema import Instance
 from eval.run.config import ResolvedExperiment, Role
-from eval.run.fingerprint import PROMPT_KEY, model_content, model_view
+from eval.run.fingerprint import CODE_KEY, PROMPT_KEY, model_content, model_view
 
 #: The roles whose difference is not the clarifier's (each compared by model config, as
 #: records depend on it, and by the sampling it sends).
 OTHER_ROLES: tuple[Role, ...] = ("user_answerer", "rewriter", "searcher", "summarizer", "judge")
 #: Experiment sections compared key by key, less the keys that cannot change a record.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "judge": (),
+    # The canary is a diagnostic beside the labels: it changes no label nor score.
+    "judge": ("canary",),
     "search": ("tool_cache", "offline", "price_per_call", "price_per_visit"),
     "budgets": (),
 }
@@ -44,6 +45,18 @@ FREE_PROMPTS = frozenset(
         "nugget_builder.yaml",
     )
 )
+#: The prompts only some runs send: the clarify@k roles' (a run without clarify@k sends none)
+#: and the judge's (the lexical judge sends no prompt). A run that does not send one has no
+#: such key in its setup, so that a difference in it is not compared.
+ROLE_PROMPTS: dict[str, Role] = {
+    f"{PROMPT_KEY}agents/user_answerer.yaml": "user_answerer",
+    f"{PROMPT_KEY}agents/user_answerer_abstractive.yaml": "user_answerer",
+    f"{PROMPT_KEY}agents/rewriter.yaml": "rewriter",
+    f"{PROMPT_KEY}agents/judge.yaml": "judge",
+}
+#: The setup key of where a run's final answers come from (`answers_of`): two runs holding the
+#: same answers are not two clarifier systems.
+ANSWERS = "answers"
 
 
 class IncomparableRuns(ValueError):
@@ -89,9 +102,13 @@ def setup_of(
     resolved: ResolvedExperiment,
     fingerprint: dict[str, str],
     instances: Sequence[Instance] | None,
+    answers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything but the clarifier that a run's records depend on, as readable dotted keys.
-    `instances` is the whole dataset (None: it does not load, and its fingerprint stands in)."""
+    """Everything but the clarifier that a run's records depend on, as readable dotted keys:
+    with the digests of the code that made them (`code:agents`, …). `instances` is the whole
+    dataset (None: it does not load, and its fingerprint stands in); `answers`, where its final
+    answers come from: `{of: digest, rejudge: bool}`, `of` the digest of what the records of
+    the run that made them depend on (for a rejudge, its source's)."""
     experiment = resolved.experiment
     setup: dict[str, Any] = {}
     for role in OTHER_ROLES:
@@ -121,11 +138,32 @@ def setup_of(
         setup["corpus (content)"] = fingerprint["corpus"]
     prompts = {k: v for k, v in fingerprint.items() if k.startswith(PROMPT_KEY)}
     if prompts:
-        setup.update({k: v for k, v in prompts.items() if k not in FREE_PROMPTS})
+        sent = _sending(resolved)
+        setup.update(
+            {
+                k: v
+                for k, v in prompts.items()
+                if k not in FREE_PROMPTS and ROLE_PROMPTS.get(k, "searcher") in sent
+            }
+        )
     elif "prompts" in fingerprint:
         # Written before each prompt file had its digest: which role's differs is not known.
         setup["prompts (some role's; not recorded which)"] = fingerprint["prompts"]
+    setup.update({k: v for k, v in fingerprint.items() if k.startswith(CODE_KEY)})
+    if answers is not None:
+        setup[ANSWERS] = answers
     return setup
+
+
+def _sending(resolved: ResolvedExperiment) -> set[Role]:
+    """The roles whose prompts the run's records were made with."""
+    experiment = resolved.experiment
+    roles = set(experiment.roles)
+    if not any(str(c).startswith("clarify@") for c in experiment.conditions):
+        roles -= {"clarifier", "user_answerer", "rewriter"}
+    if "judge" in roles and resolved.model_for("judge").engine == "lexical":
+        roles.discard("judge")
+    return roles
 
 
 #: How a key one side lacks reads in a difference (as `cts run`'s resume check writes it).
@@ -156,6 +194,7 @@ def differences(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     one version only."""
     roles = _roles(first) & _roles(second)
     keys = (set(first) & set(second)) | _role_keys(first, roles) | _role_keys(second, roles)
+    keys.discard(ANSWERS)  # compared the other way round: by `unlike_pairs`
     lines = []
     for key in sorted(keys):
         before, after = _value(first, key), _value(second, key)
@@ -182,19 +221,41 @@ class Unlike:
 
     @property
     def judge_differs(self) -> bool:
-        return any(d.startswith("judge.") for d in self.differences)
+        return any(
+            d.startswith(("judge.", f"{CODE_KEY}judge", SAME_ANSWERS)) for d in self.differences
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {"a": self.first, "b": self.second, "differences": self.differences}
 
 
+#: The difference of two runs whose final answers are the same ones (a run and its rejudge,
+#: two rejudges of one run): whatever their judges, one clarifier's answers judged twice.
+SAME_ANSWERS = (
+    "answers: the same final answers (a run and its rejudge, or two rejudges of one run): one "
+    "clarifier's answers judged twice, not two clarifier systems"
+)
+
+
+def _same_answers(x: Any, y: Any) -> bool:
+    """Whether two runs' `answers` ({of, rejudge}) are the same answers: one of them a rejudge
+    whose source is the other, or two rejudges of one source. Two runs that made their own
+    answers never are, whatever their configs."""
+    if not (isinstance(x, dict) and isinstance(y, dict)):
+        return False
+    return (bool(x.get("rejudge")) or bool(y.get("rejudge"))) and x.get("of") == y.get("of")
+
+
 def unlike_pairs(setups: Sequence[tuple[str, dict[str, Any]]]) -> list[Unlike]:
-    """Every pair of runs (name, setup) that differs beyond the clarifier, in report order."""
+    """Every pair of runs (name, setup) that differs beyond the clarifier, or that holds the
+    same answers, in report order."""
     found = []
     for a in range(len(setups)):
         for b in range(a + 1, len(setups)):
             (first, x), (second, y) = setups[a], setups[b]
             differ = differences(x, y)
+            if _same_answers(x.get(ANSWERS), y.get(ANSWERS)):
+                differ.insert(0, SAME_ANSWERS)
             if differ:
                 found.append(Unlike(first, second, differ))
     return found
@@ -209,7 +270,8 @@ def refusal(unlike: Sequence[Unlike], run_dirs: Sequence[str]) -> IncomparableRu
         lines += [f"    {d}" for d in pair.differences]
     if any(pair.judge_differs for pair in unlike):
         lines.append(
-            "runs that differ by judge are compared by how far their judges agree: "
+            "runs that differ by judge, or hold the same answers, are compared by how far their "
+            "judges agree: "
             f"`cts judge agreement {' '.join(run_dirs)}`"
         )
     lines.append("to show the comparison anyway, with a warning on every row: --allow-unlike")

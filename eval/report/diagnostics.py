@@ -442,12 +442,12 @@ def _label_rates(labels: Counter[str], least: int = 1) -> dict[str, Any]:
     }
 
 
-def judge_labels(records: Iterable[Record]) -> dict[str, Any]:
+def judge_labels(records: Iterable[Record], canary_warn: float = 0.1) -> dict[str, Any]:
     """How often the judge gave each label, over the run and per language and per condition;
     `degenerate` when one label takes at least 95% of them: the judge does not tell answers
     apart there (a judge that gives every English nugget `none` and every Chinese one `full`
     is not degenerate over the run). A group is flagged from DEGENERATE_MIN_LABELS labels on.
-    Then the answer-independence canary (`canary_summary`)."""
+    Then the answer-independence canary (`canary_summary`, warning from `canary_warn`)."""
     records = list(records)
     overall: Counter[str] = Counter()
     groups: dict[str, dict[str, Counter[str]]] = {"language": {}, "condition": {}}
@@ -465,41 +465,45 @@ def judge_labels(records: Iterable[Record]) -> dict[str, Any]:
             }
             for by, found in groups.items()
         },
-        "canary": canary_summary(records),
+        "canary": canary_summary(records, canary_warn),
     }
 
 
-def canary_summary(records: Iterable[Record]) -> dict[str, Any]:
+def canary_summary(records: Iterable[Record], warn_rate: float = 0.1) -> dict[str, Any]:
     """The answer-independence canary over the records that carry one: the nugget labels the
     judge gave against an answer that states no nugget, and how many were `full` or
-    `partial` (any is a judge that scores without reading the answer), overall and per
-    language; records whose canary call failed are counted apart."""
+    `partial`, overall, per language and per answer (`by_answer`, each `warn` when its share
+    credited reaches `warn_rate`: a reading judge may credit a few by chance, an answer-blind
+    one nearly all); records whose canary call failed are counted apart."""
     carried = [(r, r.canary) for r in records if r.canary is not None]
     judged = [(r, canary) for r, canary in carried if canary.error is None]
     labels: Counter[str] = Counter()
     by_language: dict[str, Counter[str]] = defaultdict(Counter)
+    by_answer: dict[str, Counter[str]] = defaultdict(Counter)
     for r, canary in judged:
         found = Counter(canary.labels.values())
         labels.update(found)
         by_language[r.language or "?"].update(found)
+        by_answer[canary.answer].update(found)
 
-    def counted(found: Counter[str]) -> dict[str, int]:
-        return {
-            "labels": sum(found.values()),
-            "full": found["full"],
-            "partial": found["partial"],
-        }
+    def counted(found: Counter[str]) -> dict[str, Any]:
+        total = sum(found.values())
+        credited = found["full"] + found["partial"]
+        rate = credited / total if total else None
+        return {"labels": total, "full": found["full"], "partial": found["partial"], "rate": rate}
 
-    total = counted(labels)
-    credited = total["full"] + total["partial"]
+    answers = {kind: counted(found) for kind, found in sorted(by_answer.items())}
+    for kind in answers.values():
+        kind["warn"] = kind["rate"] is not None and kind["rate"] >= warn_rate
     return {
         "answers": sorted({canary.answer for _, canary in carried}),
         "records": len(judged),
         "instances": len({r.instance_id for r, _ in judged}),
         "failed": len(carried) - len(judged),
-        **total,
-        "rate": credited / total["labels"] if total["labels"] else None,
+        **counted(labels),
+        "warn_rate": warn_rate,
         "by_language": {lang: counted(found) for lang, found in sorted(by_language.items())},
+        "by_answer": answers,
     }
 
 
@@ -542,8 +546,10 @@ def summarize(
     policy: FailurePolicy = "exclude",
     min_gap: float = 1.0,
     mode: str = "sequential",
+    canary_warn: float = 0.1,
 ) -> dict[str, Any]:
-    """One run's summary on the paired instances `ids` (see `paired_instances`)."""
+    """One run's summary on the paired instances `ids` (see `paired_instances`); its canary
+    warns from `canary_warn` (`judge.canary.warn_rate`)."""
     # The configured instances as well as the recorded ones: one without any record is left
     # out, and listed, like one with a failed record.
     instances = scored.instances | {r.instance_id for r in records}
@@ -564,7 +570,7 @@ def summarize(
         "clarification": clarification(records, mode),
         "score_by_answered": score_by_answered(records),
         "breakdowns": breakdowns(records, scored, conditions, ids),
-        "judge": judge_labels(records),
+        "judge": judge_labels(records, canary_warn),
         "reuse": reuse(records),
         "failures": failures(records),
     }

@@ -41,12 +41,14 @@ from eval.report.diagnostics import (
 from eval.report.summary import Comparison, ReportInfo, Summary, SystemSummary
 from eval.run.bulk import collector_paused
 from eval.run.config import ALL_CONDITIONS, ExperimentConfig
+from eval.run.fingerprint import CODE_KEY, results_digest
 from eval.run.oracle import oracle_independence, oracle_warning
 from eval.run.run_dir import RunDir
 from eval.run.runner import MergeReport, RecordStore, merge
 from eval.run.scope import ignored_note, in_scope
 from eval.score.power import can_reject
 from serving.disk import write_whole
+from serving.yaml_config import read_yaml
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -91,7 +93,8 @@ def load_run(run_dir: Path) -> RunView:
         None if everything is None else [i.id for i in everything[len(instances or ()) :]],
     )
     oracle = oracle_independence(resolved, instances)
-    setup = setup_of(resolved, run.read_fingerprint(), everything)
+    prints, answers = answers_of(run)
+    setup = setup_of(resolved, prints, everything, answers)
     return RunView(
         resolved.system_name(),
         experiment,
@@ -101,6 +104,24 @@ def load_run(run_dir: Path) -> RunView:
         scoped.as_dict(),
         None if instances is None else [i.id for i in instances],
     )
+
+
+def answers_of(run: RunDir) -> tuple[dict[str, str], dict[str, Any]]:
+    """A run's fingerprint as its records were made, and where its final answers come from
+    (`{of, rejudge}`: the digest of what the records of the run that made them depend on —
+    for a rejudge, its source's); the code that made a rejudge's answers is its source's, all
+    but the judge's (`code:judge`)."""
+    prints = run.read_fingerprint()
+    document, _ = read_yaml(run.config)
+    try:
+        source = json.loads(run.provenance.read_text("utf-8"))["source"]
+        made = source.get("fingerprint") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return prints, {"of": results_digest(document), "rejudge": False}
+    code = {k: v for k, v in made.items() if k.startswith(CODE_KEY) and k != f"{CODE_KEY}judge"}
+    ours = {k: v for k, v in prints.items() if not k.startswith(CODE_KEY) or k.endswith("judge")}
+    of = made.get("source") or source.get("config_digest") or prints.get("source", "")
+    return {**ours, **code}, {"of": str(of), "rejudge": True}
 
 
 @dataclass
@@ -245,21 +266,32 @@ def judge_warnings(name: str, judge: dict[str, Any]) -> list[str]:
                 "these groups may be the judge's, not the answers' (see the canary)."
             )
     canary = judge.get("canary") or {}
-    credited = canary.get("full", 0) + canary.get("partial", 0)
-    if credited:
-        languages = ", ".join(
-            f"{lang} {c['full'] + c['partial']} of {c['labels']}"
-            for lang, c in canary["by_language"].items()
-        )
-        found.append(
-            f"WARNING {name}: answer-independence canary: judging nuggets against an answer "
-            f"that states none of them ({'/'.join(canary['answers'])}), the judge gave {credited} "
-            f"of {canary['labels']} labels full or partial ({100 * canary['rate']:.0f}%: "
-            f"{canary['full']} full, {canary['partial']} partial; {canary['records']} records of "
-            f"{canary['instances']} instances sampled; by language: {languages}): it credits "
-            "nuggets without reading the answer, so these scores do not measure the answers."
-        )
+    for kind, c in (canary.get("by_answer") or {}).items():
+        if c.get("warn"):
+            found.append(_canary_warning(name, kind, c, canary))
     return found
+
+
+#: What credit against each canary answer says about the judge.
+_CANARY_MEANS = {
+    "restated": "it credits an answer that only restates the question (a restatement bias), "
+    "so a clarifier or rewriter could gain by echoing constraints instead of finding facts",
+}
+
+
+def _canary_warning(name: str, kind: str, c: dict[str, Any], canary: dict[str, Any]) -> str:
+    """The warning of one canary answer whose credited share reached `warn_rate`."""
+    means = _CANARY_MEANS.get(
+        kind,
+        "it credits nuggets without reading the answer, so these scores do not measure the answers",
+    )
+    return (
+        f"WARNING {name}: answer-independence canary ({kind} answer): judging nuggets against "
+        f"an answer that states none of them, the judge gave {c['full'] + c['partial']} of "
+        f"{c['labels']} labels full or partial ({100 * c['rate']:.0f}%, warned from "
+        f"{100 * canary['warn_rate']:.0f}%: {c['full']} full, {c['partial']} partial; "
+        f"{canary['records']} records of {canary['instances']} instances sampled): {means}."
+    )
 
 
 def markdown(
@@ -696,11 +728,15 @@ def _canary_line(canary: dict[str, Any]) -> str:
             "Answer-independence canary: not run on any record (`judge.canary.enabled: false`, "
             f"no record drawn, or records made before it){failed}."
         )
+    kinds = canary.get("by_answer") or {"/".join(canary["answers"]): canary}
+    each = "; ".join(
+        f"{kind} answer {c['full'] + c['partial']} of {c['labels']}" for kind, c in kinds.items()
+    )
+    warn = f", warned from {100 * canary['warn_rate']:.0f}%" if "warn_rate" in canary else ""
     return (
-        f"Answer-independence canary ({'/'.join(canary['answers'])} answer): "
-        f"{canary['full'] + canary['partial']} of {canary['labels']} nugget labels full or "
-        f"partial ({canary['records']} records of {canary['instances']} instances sampled"
-        f"{failed}); a judge that reads the answer gives none."
+        f"Answer-independence canary: nugget labels full or partial: {each} "
+        f"({canary['records']} records of {canary['instances']} instances sampled{failed}); "
+        f"a judge that reads the answer gives (nearly) none{warn}."
     )
 
 
@@ -971,6 +1007,7 @@ def _compute(
                 policy=policy,
                 min_gap=gap,
                 mode=run.experiment.clarification.mode,
+                canary_warn=run.experiment.judge.canary.warn_rate,
             ),
         )
         for run, s in zip(runs, scored, strict=True)

@@ -177,23 +177,42 @@ class GoldenConfig(_Strict):
     seed: int = Field(1000, ge=0)
 
 
+CanaryAnswer = Literal["empty", "unrelated", "other", "restated"]
+
+
+def _default_canary() -> list[CanaryAnswer]:
+    return ["other", "restated"]
+
+
 class JudgeCanary(_Strict):
     """The answer-independence canary: for a sample of records the judge also labels the
     record's nuggets against an answer that states none of them. A judge that reads the answer
-    labels every one `none`; any `full` or `partial` is counted and the report warns. Its
-    request is the same for every condition and seed of an instance, so with the response
-    cache it costs at most one judge call per instance (per judge batch of nuggets); without
-    the cache, one per sampled record."""
+    labels (nearly) every one `none`; the report counts `full` and `partial` per answer and
+    warns from `warn_rate` on. Its request is the same for every condition and seed of an
+    instance, so with the response cache it costs at most one judge call per instance and
+    answer (per judge batch of nuggets); without the cache, one per sampled record."""
 
     enabled: bool = True
     #: Share of the records that reach the judge that get the canary, drawn by a hash of the
     #: record's key (instance, condition, seed): the same records in every run, shard and
     #: resume.
     share: float = Field(0.25, gt=0.0, le=1.0)
-    #: empty: the answer is "(no answer)"; unrelated: a fixed cooking instruction in the
-    #: instance's language (agents/judge.py UNRELATED_ANSWERS), which a judge must read to
-    #: find nothing in.
-    answer: Literal["empty", "unrelated"] = "empty"
+    #: The answers, one per drawn record (by the same hash): `other`, another instance's
+    #: nuggets as written (facts, only not these: a judge that credits them does not read
+    #: the content); `restated`, the instance's fused query (what the user asked, no fact:
+    #: credit here is a judge's restatement bias); `unrelated`, a fixed cooking instruction;
+    #: `empty`, "(no answer)" (which catches only a judge that credits nothing said).
+    answer: list[CanaryAnswer] = Field(default_factory=_default_canary, min_length=1)
+    #: The share of an answer's nugget labels that are `full` or `partial` from which the
+    #: report warns: a reading judge may credit a few by chance (the lexical judge gave 3
+    #: partial labels of 270 against the unrelated text under its first rules).
+    warn_rate: float = Field(0.1, gt=0.0, le=1.0)
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        """`answer: empty` (one answer, as configs before the list read) is `[empty]`."""
+        return [value] if isinstance(value, str) else value
 
 
 class JudgeConfig(_Strict):

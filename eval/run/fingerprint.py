@@ -9,10 +9,11 @@ conditions and seeds the run covers (extending a run is resuming it)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,13 @@ def results_view(document: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+def results_digest(document: dict[str, Any]) -> str:
+    """What a run's records depend on (its config.yaml document's `results_view`), hashed: a
+    rejudge keeps its source's as `fingerprint.source`."""
+    view = json.dumps(results_view(document), sort_keys=True, default=str)
+    return hashlib.sha256(view.encode()).hexdigest()
+
+
 #: `judge:` options that do not make another judge: a diagnostic beside the labels, and
 #: whether requests run one by one (the same model reading the same prompts).
 NOT_THE_JUDGE = ("canary", "deterministic")
@@ -131,6 +139,9 @@ def judge_setup(document: dict[str, Any]) -> str | None:
         "options": options,
         "prompts": judge_prompts(document.get("fingerprint") or {}),
     }
+    judge_code = (document.get("fingerprint") or {}).get(f"{CODE_KEY}judge")
+    if judge_code:  # recorded since runs keep their code's digest: its rules changed, or not
+        view["code"] = judge_code
     content = model_content(document.get("fingerprint") or {}, str(role.get("model")))
     if content:  # a judge adapter or replay file trained or edited in place is another judge
         view["content"] = content
@@ -196,13 +207,60 @@ def prompts_digest() -> str:
 PROMPT_KEY = "prompt:"
 
 
+#: Fingerprint keys of the code that makes a record (`code:agents`), one per part: which code
+#: two runs differ by, so that a change of rules (the lexical judge's, say) is never read as
+#: the clarifier's difference, nor mixed into a resumed run's records.
+CODE_KEY = "code:"
+#: The source folders whose Python makes a record: the roles, the engines, the search agent,
+#: the data as loaded, the pipeline that runs a key, and the scores.
+CODE_PARTS = ("agents", "serving", "webdancer", "eval/data", "eval/run", "eval/score")
+#: Of those, the files a judge's labels come from: the judge setup digests them
+#: (`judge_setup`), so that a rejudge under changed judge code is another judge.
+JUDGE_CODE = (
+    "agents/judge.py",
+    "agents/lexical_judge.py",
+    "agents/prompts.py",
+    "serving/lexical.py",
+)
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _source_digest(files: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.relative_to(_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.cache
+def code_digests() -> dict[str, str]:
+    """`code:<part>`: a digest of every Python file of each part as it is on disk now (an
+    edited checkout included, whatever git says), `code:judge` of JUDGE_CODE, and
+    `code:version`, the installed distribution's version."""
+    found = {
+        f"{CODE_KEY}{part}": _source_digest(sorted((_ROOT / part).rglob("*.py")))
+        for part in CODE_PARTS
+    }
+    found[f"{CODE_KEY}judge"] = _source_digest([_ROOT / name for name in JUDGE_CODE])
+    try:
+        found[f"{CODE_KEY}version"] = metadata.version("clarify-then-search")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        found[f"{CODE_KEY}version"] = "not installed"
+    return found
+
+
 def fingerprint(instances: Sequence[Instance], corpus: str | None = None) -> dict[str, str]:
     """What config.yaml keeps beside the config itself (compared key by key); `corpus`: the
     digest of the corpus the tools read (an edited corpus changes every search), if any."""
     files = {
         f"{PROMPT_KEY}{name}": hashlib.sha256(text).hexdigest() for name, text in _prompt_files()
     }
-    prints = {"dataset": dataset_digest(instances), "prompts": prompts_digest(), **files}
+    prints = {
+        "dataset": dataset_digest(instances),
+        "prompts": prompts_digest(),
+        **files,
+        **code_digests(),
+    }
     if corpus is not None:
         prints["corpus"] = corpus
     return prints

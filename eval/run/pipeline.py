@@ -11,7 +11,7 @@ import logging
 import re
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +56,9 @@ class PipelineContext:
     #: Given the partial record of a key the run stopped before its record (its model calls so
     #: far, eval/run/runner.py UnrecordedStore); None: not kept.
     unrecorded: Callable[[Record], None] | None = None
+    #: Per instance id, the canary's `other` answer (agents.judge.other_answers); an instance
+    #: without one gets the fixed unrelated text.
+    canary_others: dict[str, str] = field(default_factory=dict)
 
 
 class StageFailed(Exception):
@@ -289,33 +292,46 @@ async def _judge(
     return judged, scores
 
 
-def canary_drawn(key: tuple[str, str, int], share: float) -> bool:
-    """Whether the canary runs on the record of `key`: SHA-256 of the key, read as a number in
-    [0, 1), below `share`. The same records in every process, shard, resume and rejudge."""
+def _draw(key: tuple[str, str, int]) -> float:
+    """SHA-256 of the key, read as a number in [0, 1): the same in every process and shard."""
     text = "canary\x1f" + "\x1f".join(map(str, key))
-    draw = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
-    return draw < share
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def canary_drawn(key: tuple[str, str, int], share: float) -> bool:
+    """Whether the canary runs on the record of `key`: its draw below `share`. The same
+    records in every process, shard, resume and rejudge."""
+    return _draw(key) < share
+
+
+def canary_kind(key: tuple[str, str, int], share: float, kinds: Sequence[str]) -> str:
+    """Which of `kinds` a drawn record's canary answers with: the draw, spread over them."""
+    return kinds[min(len(kinds) - 1, int(_draw(key) / share * len(kinds)))]
 
 
 async def _canary(
     instance: Instance, ctx: PipelineContext, key: tuple[str, str, int]
 ) -> Canary | None:
-    """The judge's labels of the instance's nuggets against an answer that states none of
-    them (`judge.canary`), on a drawn record; None elsewhere. Its request depends on the
-    instance only (one nugget order per instance under `judge.shuffle`), so the response cache
-    answers it once per instance. A failed canary call is kept as the canary's error: it says
-    nothing of the record's own labels, which stand."""
+    """The judge's labels of the instance's nuggets against an answer that states none of them
+    (`judge.canary`), on a drawn record; None elsewhere. Its request depends on the instance
+    and the answer kind only (one nugget order per instance under `judge.shuffle`), so the
+    response cache answers it once per instance and kind. A failed canary call is kept as the
+    canary's error: it says nothing of the record's own labels, which stand."""
     options = ctx.judge.canary
     if not options.enabled or instance.golden is None or not canary_drawn(key, options.share):
         return None
+    kind = canary_kind(key, options.share, options.answer)
     nuggets = instance.golden.nuggets
     if ctx.judge.shuffle:
         nuggets = judge_order(nuggets, (instance.id, "canary", 0))
+    answer = judge.canary_answer(
+        kind, instance.language, instance.fused_query, ctx.canary_others.get(instance.id, "")
+    )
     try:
         with _stage("judge"):
             labels = await judge.judge(
                 ctx.roles["judge"],
-                judge.canary_answer(options.answer, instance.language),
+                answer,
                 nuggets,
                 instance.language,
                 ctx.sampling["judge"],
@@ -324,8 +340,8 @@ async def _canary(
                 asked=instance.fused_query,
             )
     except StageFailed as e:
-        return Canary(answer=options.answer, error=e.error["message"])
-    return Canary(answer=options.answer, labels={i: v.label for i, v in labels.items()})
+        return Canary(answer=kind, error=e.error["message"])
+    return Canary(answer=kind, labels={i: v.label for i, v in labels.items()})
 
 
 def trace_name(record: Record) -> str:

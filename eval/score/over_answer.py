@@ -15,9 +15,13 @@ What is measured, per answer (docs/reading-the-report.md, "Clarification"):
   words (the, of, in …; 的, 在, 和 …) and where a number follows a word (`溪川市2025年`), is
   one piece. (3) is a proxy: two constraints written side by side make one piece, one
   constraint cut by a function word or holding a number two.
+- A recorded span is found in the fused query as the dataset's check accepted it: in normal
+  form (width and case folded: `CALVANNE` is `Calvanne`, `２０２５年` is `2025年`).
 - An answer **reveals** a piece when it holds one of the piece's units: by position where the
   answer is a substring of the fused query (of several occurrences, the one that reveals
-  fewest), by value otherwise (an abstractive answer).
+  fewest), by value otherwise (an abstractive answer): a word the answer has too, never a
+  function word, and a CJK character only with a neighbour of it in the fused query (a
+  character pair the answer has: 市 alone is in too many words to be a place's).
 - An **over-answer** is an answer other than `unknown` that reveals two pieces or more. Where
   (3) finds more runs than the instance records constraints, the surplus runs are presumed to
   be one constraint cut by function words ("the first quarter of 2024"): the answer must
@@ -32,12 +36,13 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from agents.types import UNKNOWN
 from agents.user_answerer import unit_spans
-from eval.data.schema import Instance
+from eval.data.schema import Instance, normal_form
 
 Basis = Literal["spans", "one_constraint", "runs"]
 #: Units that join the pieces of an attribute's wording but carry none of its information.
@@ -89,6 +94,24 @@ def _folded(text: str) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
     return spans, tuple(text[a:b].casefold() for a, b in spans)
 
 
+def _find(text: str, span: str) -> tuple[int, int] | None:
+    """Where `span` is in `text`, compared in normal form (eval.data.schema.normal_form, as the
+    dataset's check compares them); (start, end) in `text`, or None."""
+    folded, starts = "", []
+    for at, char in enumerate(text):
+        part = normal_form(char) or (" " if char.isspace() else "")
+        if part == " " and folded.endswith(" "):
+            continue  # a whitespace run is one space
+        folded += part
+        starts += [at] * len(part)
+    wanted = normal_form(span)
+    found = folded.find(wanted) if wanted else -1
+    if found < 0:
+        return None
+    last = starts[found + len(wanted) - 1]
+    return starts[found], last + 1
+
+
 def _inside(units: tuple[tuple[int, int], ...], start: int, end: int) -> frozenset[int]:
     """Indices of the units that overlap text[start:end]."""
     return frozenset(i for i, (a, b) in enumerate(units) if a < end and b > start)
@@ -117,9 +140,7 @@ def _missing(
     units, folded = _folded(fused_query)
     if spans and all(spans):
         pieces = tuple(
-            _inside(units, at, at + len(span))
-            for span in spans
-            if (at := fused_query.find(span)) >= 0
+            _inside(units, *where) for span in spans if (where := _find(fused_query, span))
         )
         return _Missing(units, folded, pieces, "spans")
     _, blurred = _folded(blurred_query)
@@ -146,8 +167,25 @@ def _held(answer: str, fused_query: str, found: _Missing) -> list[frozenset[int]
         at = fused_query.find(answer, at + 1)
     if held:
         return held
-    words = set(_folded(answer)[1])
-    return [frozenset(i for i, unit in enumerate(found.folded) if unit in words)]
+    said = _folded(answer)[1]
+    words = set(said) - FUNCTION_WORDS
+    pairs = {a + b for a, b in itertools.pairwise(said)}
+    folded = found.folded
+
+    def has(i: int) -> bool:
+        unit = folded[i]
+        if not _cjk(unit):
+            return unit in words
+        before = folded[i - 1] + unit if i > 0 and _cjk(folded[i - 1]) else None
+        after = unit + folded[i + 1] if i + 1 < len(folded) and _cjk(folded[i + 1]) else None
+        return before in pairs or after in pairs
+
+    return [frozenset(i for i in range(len(folded)) if has(i))]
+
+
+def _cjk(unit: str) -> bool:
+    """A one-character unit of Chinese, Japanese or Korean script (agents/user_answerer.py)."""
+    return len(unit) == 1 and "\u2e80" <= unit <= "\ud7af"
 
 
 def reveal(instance: Instance, answer: str) -> Reveal:

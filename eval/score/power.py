@@ -115,15 +115,27 @@ class DifferenceNoise:
 
 
 def difference_noise(a: SeedScores, b: SeedScores) -> DifferenceNoise:
-    """The noise of a − b on the instances both score (paired by instance; seeds are not
-    paired, each side's seeds are its own runs)."""
+    """The noise of a − b on the instances both score (paired by instance). Where every shared
+    instance has as many seeds on each side, the seeds are paired too (seed s seeds both runs
+    of a key: the sides' seed noise is correlated), and the seeds' part is read off the
+    per-seed differences a_s − b_s; otherwise each side's seeds are its own runs and their
+    parts add up."""
     common = sorted(set(a) & set(b))
     if len(common) < 2:
         raise ValueError("a paired comparison's noise needs at least two shared instances")
     diffs = np.array([np.mean(a[i]) - np.mean(b[i]) for i in common])
+    variance = float(diffs.var(ddof=1))
+    if all(len(a[i]) == len(b[i]) for i in common):
+        per_seed = {i: [x - y for x, y in zip(a[i], b[i], strict=True)] for i in common}
+        paired = components(per_seed)
+        if paired.within is None:
+            return DifferenceNoise(len(common), paired.seeds, variance, None, None)
+        # The mean of k paired differences has seed variance within_d / k.
+        seed_part = paired.within / paired.seeds
+        interaction = max(0.0, variance - seed_part)
+        return DifferenceNoise(len(common), paired.seeds, variance, seed_part, interaction)
     left = components({i: a[i] for i in common})
     right = components({i: b[i] for i in common})
-    variance = float(diffs.var(ddof=1))
     if left.within is None or right.within is None:
         return DifferenceNoise(len(common), left.seeds, variance, None, None)
     # Each side's mean over its own k seeds has seed variance within / k: the parts add up

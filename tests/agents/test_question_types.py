@@ -203,6 +203,14 @@ def test_region_phrasings_of_search_users_are_region(question):
         ("哪个市场？", ["entity"]),
         ("Can you tell us or show us an example?", ["other"]),
         ("Which part of the report?", ["scope"]),
+        # A place name in a proper noun, "state" as a status, "where in" a text, code's
+        # "local", a national team, a site named 去哪儿网 (an outside audit's false positives).
+        ("Paris Agreement or Kyoto Protocol?", ["entity"]),
+        ("Which state is your application in?", ["other"]),
+        ("Where in the document?", ["scope"]),
+        ("Which local variable?", ["entity"]),
+        ("国家队的比赛是哪天？", ["time"]),
+        ("去哪儿网还是携程？", ["entity"]),
         # 周几 / 几时 ask when, not how many.
         ("周几去？", ["time"]),
         ("你们一共几个人？", ["numeric"]),

@@ -47,17 +47,20 @@ def estimate_of(gpu_hours: float | None) -> Estimate:
 
 def test_plans_from_a_pilot_by_hand():
     """D_i (clarify@1 − blurred, seed means) = 20, 8, 2, 28: mean 14.5, variance
-    (5.5² + 6.5² + 12.5² + 13.5²)/3 = 411/3 = 137. Within (pooled squares over 4 degrees of
-    freedom): blurred (8 + 0 + 8 + 8)/4 = 6, clarify@1 (8 + 8 + 32 + 0)/4 = 12; the seeds' part
-    at 2 seeds (6 + 12)/2 = 9; the interaction 128."""
+    (5.5² + 6.5² + 12.5² + 13.5²)/3 = 411/3 = 137. Seed s seeds both conditions, so the seeds'
+    part comes from the per-seed differences 20, 20; 10, 6; 0, 4; 30, 26: within (pooled
+    squares over 4 degrees of freedom) (0 + 8 + 8 + 8)/4 = 6, the seeds' part at 2 seeds 3 (not
+    (6 + 12)/2 = 9, the two conditions' own withins added as if their seeds were independent);
+    the interaction 134."""
     found = detect(pilot_records(), estimate_of(80.0), 10.0)
     noise = found.noise
     assert found.between == ("clarify@1", "blurred") and noise.instances == 4
     assert noise.variance == pytest.approx(137.0)
-    assert noise.seed_part == pytest.approx(9.0) and noise.interaction == pytest.approx(128.0)
+    assert noise.seed_part == pytest.approx(3.0) and noise.interaction == pytest.approx(134.0)
+    assert (found.family, found.plans.alpha) == (1, 0.05)  # one clarify@k: no Holm family
     cheapest = found.costs[0]
-    assert cheapest.seeds == 1  # seeds are 7% of the noise: one seed is cheapest
-    variance = 128.0 + 9.0 * 2  # at one seed the seeds' part doubles
+    assert cheapest.seeds == 1  # seeds are 2% of the noise: one seed is cheapest
+    variance = 134.0 + 3.0 * 2  # at one seed the seeds' part doubles
     assert mde(variance, cheapest.instances) <= 10.0 < mde(variance, cheapest.instances - 1)
     # 80 GPU-hours over 800 keys: 0.1 a key, × instances × seeds × 2 conditions.
     assert cheapest.keys == cheapest.instances * 2
@@ -86,3 +89,27 @@ def test_bad_detect_options_are_refused_before_any_pilot_runs(tmp_path):
         result = CliRunner().invoke(app, ["estimate", "--pilot-dir", str(tmp_path / "p"), *args])
         assert result.exit_code == 2 and why in result.output, result.output
         assert not (tmp_path / "p").exists()  # no pilot was started
+
+
+def test_plans_at_the_holm_familys_level_and_the_pilots_own_uncertainty():
+    """A sweep with clarify@1..3: the report Holm-corrects the three rows of a pair, so the
+    plans are made at α/3 (they need more instances than at α); and the pilot's 4 instances
+    leave its noise uncertain: its 90% upper bound is (n − 1) / χ²_{0.1, n−1} = 3 / 0.5844 =
+    5.13 times its variance, and each plan says what it would need then."""
+    from dataclasses import replace
+
+    from eval.sweep_power import noise_upper_factor
+
+    family = ["blurred", "clarify@1", "clarify@2", "clarify@3"]
+    sweep = replace(estimate_of(80.0), conditions=family)
+    found = detect(pilot_records(), sweep, 10.0)
+    alone = detect(pilot_records(), estimate_of(80.0), 10.0)
+    assert (found.family, found.alpha) == (3, 0.05)
+    assert found.plans.alpha == pytest.approx(0.05 / 3)
+    assert found.costs[0].instances > alone.costs[0].instances
+    assert noise_upper_factor(4) == pytest.approx(5.133, abs=0.001)
+    assert found.noisier == pytest.approx(noise_upper_factor(4))
+    cheapest = found.costs[0]
+    assert cheapest.instances_if_noisier is not None
+    assert cheapest.instances_if_noisier > cheapest.instances
+    assert detect(pilot_records(), sweep, 10.0, alpha=0.1).plans.alpha == pytest.approx(0.1 / 3)

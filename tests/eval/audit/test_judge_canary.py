@@ -116,7 +116,7 @@ def report_warnings(records: list[Record]) -> list[str]:
 
 
 def test_a_judge_that_ignores_the_answer_warns_per_language_and_by_its_canary(search):
-    records, shown = run(search, ignoring_judge, JudgeCanary(share=1.0))
+    records, shown = run(search, ignoring_judge, JudgeCanary(share=1.0, answer="empty"))
     judge = judge_labels(records)
     # Over the run no label dominates (30 `none`, 30 `full`): the run-wide check is silent.
     assert judge["counts"] == {"full": 30, "partial": 0, "none": 30}
@@ -130,7 +130,8 @@ def test_a_judge_that_ignores_the_answer_warns_per_language_and_by_its_canary(se
     assert (canary["records"], canary["instances"], canary["failed"]) == (12, 4, 0)
     assert (canary["labels"], canary["full"], canary["partial"]) == (60, 30, 0)
     assert canary["rate"] == 0.5
-    assert canary["by_language"]["zh"] == {"labels": 30, "full": 30, "partial": 0}
+    assert canary["by_language"]["zh"] == {"labels": 30, "full": 30, "partial": 0, "rate": 1.0}
+    assert canary["by_answer"]["empty"]["warn"]
     # One canary request per record (the scripted judge has no cache in front of it).
     assert shown["(no answer)"] == 12
     found = report_warnings(records)
@@ -139,12 +140,16 @@ def test_a_judge_that_ignores_the_answer_warns_per_language_and_by_its_canary(se
     assert "en (100% `none` of 30)" in per_language[0]
     assert "zh (100% `full` of 30)" in per_language[0]
     (alarm,) = [w for w in found if "canary" in w and "per language" not in w]
-    assert "the judge gave 30 of 60 labels full or partial (50%" in alarm
-    assert "12 records of 4 instances sampled" in alarm and "zh 30 of 30" in alarm
+    assert "canary (empty answer)" in alarm
+    assert "the judge gave 30 of 60 labels full or partial (50%, warned from 10%" in alarm
+    assert "12 records of 4 instances sampled" in alarm and "without reading" in alarm
 
 
-def test_a_judge_that_reads_the_answer_is_silent(search):
-    records, _ = run(search, reading_judge, JudgeCanary(share=1.0))
+def test_a_judge_that_reads_the_answer_is_silent_but_its_restatement_bias_shows(search):
+    """The scripted reading judge credits a nugget's words wherever they come from: silent
+    against another instance's nuggets and against no answer, it credits the fused query
+    restated, and the default canary (`other`, `restated`) says so."""
+    records, _ = run(search, reading_judge, JudgeCanary(share=1.0, answer=["other", "empty"]))
     judge = judge_labels(records)
     assert judge["counts"]["full"] and judge["counts"]["none"]  # it tells answers apart
     canary = judge["canary"]
@@ -154,7 +159,37 @@ def test_a_judge_that_reads_the_answer_is_silent(search):
         0,
         0,
     )
+    assert set(canary["by_answer"]) == {"other", "empty"}
     assert report_warnings(records) == []
+    records, shown = run(search, reading_judge, JudgeCanary(share=1.0))
+    by_answer = judge_labels(records)["canary"]["by_answer"]
+    assert set(by_answer) == {"other", "restated"}
+    assert by_answer["other"]["rate"] == 0.0 and not by_answer["other"]["warn"]
+    assert by_answer["restated"]["warn"]
+    fused = {i.fused_query for i in two_languages()}
+    assert fused <= set(shown)  # the restated answer is the fused query itself
+    (alarm,) = [w for w in report_warnings(records) if "canary" in w]
+    assert "canary (restated answer)" in alarm and "restates the question" in alarm
+
+
+def answer_blind_judge(request: ChatRequest) -> str:
+    """Credits every nugget of any answer that says something, whatever it says."""
+    answer, nuggets = judged(request)
+    return labels_json(dict.fromkeys(nuggets, "none" if answer == "(no answer)" else "full"))
+
+
+def test_the_default_canary_catches_a_judge_that_credits_anything_said(search):
+    """A judge that labels any non-empty answer `full` scored 81-83 in every condition with
+    no warning while the canary's answer was empty by default; another instance's nuggets,
+    the default now, catch it. The empty answer alone still misses it."""
+    records, _ = run(search, answer_blind_judge, JudgeCanary(share=1.0, answer="empty"))
+    assert judge_labels(records)["canary"]["rate"] == 0.0
+    assert not [w for w in report_warnings(records) if "canary (" in w]
+    records, _ = run(search, answer_blind_judge, JudgeCanary(share=1.0))
+    by_answer = judge_labels(records)["canary"]["by_answer"]
+    assert by_answer["other"]["rate"] == 1.0 and by_answer["other"]["warn"]
+    alarms = [w for w in report_warnings(records) if "canary (other answer)" in w]
+    assert len(alarms) == 1 and "without reading the answer" in alarms[0]
 
 
 def test_the_unrelated_answer_and_a_failed_canary_call(search):
@@ -221,15 +256,22 @@ def test_a_run_reports_its_canary_and_a_rejudge_runs_its_own(tmp_path, monkeypat
     from eval.run.runner import RecordStore
     from tests.eval.test_rejudge import make_source, rejudge
 
-    source = make_source(tmp_path, monkeypatch, "judge.canary.share=0.5")
+    # The restated question as the canary's answer: another instance's nuggets would hold the
+    # nuggets that make this scripted judge fail.
+    source = make_source(
+        tmp_path, monkeypatch, "judge.canary.share=0.5", "judge.canary.answer=[restated]"
+    )
     report = RunDir(source).report_md.read_text()
-    assert "WARNING" in report and "answer-independence canary: judging nuggets" in report
+    assert "WARNING" in report and "answer-independence canary (" in report
     old = RecordStore(source).completed()
     drawn = {k for k, r in old.items() if r.canary is not None}
     reached = {k for k, r in old.items() if r.labels}
     assert drawn == {k for k in reached if canary_drawn(k, 0.5)} and drawn
     out = tmp_path / "again"
-    rejudge(source, out, monkeypatch, ["judge.canary.share=0.5"], judge=reading_judge)
+    # The reading judge credits a restated question: its canary is asked another instance's
+    # nuggets only.
+    options = ["judge.canary.share=0.5", "judge.canary.answer=[other]"]
+    rejudge(source, out, monkeypatch, options, judge=reading_judge)
     new = RecordStore(out).completed()
     # The same draw; and the records whose judge failed in the source are judged now.
     carried = {k: r.canary for k, r in new.items() if r.canary is not None}
@@ -237,5 +279,5 @@ def test_a_run_reports_its_canary_and_a_rejudge_runs_its_own(tmp_path, monkeypat
     assert drawn < set(carried)
     assert all(set(c.labels.values()) == {"none"} for c in carried.values())
     report = RunDir(out).report_md.read_text()
-    assert "answer-independence canary: judging" not in report
-    assert "Answer-independence canary (empty answer): 0 of " in report
+    assert "answer-independence canary (" not in report
+    assert "Answer-independence canary: nugget labels full or partial: other answer 0 of " in report

@@ -179,10 +179,17 @@ def test_the_judge_setup_ignores_how_the_model_is_reached_and_the_canary():
         lambda d: d["experiment"]["judge"].update(show_query=True),
         lambda d: d["experiment"]["roles"]["judge"].update(sampling={"max_tokens": 9}),
         lambda d: d["fingerprint"].update(prompts="q"),
+        # The judge's code (the lexical judge's rules): a rejudge under changed rules is
+        # another judge, never its source's noise floor.
+        lambda d: d["fingerprint"].update({"code:judge": "other rules"}),
     ):
         other = json.loads(json.dumps(base))
         change(other)
         assert judge_setup(other) != judge_setup(base)
+    # Another part of the code (the clarifier's, the pipeline's) is not the judge.
+    elsewhere = json.loads(json.dumps(base))
+    elsewhere["fingerprint"]["code:eval/run"] = "edited"
+    assert judge_setup(elsewhere) == judge_setup(base)
     assert judge_setup({"experiment": {"roles": {}}}) is None
 
 

@@ -70,11 +70,29 @@ def test_a_run_and_its_rejudged_copy_are_not_compared_as_clarifier_systems(scrip
     assert shown.exit_code == 0, shown.output
     rows = _comparison_rows(out / "report.md")
     assert len(rows) == 3  # blurred, clarify@1, oracle
-    assert all("WARNING: differs in judge" in row for row in rows)
+    # One clarifier's answers twice, and another judge.
+    assert all("WARNING: differs in answers, judge" in row for row in rows), rows
     summary = json.loads((out / "summary.json").read_text())
     (pair,) = summary["report"]["unlike"]
     assert any(d.startswith("judge.model.name") for d in pair["differences"])
     assert all(row["unlike"] for row in summary["comparisons"])
+
+
+def test_a_same_judge_rejudge_beside_its_source_is_not_a_second_system(scripted):
+    """The same answers judged again by the same judge gave p and Holm rows as if a second
+    clarifier; they are one clarifier's answers judged twice (a noise floor: judge agreement)."""
+    source, again, out = scripted / "a", scripted / "a-again", scripted / "report"
+    assert cts("run", "--output-dir", source, *RUN).exit_code == 0
+    judged = cts("rejudge", source, "--output-dir", again)
+    assert judged.exit_code == 0, judged.output
+    refused = cts("report", source, again, "--out", out)
+    assert refused.exit_code == 2, refused.output
+    assert "the same final answers" in refused.output
+    assert f"cts judge agreement {source} {again}" in refused.output
+    # A rejudge of the rejudge holds the source's answers too.
+    twice = scripted / "a-twice"
+    assert cts("rejudge", again, "--output-dir", twice).exit_code == 0
+    assert cts("report", source, twice, "--out", out).exit_code == 2
 
 
 def test_runs_that_differ_only_by_clarifier_compare_as_before(scripted):
@@ -142,6 +160,9 @@ def test_what_is_not_the_clarifiers_is_named(dataset, override, part):
         "cache.path=/elsewhere/responses.sqlite",
         "concurrency=16",
         "golden.max_nuggets=3",
+        # The canary is a diagnostic beside the labels.
+        "judge.canary.share=0.5",
+        "judge.canary.answer=[empty]",
     ],
 )
 def test_the_clarifier_and_what_selects_keys_may_differ(dataset, override):
@@ -163,10 +184,42 @@ def test_nuggets_queries_and_prompts_are_compared_by_content(dataset):
     prints = fingerprint(dataset)
     judge_prompt = {**prints, "prompt:agents/judge.yaml": "edited"}
     clarifier_prompt = {**prints, "prompt:agents/clarifier.yaml": "edited"}
-    assert parts(differences(base, _setup(dataset, prints=judge_prompt))) == [
+    llm = ["roles.judge.model=smollm2-135m-instruct"]
+    assert parts(differences(_setup(dataset, llm), _setup(dataset, llm, judge_prompt))) == [
         "prompt:agents/judge.yaml"
     ]
     assert differences(base, _setup(dataset, prints=clarifier_prompt)) == []
+
+
+def test_a_prompt_no_record_of_the_run_was_made_with_is_not_compared(dataset):
+    """The lexical judge sends no prompt, and a run without clarify@k sends no User Answerer's
+    or Rewriter's: an edit to those prompts between the runs is no difference."""
+    prints = fingerprint(dataset)
+    judge_prompt = {**prints, "prompt:agents/judge.yaml": "edited"}
+    assert differences(_setup(dataset), _setup(dataset, prints=judge_prompt)) == []
+    rewriter_prompt = {**prints, "prompt:agents/rewriter.yaml": "edited"}
+    searched = ["conditions=[blurred,oracle]"]
+    assert differences(_setup(dataset, searched), _setup(dataset, searched, rewriter_prompt)) == []
+    assert parts(differences(_setup(dataset), _setup(dataset, prints=rewriter_prompt))) == [
+        "prompt:agents/rewriter.yaml"
+    ]
+
+
+def test_the_code_that_makes_records_is_compared(dataset):
+    """A change to the lexical judge's rules between two runs made clarify@1 -6.1, p = 0.005,
+    "significant": all of it the judge's code. Each part of the code that makes a record is
+    compared; the judge's, as a difference of judge; a run written before code digests is
+    compared on the rest."""
+    from eval.report.comparability import Unlike
+
+    prints = fingerprint(dataset)
+    assert {"code:agents", "code:judge", "code:eval/run", "code:version"} <= set(prints)
+    rules = {**prints, "code:judge": "other rules", "code:agents": "edited"}
+    differ = differences(_setup(dataset), _setup(dataset, prints=rules))
+    assert parts(differ) == ["code:agents", "code:judge"]
+    assert Unlike("a", "b", differ).judge_differs
+    older = {k: v for k, v in prints.items() if not k.startswith("code:")}
+    assert differences(_setup(dataset), _setup(dataset, prints=older)) == []
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,12 @@ CLARIFICATION_OPTIONS = [
 ]
 
 
+def restated_canary(request, instances) -> bool:  # type: ignore[no-untyped-def]
+    """Whether a judge request is the restatement canary's: its answer is a fused query."""
+    user = request.messages[-1].content
+    return any(f"\n{i.fused_query}\n" in user for i in instances)
+
+
 @pytest.mark.parametrize("options", CLARIFICATION_OPTIONS, ids=lambda o: f"{o.mode}-{o.answerer}")
 def test_the_fused_query_reaches_only_the_user_answerer(search, options):
     """The User Answerer discloses real spans of the fused query (its start); the sentinel sits
@@ -71,7 +77,12 @@ def test_the_fused_query_reaches_only_the_user_answerer(search, options):
                 "question_classifier",
                 "judge",
             ):
-                seen = [m.content for r in roles[role].requests for m in r.messages]
+                requests = roles[role].requests
+                if role == "judge":
+                    # The restatement canary shows the judge the fused query as an answer (a
+                    # diagnostic request, whose labels never score: `judge.canary.answer`).
+                    requests = [r for r in requests if not restated_canary(r, planted)]
+                seen = [m.content for r in requests for m in r.messages]
                 # The oracle condition searches on the fused query by definition.
                 if condition == "oracle" and role in ("searcher", "summarizer"):
                     continue

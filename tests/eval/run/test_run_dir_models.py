@@ -156,3 +156,24 @@ def test_a_config_yaml_without_model_fingerprints_still_resumes(tmp_path):
     run.config.write_text(yaml.safe_dump(document, sort_keys=False))
     replay.write_text('{"text": "<answer>\\nMODEL B\\n</answer>"}\n')
     run.check_resume(load_experiment(path))
+
+
+def test_a_resume_under_other_code_is_refused_naming_the_part(tmp_path):
+    """A record is made by the code as well as the config: a resume after the judge's rules,
+    or the pipeline, changed would mix two kinds of records. Each part of the code that makes a
+    record is digested (`fingerprint.code:*`), the edited checkout's as it is on disk; a
+    config.yaml written before these digests still resumes."""
+    from eval.data.dataset import DatasetSource, load_instances
+    from eval.run.fingerprint import code_digests, fingerprint
+
+    resolved = load_experiment(None, ["dataset.limit=2"])
+    prints = fingerprint(load_instances(DatasetSource(path="sample", split="dev")))
+    assert {k: prints[k] for k in code_digests()} == code_digests()
+    run = RunDir(tmp_path / "run")
+    run.write_config(resolved, prints)
+    run.check_resume(resolved, prints)
+    with pytest.raises(ConfigError, match=r'fingerprint\.code:judge: .* → "other rules"'):
+        run.check_resume(resolved, {**prints, "code:judge": "other rules"})
+    older = RunDir(tmp_path / "older")
+    older.write_config(resolved, {k: v for k, v in prints.items() if not k.startswith("code:")})
+    older.check_resume(resolved, prints)

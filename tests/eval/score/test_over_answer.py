@@ -53,6 +53,11 @@ PORT = Instance(
 )
 # The same instance with its removed spans recorded: the pieces are exact.
 PORT_SPANS = PORT.model_copy(update={"removed_spans": ["Port Haldane", "first quarter of 2024"]})
+# A span that starts with a function word.
+PORT_THE = PORT.model_copy(update={"removed_spans": ["Port Haldane", "the first quarter of 2024"]})
+# Spans as the dataset's check accepts them, in another case or width than the fused query.
+TAX_SPANS = TAX.model_copy(update={"removed_spans": ["CALVANNE", "2025"]})
+RENT_SPANS = RENT.model_copy(update={"removed_spans": ["溪川市", "２０２５年"]})
 TOUR = Instance(
     id="tour",
     blurred_query="Which museums open late?",
@@ -84,6 +89,14 @@ LABELLED = [
     (PORT, "Port Haldane harbour in the first quarter of 2024", True, True),
     (PORT_SPANS, "first quarter of 2024", False, False),
     (PORT_SPANS, "Port Haldane harbour in the first quarter", True, False),
+    # Spans found in normal form: each is a piece, as written in the dataset or not.
+    (TAX_SPANS, "Calvanne in 2025", True, False),
+    (RENT_SPANS, "溪川市2025年", True, False),
+    # Worded freely: a function word ("the") or one CJK character (市, of many a word) is not
+    # the attribute the fused query's word holds.
+    (PORT_THE, "the harbour at Haldane port", False, False),
+    (RENT, "那个城市在2025年", False, False),
+    (RENT, "溪川2025年", True, False),
     # No removed constraint recorded: runs of missing words are the pieces.
     (TOUR, "Oslo", False, False),
     (TOUR, "in Oslo open late on Fridays", True, True),
@@ -101,6 +114,8 @@ def test_pieces_and_their_basis():
     assert (reveal(PASS, "x").pieces, reveal(PASS, "x").basis) == (1, "one_constraint")
     assert (reveal(PORT, "x").pieces, reveal(PORT, "x").needed) == (3, 3)
     assert (reveal(PORT_SPANS, "x").pieces, reveal(PORT_SPANS, "x").basis) == (2, "spans")
+    # Spans in another case or width are found (they were dropped: no piece, no over-answer).
+    assert (reveal(TAX_SPANS, "x").pieces, reveal(RENT_SPANS, "x").pieces) == (2, 2)
     assert reveal(TAX, TAX.fused_query).share == 1.0
 
 
