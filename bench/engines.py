@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from serving.engine import Engine
-from serving.tiny_model import prepare_tiny
-from serving.types import ChatRequest
+from cts.serving.engine import Engine
+from cts.serving.tiny_model import prepare_tiny
+from cts.serving.types import ChatRequest
 
 PROMPTS = [
     "Write a paragraph about the history of the bicycle.",
@@ -62,9 +62,9 @@ def row(name: str, concurrency: int, m: dict) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from serving.openai_engine import OpenAIEngine
-    from serving.transformers_engine import TransformersEngine
-    from serving.vllm_server import VllmServer
+    from cts.serving.openai_engine import OpenAIEngine
+    from cts.serving.transformers_engine import TransformersEngine
+    from cts.serving.vllm_server import VllmServer
 
     path = str(prepare_tiny(log=False))
     lines = [

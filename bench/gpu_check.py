@@ -61,8 +61,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # bench.pipeline: the recording, the replay, the metrics
 
-from agents.judge import judge_schema  # noqa: E402 - after the path fix, like the modules below
-from agents.user_answerer import span_regex  # noqa: E402
 from bench.pipeline import (  # noqa: E402
     Call,
     best,
@@ -74,11 +72,13 @@ from bench.pipeline import (  # noqa: E402
     warm_up,
 )
 from bench.replicas import measure_routing  # noqa: E402
-from eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
-from serving.errors import EngineError  # noqa: E402
-from serving.model_config import build_engine  # noqa: E402
-from serving.serve import read_endpoints  # noqa: E402
-from serving.types import (  # noqa: E402
+from cts.agents.judge import judge_schema  # noqa: E402 - after the path fix, like the modules below
+from cts.agents.user_answerer import span_regex  # noqa: E402
+from cts.eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
+from cts.serving.errors import EngineError  # noqa: E402
+from cts.serving.model_config import build_engine  # noqa: E402
+from cts.serving.serve import read_endpoints  # noqa: E402
+from cts.serving.types import (  # noqa: E402
     ChatRequest,
     ChoiceOutput,
     JsonSchemaOutput,

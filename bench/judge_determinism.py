@@ -27,15 +27,15 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
-from agents import judge
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Instance
-from eval.run.config import load_experiment
-from serving.batching import Unbatched
-from serving.engine import ChatModel
-from serving.tiny_model import prepare_tiny
-from serving.transformers_engine import TransformersEngine
-from serving.types import Sampling
+from cts.agents import judge
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Instance
+from cts.eval.run.config import load_experiment
+from cts.serving.batching import Unbatched
+from cts.serving.engine import ChatModel
+from cts.serving.tiny_model import prepare_tiny
+from cts.serving.transformers_engine import TransformersEngine
+from cts.serving.types import Sampling
 
 #: instance → nugget → (label, evidence quote).
 Judged = dict[str, dict[str, tuple[str, str]]]

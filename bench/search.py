@@ -46,7 +46,7 @@ def synthetic_corpus(path: Path, n: int, seed: int = 0) -> None:
 
 
 def bench_bm25(n: int, queries: int) -> None:
-    from webdancer.backends.local import LocalSearch
+    from cts.webdancer.backends.local import LocalSearch
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
@@ -76,10 +76,10 @@ def bench_bm25(n: int, queries: int) -> None:
 
 
 def bench_agent(runs: int) -> None:
-    from eval.data.dataset import DatasetSource, load_instances
-    from eval.run.config import load_experiment
-    from eval.run.engines import open_engines
-    from eval.run.search_agent import open_agent
+    from cts.eval.data.dataset import DatasetSource, load_instances
+    from cts.eval.run.config import load_experiment
+    from cts.eval.run.engines import open_engines
+    from cts.eval.run.search_agent import open_agent
 
     with tempfile.TemporaryDirectory() as tmp:
         resolved = load_experiment(

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import serving.transformers_engine as te
-from serving.tiny_model import prepare_tiny
-from serving.types import ChatRequest, Message, Sampling
+import cts.serving.transformers_engine as te
+from cts.serving.tiny_model import prepare_tiny
+from cts.serving.types import ChatRequest, Message, Sampling
 
 WORDS = "the battery life of the earbuds is eight hours and charging takes one hour "
 

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eval.data.schema import Record
-from eval.run.config import ALL_CONDITIONS, load_experiment
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore, write_jsonl
+from cts.eval.data.schema import Record
+from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 CONDITIONS: list[str] = list(ALL_CONDITIONS)

@@ -16,20 +16,20 @@ import yaml
 from click.testing import Result
 from typer.testing import CliRunner
 
-import eval.build.blur
-import eval.build.fuse
-import eval.experiment
+import cts.eval.construct.blur as blur_module
+import cts.eval.construct.fuse as fuse_module
+import cts.eval.experiment as experiment_module
 import tests.scripted_cts
-from configs import CONFIG_DIR
 from cts.cli import app
-from eval.data.dataset import DatasetError
-from eval.run.config import ResolvedExperiment, Role
-from eval.run.engines import Engines
-from serving.model_config import ModelConfig
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest
+from cts.configs import CONFIG_DIR
+from cts.eval.data.dataset import DatasetError
+from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.engines import Engines
+from cts.serving.model_config import ModelConfig
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest
+from cts.train.sft import sft_row
 from tests.scripted_cts import scripted_engines
-from train.sft import sft_row
 
 Script = Callable[[ChatRequest], str | Exception]
 
@@ -47,7 +47,7 @@ def scripted_cli(
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", roles)
-    for module in (eval.experiment, eval.build.fuse, eval.build.blur):
+    for module in (experiment_module, fuse_module, blur_module):
         monkeypatch.setattr(module, "open_engines", scripted_engines)
     return tmp_path
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.tiny_model import prepare_tiny
+from cts.serving.tiny_model import prepare_tiny
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +17,7 @@ def tiny_path() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_path: str):
-    from serving.transformers_engine import TransformersEngine
+    from cts.serving.transformers_engine import TransformersEngine
 
     engine = TransformersEngine("smollm2-135m-instruct", tiny_path, dtype="auto")
     engine.load()
@@ -52,7 +52,7 @@ def vllm_server(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
     Module-scoped: the CPU build keeps both cores busy while it runs, so it is stopped as soon
     as the module that needs it is done."""
-    from serving.vllm_server import VllmServer
+    from cts.serving.vllm_server import VllmServer
 
     python = vllm_python()
     log = Path(tmp_path_factory.mktemp("vllm")) / "server.log"

@@ -20,16 +20,16 @@ import signal
 import sys
 from pathlib import Path
 
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.experiment import until_signalled
-from eval.run.config import ALL_CONDITIONS
-from eval.run.pipeline import run_instance
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore, run_keys
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, ChatResponse
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.experiment import until_signalled
+from cts.eval.run.config import ALL_CONDITIONS
+from cts.eval.run.pipeline import run_instance
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore, run_keys
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, ChatResponse
+from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
 
 CONDITIONS: list[str] = list(ALL_CONDITIONS)
 LIMIT = 10

@@ -1,4 +1,4 @@
-"""Test builders over the scripted engines (serving/scripted.py): a pipeline context of scripted
+"""Test builders over the scripted engines (cts/serving/scripted.py): a pipeline context of scripted
 roles over a real local search."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ def scripted_context(search, trace_dir=None, options=None, store=None):  # type:
     """A pipeline context of scripted roles over a real local search; (context, roles).
     `options`: a ClarificationConfig; `store`: a DialogueStore (dialogues kept in memory
     only without one)."""
-    from eval.run.dialogue import Clarification
-    from eval.run.pipeline import PipelineContext
-    from serving.scripted import scripted_roles
-    from serving.types import Sampling
-    from webdancer.agent import AgentBudget, WebDancerAgent
-    from webdancer.tools import Tools
-    from webdancer.visit import LocalPages, Visitor
+    from cts.eval.run.dialogue import Clarification
+    from cts.eval.run.pipeline import PipelineContext
+    from cts.serving.scripted import scripted_roles
+    from cts.serving.types import Sampling
+    from cts.webdancer.agent import AgentBudget, WebDancerAgent
+    from cts.webdancer.tools import Tools
+    from cts.webdancer.visit import LocalPages, Visitor
 
     roles = scripted_roles()
     visitor = Visitor(LocalPages(search.documents), roles["summarizer"], Sampling())

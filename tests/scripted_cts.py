@@ -1,5 +1,5 @@
 """`python -m tests.scripted_cts ARGS…`: the real `cts` command line, with every role on a
-scripted engine (serving/scripted.py) behind the real response cache. For subprocess tests of
+scripted engine (cts/serving/scripted.py) behind the real response cache. For subprocess tests of
 whole runs (a full disk, shards sharing files, a preempted Slurm task) that finish in seconds.
 
 $CTS_SCRIPTED_DELAY_S (default 0) delays each model call by up to that many seconds, drawn
@@ -16,17 +16,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import eval.build.blur
-import eval.build.fuse
-import eval.experiment
-import slurm.submit
+import cts.eval.construct.blur as blur_module
+import cts.eval.construct.fuse as fuse_module
+import cts.eval.experiment as experiment_module
+import cts.slurm.submit as submit_module
 from cts.cli import app
-from eval.run.config import ResolvedExperiment, Role
-from eval.run.engines import Engines
-from serving.cache import CachedEngine, ResponseCache
-from serving.engine import ChatModel
-from serving.scripted import ScriptedEngine, scripted_roles
-from serving.types import ChatRequest, ChatResponse
+from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.engines import Engines
+from cts.serving.cache import CachedEngine, ResponseCache
+from cts.serving.engine import ChatModel
+from cts.serving.scripted import ScriptedEngine, scripted_roles
+from cts.serving.types import ChatRequest, ChatResponse
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,8 @@ class JitteredEngine(ScriptedEngine):
 async def scripted_engines(
     resolved: ResolvedExperiment, roles: list[Role] | None = None, use_cache: bool = True
 ) -> AsyncIterator[Engines]:
-    """What eval.run.engines.open_engines gives, with scripted engines in place of the models."""
+    """What cts.eval.run.engines.open_engines gives, with scripted engines in place of the
+    models."""
     config = resolved.experiment.cache
     cache = ResponseCache(config.resolved_path()) if use_cache and config.enabled else None
     most_s = float(os.environ.get("CTS_SCRIPTED_DELAY_S", "0"))
@@ -85,8 +86,8 @@ async def scripted_engines(
 
 
 if __name__ == "__main__":
-    for module in (eval.experiment, eval.build.fuse, eval.build.blur):
+    for module in (experiment_module, fuse_module, blur_module):
         module.open_engines = scripted_engines  # type: ignore[attr-defined]
     # Slurm jobs submitted from here run this wrapper too, so their roles are scripted as well.
-    slurm.submit.cts_command = lambda: [sys.executable, "-m", "tests.scripted_cts"]
+    submit_module.cts_command = lambda: [sys.executable, "-m", "tests.scripted_cts"]
     app(prog_name="cts")

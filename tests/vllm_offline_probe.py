@@ -7,8 +7,8 @@ import asyncio
 import json
 import sys
 
-from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
-from serving.vllm_offline_engine import VllmOfflineEngine
+from cts.serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
+from cts.serving.vllm_offline_engine import VllmOfflineEngine
 
 CITY = JsonSchemaOutput(
     json_schema={

@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from agents import clarifier, judge, rewriter, user_answerer
-from agents.question_type import QUESTION_TYPES, classify_with_model
-from agents.types import QA
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Nugget
-from eval.score.metrics import LABEL_SCORE, restore_score
-from serving.errors import ConstrainedOutputError
-from serving.scripted import ScriptedEngine
-from serving.types import Sampling
+from cts.agents import clarifier, judge, rewriter, user_answerer
+from cts.agents.question_type import QUESTION_TYPES, classify_with_model
+from cts.agents.types import QA
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Nugget
+from cts.eval.score.metrics import LABEL_SCORE, restore_score
+from cts.serving.errors import ConstrainedOutputError
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import Sampling
 
 SAMPLING = Sampling(max_tokens=64)
 

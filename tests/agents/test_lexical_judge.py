@@ -1,4 +1,4 @@
-"""The lexical judge (agents/lexical_judge.py, engine `lexical`): its rules worked by hand on
+"""The lexical judge (cts/agents/lexical_judge.py, engine `lexical`): its rules worked by hand on
 small answers, its place in the judge role (and nowhere else), and its agreement with the
 shipped human labels held above a floor recorded from its one measurement (a regression
 guard, not a tuned number)."""
@@ -11,14 +11,14 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from agents import judge, lexical_judge
-from agents.lexical_judge import Match, match, terms
+from cts.agents import judge, lexical_judge
+from cts.agents.lexical_judge import Match, match, terms
 from cts.cli import app
-from eval.run.config import load_experiment
-from serving.errors import EngineError
-from serving.lexical import LexicalEngine, is_lexical
-from serving.types import ChatRequest, Message
-from serving.yaml_config import ConfigError
+from cts.eval.run.config import load_experiment
+from cts.serving.errors import EngineError
+from cts.serving.lexical import LexicalEngine, is_lexical
+from cts.serving.types import ChatRequest, Message
+from cts.serving.yaml_config import ConfigError
 
 NUGGET = "The Ferrow Lumen 65 has a list price of €1,899 and a refresh rate of up to 144 Hz."
 
@@ -217,8 +217,8 @@ def test_on_the_sample_restating_the_question_earns_what_the_blurred_one_does():
     each nugget stated as written still earns it."""
     from statistics import mean
 
-    from eval.data.dataset import DatasetSource, load_instances
-    from eval.score.metrics import restore_score
+    from cts.eval.data.dataset import DatasetSource, load_instances
+    from cts.eval.score.metrics import restore_score
 
     def score(instance, answer: str) -> float:
         nuggets = instance.golden.nuggets
@@ -240,8 +240,8 @@ def test_on_the_sample_restating_the_question_earns_what_the_blurred_one_does():
 
 
 def test_a_run_with_the_lexical_judge_refuses_a_nugget_it_cannot_judge(tmp_path):
-    from eval.data.dataset import DatasetError
-    from eval.experiment import instances_for
+    from cts.eval.data.dataset import DatasetError
+    from cts.eval.experiment import instances_for
 
     row = {
         "id": "q1", "blurred_query": "Is the museum open?",

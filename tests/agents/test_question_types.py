@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from agents.question_type import (
+from bench.question_types import exact_accuracy, load_table, scores
+from cts.agents.question_type import (
     MAX_TYPES,
     QUESTION_TYPES,
     RULES,
@@ -18,9 +19,8 @@ from agents.question_type import (
     normalise,
     types_schema,
 )
-from bench.question_types import exact_accuracy, load_table, scores
-from serving.scripted import ScriptedEngine
-from serving.types import Sampling
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import Sampling
 
 
 @pytest.mark.parametrize(

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-import eval.experiment
-from eval.experiment import build_golden, run_experiment
-from eval.run.config import ResolvedExperiment, Role, load_experiment
-from eval.run.engines import Engines
-from serving.scripted import ScriptedEngine, scripted_roles
-from serving.types import ChatRequest, Sampling
+import cts.eval.experiment
+from cts.eval.experiment import build_golden, run_experiment
+from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
+from cts.eval.run.engines import Engines
+from cts.serving.scripted import ScriptedEngine, scripted_roles
+from cts.serving.types import ChatRequest, Sampling
 from tests.builders import search_then_visit
 
 
@@ -49,12 +49,12 @@ def _capture(monkeypatch: pytest.MonkeyPatch) -> dict[str, ScriptedEngine]:
             by_role[role] = scripted[role]
         yield Engines(dict(by_role), by_role, None)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(eval.experiment, "open_engines", engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", engines)
     return scripted
 
 
 #: WebDancer-32B's max_tokens (the release's), and the least room a search turn gets before the
-#: forced answer (webdancer/agent.py AgentBudget.min_turn_tokens).
+#: forced answer (cts/webdancer/agent.py AgentBudget.min_turn_tokens).
 WEBDANCER_MAX_TOKENS, MIN_TURN_TOKENS = 32768, 4096
 
 

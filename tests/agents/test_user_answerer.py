@@ -11,12 +11,12 @@ import re
 
 import pytest
 
-from agents import user_answerer
-from agents.user_answerer import SpanLimits, is_span, span_regex, spans
-from eval.data.dataset import DatasetSource, load_instances
-from serving.errors import ConstrainedOutputError
-from serving.scripted import ScriptedEngine
-from serving.types import Sampling
+from cts.agents import user_answerer
+from cts.agents.user_answerer import SpanLimits, is_span, span_regex, spans
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.serving.errors import ConstrainedOutputError
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import Sampling
 
 SAMPLING = Sampling(max_tokens=64)
 

@@ -11,11 +11,11 @@ import yaml
 from typer.main import get_command
 from typer.testing import CliRunner
 
-import eval.experiment
+import cts.eval.experiment as experiment_module
 from cts.cli import app
-from eval.experiment import run_experiment
-from eval.run.config import load_experiment
-from serving.scripted import scripted_roles
+from cts.eval.experiment import run_experiment
+from cts.eval.run.config import load_experiment
+from cts.serving.scripted import scripted_roles
 from tests.builders import cts, scripted_cli
 
 runner = CliRunner()
@@ -235,7 +235,7 @@ def test_search_offline_with_an_empty_tool_cache_fails_clearly(tmp_path, tiny_pa
 
 # -- dataset input the audit found accepted silently or refused wrongly ---------------------------
 
-SAMPLE_DEV = Path(__file__).resolve().parents[2] / "eval" / "sample_data" / "dev.jsonl"
+SAMPLE_DEV = Path(__file__).resolve().parents[2] / "cts" / "eval" / "sample_data" / "dev.jsonl"
 
 
 def _sample_rows(n: int) -> list[dict]:
@@ -334,7 +334,7 @@ def test_the_unscored_note_comes_before_any_model_is_opened(tmp_path, monkeypatc
     scripted_cli(tmp_path, monkeypatch, scripted_roles)
     data = _partly_golden(tmp_path)
     events: list[str] = []
-    scripted = eval.experiment.open_engines
+    scripted = experiment_module.open_engines
 
     @asynccontextmanager
     async def recorded(*args, **kwargs):
@@ -342,7 +342,7 @@ def test_the_unscored_note_comes_before_any_model_is_opened(tmp_path, monkeypatc
         async with scripted(*args, **kwargs) as engines:
             yield engines
 
-    monkeypatch.setattr(eval.experiment, "open_engines", recorded)
+    monkeypatch.setattr(experiment_module, "open_engines", recorded)
     overrides = [f"dataset.path={data}", "dataset.split=null", "dataset.limit=4"]
     resolved = load_experiment(None, [*overrides, "conditions=[blurred]"])
     run_experiment(resolved, tmp_path / "r", notify=events.append, show_progress=False)

@@ -11,19 +11,19 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cts.common import EXITS, command, exit_for
-from cts.options import SERVING, serving
-from eval.data.dataset import DatasetError
-from eval.report.report import load_run
-from eval.run.config import ExperimentConfig, load_experiment
-from eval.run.run_dir import RunDir, RunDirError, ShardError
-from eval.run.runner import RecordFileError, ShardBusy
-from serving.model_config import ModelConfig
-from serving.serve import EndpointsError, ServeOptions, Stopped
-from serving.vllm_server import ServerError
-from serving.yaml_config import ConfigError, Override, load_config, mapping_overrides
-from train.config import load_train_config
-from train.sample import sampling_experiment
+from cts.cli.common import EXITS, command, exit_for
+from cts.cli.options import SERVING, serving
+from cts.eval.data.dataset import DatasetError
+from cts.eval.report.report import load_run
+from cts.eval.run.config import ExperimentConfig, load_experiment
+from cts.eval.run.run_dir import RunDir, RunDirError, ShardError
+from cts.eval.run.runner import RecordFileError, ShardBusy
+from cts.serving.model_config import ModelConfig
+from cts.serving.serve import EndpointsError, ServeOptions, Stopped
+from cts.serving.vllm_server import ServerError
+from cts.serving.yaml_config import ConfigError, Override, load_config, mapping_overrides
+from cts.train.config import load_train_config
+from cts.train.sample import sampling_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD_CONFIG = Path(__file__).resolve().parents[1] / "data" / "run_config_da669a7.yaml"
@@ -248,10 +248,10 @@ def test_the_closing_line_says_a_plain_rerun_keeps_failed_records(retry):
 
     from rich.console import Console
 
-    from cts.common import print_account
-    from eval.experiment import RunResult
-    from eval.run.run_dir import Shard
-    from eval.run.runner import RunOutcome
+    from cts.cli.common import print_account
+    from cts.eval.experiment import RunResult
+    from cts.eval.run.run_dir import Shard
+    from cts.eval.run.runner import RunOutcome
 
     console = Console(record=True, width=400)
     failed = RunOutcome(ran=24, failures=Counter(engine_error=8))

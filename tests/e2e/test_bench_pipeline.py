@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.openai_engine import OpenAIEngine
-from webdancer.agent import FINAL_REGEX, TURN_REGEX
-from webdancer.protocol import FinalAnswer, ToolCall, parse_turn
+from cts.serving.openai_engine import OpenAIEngine
+from cts.webdancer.agent import FINAL_REGEX, TURN_REGEX
+from cts.webdancer.protocol import FinalAnswer, ToolCall, parse_turn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,8 +59,8 @@ def test_the_simulated_server_tells_each_role_by_its_request(bench, recorded):
 
 @pytest.mark.parametrize("question", ["Which rail pass is cheapest?", "哪种通勤月票最便宜？"])
 def test_the_simulated_searcher_searches_visits_and_answers_in_the_grammar(bench, question):
-    from serving.types import ChatRequest, RegexOutput
-    from webdancer.protocol import initial_messages, observation
+    from cts.serving.types import ChatRequest, RegexOutput
+    from cts.webdancer.protocol import initial_messages, observation
 
     messages = initial_messages(question, "2026-11-30")
     turn = bench.sim_searcher(ChatRequest.of(messages, output=RegexOutput(pattern=TURN_REGEX)))
@@ -158,7 +158,7 @@ def test_the_gpu_check_experiment_has_the_key_concurrency_and_the_server_s_dev_m
 ):
     import yaml
 
-    from eval.run.config import load_experiment
+    from cts.eval.run.config import load_experiment
 
     settings = {"instances": 2, "concurrency": 16, "max_concurrency": 32, "memory": 0.5}
     generated = gpu_check.experiment("tiny:smollm2-135m-instruct", tmp_path, **settings, cpu=cpu)
@@ -180,8 +180,8 @@ def test_the_gpu_check_serves_compact_json_on_gpu_as_on_cpu(gpu_check, tmp_path,
     newlines to the token limit, and the check measured padding (it was CPU-only)."""
     import yaml
 
-    from eval.run.config import load_experiment
-    from serving.serve import plan_servers
+    from cts.eval.run.config import load_experiment
+    from cts.serving.serve import plan_servers
 
     settings = {"instances": 2, "concurrency": 16, "max_concurrency": 32, "memory": 0.5}
     generated = gpu_check.experiment("/ckpt/model", tmp_path, **settings, cpu=cpu)

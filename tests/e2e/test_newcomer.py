@@ -19,13 +19,13 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-import eval.experiment
-import eval.run.engines
+import cts.eval.experiment
+import cts.eval.run.engines
 import tests.scripted_cts
 from cts.cli import app
-from cts.common import print_summary, progress_for
-from eval.run.progress import ProgressLines, ProgressLog
-from serving.scripted import ScriptedEngine, scripted_roles
+from cts.cli.common import print_summary, progress_for
+from cts.eval.run.progress import ProgressLines, ProgressLog
+from cts.serving.scripted import ScriptedEngine, scripted_roles
 from tests.scripted_cts import ROOT, scripted_engines, start
 
 runner = CliRunner()
@@ -65,8 +65,8 @@ def piped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = root / "run"
     # 80 columns, as rich assumes without a terminal.
     env = {"CTS_PROGRESS_EVERY_S": "0", "CTS_SCRIPTED_DELAY_S": "0.02", "COLUMNS": "80"}
-    # Held at its first record until released (eval/run/runner.py ProgressHold), so the first run
-    # cannot end before its first progress line is read, however fast the machine.
+    # Held at its first record until released (cts/eval/run/runner.py ProgressHold), so the first
+    # run cannot end before its first progress line is read, however fast the machine.
     hold = {"CTS_HOLD_AT_RECORDS": f"1:{root}"}
     first = start(run_args(out, "--limit", "2"), root / "home", **env, **hold)
     assert first.stdout is not None
@@ -256,7 +256,7 @@ def failing_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int) -> 
         return scripted
 
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", roles)
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", scripted_engines)
     out = tmp_path / "run"
     result = runner.invoke(app, ["run", "--output-dir", str(out), "--limit", str(limit)])
     assert result.exit_code == 0, result.output
@@ -269,8 +269,8 @@ def forbid_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a dry run built an engine")
 
-    monkeypatch.setattr(eval.run.engines, "build_engine", refuse)
-    monkeypatch.setattr(eval.experiment, "open_engines", refuse)
+    monkeypatch.setattr(cts.eval.run.engines, "build_engine", refuse)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", refuse)
 
 
 # -- cts run --dry-run -----------------------------------------------------------------------

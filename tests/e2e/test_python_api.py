@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import eval.experiment
+import cts.eval.experiment
 from cts.cli import app
-from eval.experiment import serving_for
-from eval.run.config import load_experiment
-from eval.run.runner import RecordStore
-from serving.serve import ServeOptions
+from cts.eval.experiment import serving_for
+from cts.eval.run.config import load_experiment
+from cts.eval.run.runner import RecordStore
+from cts.serving.serve import ServeOptions
 from tests.scripted_cts import scripted_engines
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
@@ -40,7 +40,7 @@ def test_the_documented_python_example_equals_the_command_line_run(
 ) -> None:
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", scripted_engines)
     monkeypatch.chdir(tmp_path)
     exec(compile(example(), str(DOC), "exec"), {})
     printed = capsys.readouterr().out

@@ -3,7 +3,7 @@
 - A `cts run` of the sample benchmark whose searcher answers the fused query with the
   instance's facts and the blurred one with nothing gets the hand-computed restore scores from
   the quickstart's own judge (the lexical judge): 100 for oracle, 0 for blurred. The searcher
-  replays answers (serving/scripted.py) so that what it says is known; the dataset, the
+  replays answers (cts/serving/scripted.py) so that what it says is known; the dataset, the
   pipeline, the runner, the judge and the scoring are the real ones.
 - On the quickstart's real models, the fused query reaches no role but the User Answerer.
 - On the quickstart's real models (the User Answerer, Rewriter and searcher adapters), a
@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import eval.experiment
+import cts.eval.experiment
 from cts.cli import app
-from eval.data.dataset import DatasetSource, load_instances
-from eval.experiment import run_experiment
-from eval.run.config import load_experiment
-from eval.run.runner import RecordStore
-from serving.engine import ChatModel, Wrapped
-from serving.types import ChatRequest, ChatResponse
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.experiment import run_experiment
+from cts.eval.run.config import load_experiment
+from cts.eval.run.runner import RecordStore
+from cts.serving.engine import ChatModel, Wrapped
+from cts.serving.types import ChatRequest, ChatResponse
 from tests.builders import scripted_experiment
 
 NOTHING = "I could not find reliable information about this."
@@ -114,7 +114,7 @@ def test_the_fused_query_reaches_no_role_but_the_user_answerer_on_the_real_model
     dataset = tmp_path / "planted.jsonl"
     dataset.write_text(planted.model_dump_json() + "\n")
     seen: dict[str, list[str]] = defaultdict(list)
-    real = eval.experiment.open_engines
+    real = cts.eval.experiment.open_engines
 
     @asynccontextmanager
     async def recording(resolved, roles=None, use_cache=True):  # type: ignore[no-untyped-def]
@@ -123,7 +123,7 @@ def test_the_fused_query_reaches_no_role_but_the_user_answerer_on_the_real_model
                 engines.roles[role] = Recorder(engine, seen[role])
             yield engines
 
-    monkeypatch.setattr(eval.experiment, "open_engines", recording)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", recording)
     resolved = load_experiment(
         None,
         [
@@ -159,7 +159,7 @@ def test_the_fused_query_reaches_no_role_but_the_user_answerer_on_the_real_model
 
 # -- clarification restores on the real models; a Rewriter that drops the answers does not --------
 
-#: An answer line of the Rewriter's prompt (agents/types.py history_text): `A1: 2023`, `答1: …`.
+#: An answer line of the Rewriter's prompt (cts/agents/types.py history_text): `A1: 2023`, `答1: …`.
 ANSWER_LINE = re.compile(r"^((?:A|答)\d+: ).*$", re.MULTILINE)
 
 
@@ -244,7 +244,7 @@ def test_clarification_restores_on_the_real_models_and_not_when_the_rewriter_dro
     assert scores["oracle"] > scores["blurred"]
     assert scores["clarify@1"] > scores["blurred"]
 
-    opened = eval.experiment.open_engines
+    opened = cts.eval.experiment.open_engines
 
     @asynccontextmanager
     async def dropping(resolved, roles=None, use_cache=True):  # type: ignore[no-untyped-def]
@@ -252,7 +252,7 @@ def test_clarification_restores_on_the_real_models_and_not_when_the_rewriter_dro
             engines.roles["rewriter"] = DropsTheAnswers(engines.roles["rewriter"])
             yield engines
 
-    monkeypatch.setattr(eval.experiment, "open_engines", dropping)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", dropping)
     broken = run_experiment(
         load_experiment(None, overrides), tmp_path / "broken", show_progress=False
     )

@@ -16,16 +16,23 @@ import yaml
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.data.schema import Record
-from eval.estimate import ModelRow, estimate, held_servers, search_queries, shards_for, tool_figures
-from eval.pilot import default_pilot_dir, pilot_overrides
-from eval.run.config import load_experiment
-from eval.run.fingerprint import fingerprint
-from eval.run.run_dir import RunDir
-from eval.run.runner import RecordStore
-from eval.run.usage import charged_to_key, metered, role_usage
-from serving.scripted import ScriptedEngine, scripted_roles
-from serving.types import ChatRequest, ChatResponse, Usage
+from cts.eval.data.schema import Record
+from cts.eval.estimate import (
+    ModelRow,
+    estimate,
+    held_servers,
+    search_queries,
+    shards_for,
+    tool_figures,
+)
+from cts.eval.pilot import default_pilot_dir, pilot_overrides
+from cts.eval.run.config import load_experiment
+from cts.eval.run.fingerprint import fingerprint
+from cts.eval.run.run_dir import RunDir
+from cts.eval.run.runner import RecordStore
+from cts.eval.run.usage import charged_to_key, metered, role_usage
+from cts.serving.scripted import ScriptedEngine, scripted_roles
+from cts.serving.types import ChatRequest, ChatResponse, Usage
 from tests.builders import cts, scripted_cli
 
 runner = CliRunner()
@@ -382,7 +389,7 @@ def test_the_default_pilot_is_inside_the_sweeps_run_directory(tmp_path):
     assert default_pilot_dir(sweep) == Path("runs/quickstart/estimate-pilot")
     overrides = {o.keys: o.value for o in pilot_overrides(sweep, tmp_path / "p")}
     assert overrides == {
-        # The drawn instances (eval/pilot.py), a dataset of the pilot's own.
+        # The drawn instances (cts/eval/pilot.py), a dataset of the pilot's own.
         ("dataset",): {"path": str(tmp_path / "p" / "pilot.jsonl"), "split": None, "corpus": None},
         ("cache", "path"): str(tmp_path / "p" / "cache" / "responses.sqlite"),
         ("search", "tool_cache"): str(tmp_path / "p" / "cache" / "tools.sqlite"),

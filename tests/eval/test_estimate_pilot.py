@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 import tests.scripted_cts
 from cts.cli import app
-from eval.data.dataset import DatasetSource, load_instances
-from eval.pilot import allocate, constraint_stratum, draw_pilot
-from serving.errors import EngineError
-from serving.types import ChatRequest
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.pilot import allocate, constraint_stratum, draw_pilot
+from cts.serving.errors import EngineError
+from cts.serving.types import ChatRequest
 from tests.builders import scripted_cli
 from tests.eval.test_estimate import fixed_cost_roles
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 import tests.scripted_cts
-from eval.data.schema import Record
-from eval.estimate import with_dialogues
-from eval.run.dialogue import LineUsage
-from serving.errors import ServerUnreachable
-from serving.scripted import ScriptedEngine, scripted_roles
-from serving.types import ChatRequest
+from cts.eval.data.schema import Record
+from cts.eval.estimate import with_dialogues
+from cts.eval.run.dialogue import LineUsage
+from cts.serving.errors import ServerUnreachable
+from cts.serving.scripted import ScriptedEngine, scripted_roles
+from cts.serving.types import ChatRequest
 from tests.builders import cts, scripted_cli
 
 #: 3 drawn instances × 4 conditions × 2 seeds; the pilot's own response cache on (as the

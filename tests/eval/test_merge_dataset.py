@@ -1,5 +1,5 @@
-"""`cts merge` (eval.experiment.merge_run) stands on the dataset the run ran on: a dataset edited
-between the shards and the merge is refused, as a resume of the run would be, and nothing is
+"""`cts merge` (cts.eval.experiment.merge_run) stands on the dataset the run ran on: a dataset
+edited between the shards and the merge is refused, as a resume of the run would be, and nothing is
 written; the dataset as it was merges."""
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ import json
 
 import pytest
 
-import eval.experiment
-from eval.data.dataset import DatasetSource, load_instances
-from eval.experiment import merge_run, run_experiment
-from eval.run.config import load_experiment
-from eval.run.run_dir import Shard
-from serving.yaml_config import ConfigError
+import cts.eval.experiment
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.experiment import merge_run, run_experiment
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import Shard
+from cts.serving.yaml_config import ConfigError
 from tests.scripted_cts import scripted_engines
 
 
 def test_merge_refuses_a_dataset_edited_since_the_shards_ran(tmp_path, monkeypatch):
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", scripted_engines)
     dataset = tmp_path / "dev.jsonl"
     rows = [i.model_dump(exclude_none=True) for i in load_instances(DatasetSource(path="sample"))]
     dataset.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[:3]))

@@ -20,27 +20,27 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import eval.experiment
-import eval.rejudge
+import cts.eval.experiment
+import cts.eval.rejudge
 from cts.cli import app
-from eval.data.dataset import load_instances
-from eval.data.schema import Record
-from eval.experiment import merge_run, run_experiment
-from eval.rejudge import SourceRunError, rejudge_experiment, rejudge_run
-from eval.run.config import ResolvedExperiment, Role, load_experiment
-from eval.run.engines import Engines
-from eval.run.fingerprint import changes
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore
-from eval.score.metrics import restore_score
-from serving.cache import CachedEngine, ResponseCache
-from serving.engine import ChatModel
-from serving.errors import EngineError
-from serving.scripted import ScriptedEngine, scripted_roles
-from serving.types import ChatRequest
-from serving.yaml_config import ConfigError
-from slurm import submit as submit_module
-from slurm.submit import SlurmOptionError, SlurmOptions, plan_job, submit
+from cts.eval.data.dataset import load_instances
+from cts.eval.data.schema import Record
+from cts.eval.experiment import merge_run, run_experiment
+from cts.eval.rejudge import SourceRunError, rejudge_experiment, rejudge_run
+from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
+from cts.eval.run.engines import Engines
+from cts.eval.run.fingerprint import changes
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore
+from cts.eval.score.metrics import restore_score
+from cts.serving.cache import CachedEngine, ResponseCache
+from cts.serving.engine import ChatModel
+from cts.serving.errors import EngineError
+from cts.serving.scripted import ScriptedEngine, scripted_roles
+from cts.serving.types import ChatRequest
+from cts.serving.yaml_config import ConfigError
+from cts.slurm import submit as submit_module
+from cts.slurm.submit import SlurmOptionError, SlurmOptions, plan_job, submit
 
 #: Search fails on this instance's blurred query (before the judge): a copied failure.
 FAILS_SEARCH = "monthly commuter pass cost on regional rail"
@@ -126,7 +126,7 @@ def make_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str
             *overrides,
         ],
     )
-    monkeypatch.setattr(eval.experiment, "open_engines", engines_of(source_roles()))
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", engines_of(source_roles()))
     result = run_experiment(resolved, tmp_path / "source", show_progress=False)
     assert not result.outcome.interrupted and result.report is not None
     return tmp_path / "source"
@@ -143,11 +143,11 @@ def rejudge(
     overrides: list[str],
     judge: Callable[[ChatRequest], str | Exception] = other_judge,
     shard: Shard | None = None,
-) -> tuple[eval.rejudge.RejudgeResult, dict[str, ScriptedEngine], list[list[Role]]]:
+) -> tuple[cts.eval.rejudge.RejudgeResult, dict[str, ScriptedEngine], list[list[Role]]]:
     roles = scripted_roles()
     roles["judge"].script = judge
     asked: list[list[Role]] = []
-    monkeypatch.setattr(eval.rejudge, "open_engines", engines_of(roles, asked))
+    monkeypatch.setattr(cts.eval.rejudge, "open_engines", engines_of(roles, asked))
     resolved = rejudge_experiment(source, out, None, overrides)
     result = rejudge_run(resolved, source, out, shard=shard, show_progress=False)
     return result, roles, asked
@@ -374,7 +374,7 @@ def test_the_same_judge_is_asked_again_never_replayed_from_the_source_cache(
 def test_the_command_line_rejudges(source, tmp_path, monkeypatch):
     roles = scripted_roles()
     roles["judge"].script = other_judge
-    monkeypatch.setattr(eval.rejudge, "open_engines", engines_of(roles))
+    monkeypatch.setattr(cts.eval.rejudge, "open_engines", engines_of(roles))
     out = tmp_path / "cli"
     result = CliRunner().invoke(
         app, ["rejudge", str(source), "--output-dir", str(out), "--set", NEW_JUDGE[0]]
@@ -429,7 +429,7 @@ def test_a_slurm_rejudge_job_renders_and_its_frozen_config_rejudges(source, tmp_
     # What a task does with the frozen config: a rejudge with the new judge, whose shards merge.
     roles = scripted_roles()
     roles["judge"].script = other_judge
-    monkeypatch.setattr(eval.rejudge, "open_engines", engines_of(roles))
+    monkeypatch.setattr(cts.eval.rejudge, "open_engines", engines_of(roles))
     resolved = rejudge_experiment(source, out.resolve(), str(frozen), [])
     assert resolved.experiment.roles["judge"].model == "qwen3-8b"
     for index in (0, 1):

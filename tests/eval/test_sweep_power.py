@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from eval.data.schema import Record
-from eval.estimate import Estimate, Figure, ModelRow
-from eval.score.power import mde
-from eval.sweep_power import DetectError, detect, seed_scores
+from cts.eval.data.schema import Record
+from cts.eval.estimate import Estimate, Figure, ModelRow
+from cts.eval.score.power import mde
+from cts.eval.sweep_power import DetectError, detect, seed_scores
 
 #: Pilot scores, instance → (blurred seeds 0, 1; clarify@1 seeds 0, 1).
 PILOT = {
@@ -98,7 +98,7 @@ def test_plans_at_the_holm_familys_level_and_the_pilots_own_uncertainty():
     5.13 times its variance, and each plan says what it would need then."""
     from dataclasses import replace
 
-    from eval.sweep_power import noise_upper_factor
+    from cts.eval.sweep_power import noise_upper_factor
 
     family = ["blurred", "clarify@1", "clarify@2", "clarify@3"]
     sweep = replace(estimate_of(80.0), conditions=family)

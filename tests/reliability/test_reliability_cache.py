@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Literal
 import pytest
 from pydantic import BaseModel
 
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
-from serving.yaml_config import ConfigError
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
+from cts.serving.yaml_config import ConfigError
 
 if TYPE_CHECKING:
-    from serving.cache import ResponseCache
+    from cts.serving.cache import ResponseCache
 
 
 class Verdict(BaseModel):
@@ -30,7 +30,7 @@ VERDICT = JsonSchemaOutput.of(Verdict)
 
 
 def _ask(engine, path, request):  # type: ignore[no-untyped-def]
-    from serving.cache import CachedEngine, ResponseCache
+    from cts.serving.cache import CachedEngine, ResponseCache
 
     cache = ResponseCache(path)
     try:
@@ -108,7 +108,7 @@ def test_the_parsed_value_of_a_cached_answer_comes_from_its_text(tmp_path):
 
 
 def _cache_error():  # type: ignore[no-untyped-def]
-    from serving import cache
+    from cts.serving import cache
 
     return getattr(cache, "CacheFileError", ConfigError)
 
@@ -129,7 +129,7 @@ def _assert_actionable(error: BaseException, path) -> None:  # type: ignore[no-u
 
 
 def test_a_cache_file_that_is_not_sqlite_is_a_clear_config_error(tmp_path):
-    from serving.cache import ResponseCache
+    from cts.serving.cache import ResponseCache
 
     path = tmp_path / "responses.sqlite"
     error = _opening_junk(ResponseCache, path, "these are my notes, not a database\n" * 100)
@@ -138,7 +138,7 @@ def test_a_cache_file_that_is_not_sqlite_is_a_clear_config_error(tmp_path):
 
 
 def test_a_truncated_cache_file_is_a_clear_config_error(tmp_path):
-    from serving.cache import ResponseCache
+    from cts.serving.cache import ResponseCache
 
     path = tmp_path / "responses.sqlite"
     reqs = _fill_a_response_cache(path)
@@ -153,7 +153,7 @@ def test_a_truncated_cache_file_is_a_clear_config_error(tmp_path):
 
 def _ask_all(cache: ResponseCache, reqs: list[ChatRequest]) -> None:
     """Ask every request, one after the other, through `cache`: each reads (or writes) a row."""
-    from serving.cache import CachedEngine
+    from cts.serving.cache import CachedEngine
 
     async def ask() -> None:
         engine = CachedEngine(ScriptedEngine(lambda r: "a" * 300), cache)
@@ -165,7 +165,7 @@ def _ask_all(cache: ResponseCache, reqs: list[ChatRequest]) -> None:
 
 def _fill_a_response_cache(path: Path) -> list[ChatRequest]:
     """A response cache of many pages (400 long rows), so damage can miss its header."""
-    from serving.cache import ResponseCache
+    from cts.serving.cache import ResponseCache
 
     reqs = [
         ChatRequest.of([{"role": "user", "content": f"q{i}" + "x" * 500}], seed=0)
@@ -178,16 +178,16 @@ def _fill_a_response_cache(path: Path) -> list[ChatRequest]:
 
 
 def test_a_tool_cache_file_that_is_not_sqlite_is_a_clear_config_error(tmp_path):
-    from webdancer.tool_cache import ToolCache
+    from cts.webdancer.tool_cache import ToolCache
 
     path = tmp_path / "tools.sqlite"
     _assert_actionable(_opening_junk(ToolCache, path, "not a database\n" * 100), path)
 
 
 def test_the_cli_exits_2_on_a_corrupt_cache(tmp_path):
-    """cts prints a ConfigError and exits 2 (cts/common.py EXITS)."""
-    from cts.common import exit_for
-    from serving.cache import ResponseCache
+    """cts prints a ConfigError and exits 2 (cts/cli/common.py EXITS)."""
+    from cts.cli.common import exit_for
+    from cts.serving.cache import ResponseCache
 
     path = tmp_path / "responses.sqlite"
     found = exit_for(_opening_junk(ResponseCache, path, "junk\n" * 100))
@@ -196,7 +196,7 @@ def test_the_cli_exits_2_on_a_corrupt_cache(tmp_path):
 
 
 def test_a_tool_cache_corrupt_inside_is_a_clear_config_error(tmp_path):
-    from webdancer.tool_cache import ToolCache
+    from cts.webdancer.tool_cache import ToolCache
 
     path = tmp_path / "tools.sqlite"
     cache = ToolCache(path)
@@ -221,7 +221,7 @@ def _scribble_over_the_middle(path) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_response_cache_corrupt_inside_is_a_clear_config_error(tmp_path):
-    from serving.cache import ResponseCache
+    from cts.serving.cache import ResponseCache
 
     path = tmp_path / "responses.sqlite"
     reqs = _fill_a_response_cache(path)

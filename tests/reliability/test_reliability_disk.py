@@ -22,20 +22,20 @@ from pathlib import Path
 
 import pytest
 
-from eval.data.schema import Record
-from eval.run.config import ALL_CONDITIONS, load_experiment
-from eval.run.dialogue import Dialogue, DialogueStore
-from eval.run.pipeline import run_instance
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore, run_keys
-from serving.cache import ResponseCache
-from serving.disk import StorageFull, append_line, write_whole
-from serving.types import ChatResponse
+from cts.eval.data.schema import Record
+from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.dialogue import Dialogue, DialogueStore
+from cts.eval.run.pipeline import run_instance
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore, run_keys
+from cts.serving.cache import ResponseCache
+from cts.serving.disk import StorageFull, append_line, write_whole
+from cts.serving.types import ChatResponse
+from cts.webdancer.tool_cache import ToolCache
 from tests.eval.run.test_pipeline import context, instances
 from tests.eval.run.test_pipeline import search as search  # the fixture
 from tests.fault_helpers import cts_run_args
 from tests.scripted_cts import ROOT, cts
-from webdancer.tool_cache import ToolCache
 
 LIMIT = 10
 TOTAL = LIMIT * len(ALL_CONDITIONS)

@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.run.config import load_experiment
-from eval.run.run_dir import RunDir
-from serving.yaml_config import ConfigError, parse_override
-from webdancer.corpus import CorpusError, check_corpus, load_corpus
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import RunDir
+from cts.serving.yaml_config import ConfigError, parse_override
+from cts.webdancer.corpus import CorpusError, check_corpus, load_corpus
 
 runner = CliRunner()
 
@@ -77,7 +77,7 @@ def test_run_without_the_roles_its_conditions_need_exits_2(tmp_path):
 
 
 def test_run_with_blurred_only_needs_no_clarification_roles(tmp_path):
-    from eval.experiment import missing_roles
+    from cts.eval.experiment import missing_roles
 
     exp = _experiment(tmp_path, roles=["searcher", "summarizer", "judge"])
     resolved = load_experiment(exp, ["conditions=[blurred, oracle]"])

@@ -31,17 +31,17 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.clarifier import questions_schema
-from agents.judge import LABELS, judge, judge_schema
-from agents.nugget_builder import nuggets_schema
-from configs import DEFAULT_EXPERIMENT
-from eval.data.dataset import DatasetError, DatasetSource, GoldTable, load_instances
-from eval.data.schema import CONSTRAINT_TYPES, Instance
-from eval.run.config import ExperimentConfig, load_experiment
-from serving.errors import ConstrainedOutputError
-from serving.outputs import validate_output
-from serving.scripted import ScriptedEngine
-from serving.types import (
+from cts.agents.clarifier import questions_schema
+from cts.agents.judge import LABELS, judge, judge_schema
+from cts.agents.nugget_builder import nuggets_schema
+from cts.configs import DEFAULT_EXPERIMENT
+from cts.eval.data.dataset import DatasetError, DatasetSource, GoldTable, load_instances
+from cts.eval.data.schema import CONSTRAINT_TYPES, Instance
+from cts.eval.run.config import ExperimentConfig, load_experiment
+from cts.serving.errors import ConstrainedOutputError
+from cts.serving.outputs import validate_output
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import (
     ChatRequest,
     ChoiceOutput,
     JsonSchemaOutput,
@@ -49,10 +49,10 @@ from serving.types import (
     RegexOutput,
     Sampling,
 )
-from serving.yaml_config import ConfigError, load_config, parse_override
-from webdancer.agent import FINAL_REGEX, TURN_REGEX
-from webdancer.corpus import CorpusError, Problem, load_corpus
-from webdancer.protocol import TOOL_NAMES, FinalAnswer, ProtocolError, ToolCall, parse_turn
+from cts.serving.yaml_config import ConfigError, load_config, parse_override
+from cts.webdancer.agent import FINAL_REGEX, TURN_REGEX
+from cts.webdancer.corpus import CorpusError, Problem, load_corpus
+from cts.webdancer.protocol import TOOL_NAMES, FinalAnswer, ProtocolError, ToolCall, parse_turn
 
 #: What draws a value from a strategy (`data.draw`, or a composite's `draw`).
 Draw = Callable[..., Any]
@@ -524,7 +524,7 @@ def corpus_lines(draw: st.DrawFn) -> list[Any]:
 
 
 def test_corpus_loader_fuzz(tmp_path):
-    ran = Ran("corpus loader (webdancer.corpus.load_corpus)")
+    ran = Ran("corpus loader (cts.webdancer.corpus.load_corpus)")
     path = tmp_path / "corpus.jsonl"
 
     @FUZZ
@@ -843,7 +843,7 @@ SPECS: list[tuple[OutputSpec, Any]] = [
 
 
 def test_constrained_answer_validation_fuzz():
-    ran = Ran("constrained answer validation (serving.outputs.validate_output)")
+    ran = Ran("constrained answer validation (cts.serving.outputs.validate_output)")
 
     @FUZZ
     @given(st.sampled_from(range(len(SPECS))), st.data())

@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.data.dataset import DatasetError, DatasetSource, GoldTable, check_source
-from eval.data.schema import Record
-from eval.run.config import load_experiment
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore
+from cts.eval.data.dataset import DatasetError, DatasetSource, GoldTable, check_source
+from cts.eval.data.schema import Record
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore
 
 
 def _query(key: str) -> str:
@@ -56,8 +56,8 @@ def test_gold_ids_that_match_no_query_and_queries_without_gold_are_problems(tmp_
 def test_a_run_where_no_instance_has_golden_nuggets_is_refused_before_any_model_call(
     tmp_path, monkeypatch
 ):
-    import eval.experiment
-    from eval.experiment import run_experiment
+    import cts.eval.experiment
+    from cts.eval.experiment import run_experiment
 
     dataset = tmp_path / "queries.jsonl"
     dataset.write_text(_query("a") + _query("b"))
@@ -65,7 +65,7 @@ def test_a_run_where_no_instance_has_golden_nuggets_is_refused_before_any_model_
     def no_engines(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("a model was about to be called")
 
-    monkeypatch.setattr(eval.experiment, "open_engines", no_engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", no_engines)
     resolved = load_experiment(
         None, [f"dataset.path={dataset}", "dataset.split=null", 'conditions=["blurred"]']
     )
@@ -84,7 +84,7 @@ def _incomplete_run(run_dir: Path) -> None:
     resolved = load_experiment(None, ['conditions=["blurred"]', "seeds=[0]", "dataset.limit=3"])
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(resolved.to_yaml())
-    from eval.data.dataset import load_instances
+    from cts.eval.data.dataset import load_instances
 
     ids = [i.id for i in load_instances(resolved.experiment.dataset)]
     store = RecordStore(run_dir)

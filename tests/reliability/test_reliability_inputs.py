@@ -13,8 +13,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.data.dataset import DatasetError, DatasetSource, GoldTable, check_source, load_instances
-from serving.yaml_config import ConfigError, read_yaml
+from cts.eval.data.dataset import (
+    DatasetError,
+    DatasetSource,
+    GoldTable,
+    check_source,
+    load_instances,
+)
+from cts.serving.yaml_config import ConfigError, read_yaml
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +68,7 @@ def test_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from serving.yaml_config import ConfigError, read_yaml\n"
+        "from cts.serving.yaml_config import ConfigError, read_yaml\n"
         "try:\n"
         "    read_yaml(Path(sys.argv[1]))\n"
         "except ConfigError as e:\n"
@@ -85,12 +91,12 @@ def test_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path):
 def test_an_alias_is_refused_before_anything_is_composed(tmp_path, monkeypatch):
     """What bounds the work on any bomb: the refusal comes from one linear pass over the parse
     events; the composer and constructors, whose walk of aliases is exponential, never run."""
-    import serving.yaml_config
+    import cts.serving.yaml_config
 
     def composed(*args: object) -> None:
         raise AssertionError("the YAML was composed before its aliases were refused")
 
-    monkeypatch.setattr(serving.yaml_config._Loader, "get_single_node", composed)
+    monkeypatch.setattr(cts.serving.yaml_config._Loader, "get_single_node", composed)
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(_bomb(40))
     with pytest.raises(ConfigError, match=r":2: YAML aliases \(\*a0\) are not allowed"):
@@ -226,7 +232,7 @@ def test_empty_dataset_is_a_problem(tmp_path):
 @pytest.mark.parametrize("limit", ["0", "-2"])
 def test_a_limit_below_one_is_refused_not_read_as_everything(limit):
     """`--limit 0` used to run the whole dataset, a negative limit sliced from its end."""
-    from eval.run.config import load_experiment
+    from cts.eval.run.config import load_experiment
 
     with pytest.raises(ConfigError, match=r"--set dataset.limit: .*greater than or equal to 1"):
         load_experiment("quickstart", [f"dataset.limit={limit}"])

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from eval.run.pipeline import run_instance
-from eval.run.runner import RecordStore, run_keys
+from cts.eval.run.pipeline import run_instance
+from cts.eval.run.runner import RecordStore, run_keys
 from tests.eval.run.test_pipeline import context, instances
 from tests.eval.run.test_pipeline import search as search  # the fixture
 
@@ -51,8 +51,8 @@ def test_trace_names_stay_inside_and_never_collide():
     """Trace names come from a hash of the id: ids differing only in case (one file on a
     case-insensitive file system), or only in characters a file name cannot hold, get
     different files, and no id — even one validation would refuse — names a path outside."""
-    from eval.data.schema import Record
-    from eval.run.pipeline import trace_name
+    from cts.eval.data.schema import Record
+    from cts.eval.run.pipeline import trace_name
 
     ids = ["Q1", "q1", "a b", "a_b", "问题1", "问题2", "../../x", "..", ".hidden", "x" * 300]
     names = [
@@ -71,7 +71,7 @@ def test_the_logged_traceback_of_an_internal_failure_is_redacted(
 ):
     """On a cluster the log is the Slurm log: a key quoted by an unexpected exception is
     redacted there as in the record."""
-    from serving.secrets import secret_from_env
+    from cts.serving.secrets import secret_from_env
 
     key = "sk-live-internal-0123456789"
     monkeypatch.setenv("CTS_TEST_KEY", key)

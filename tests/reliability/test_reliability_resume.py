@@ -8,11 +8,11 @@ import yaml
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.data.dataset import load_instances
-from eval.run.config import load_experiment
-from eval.run.fingerprint import fingerprint
-from eval.run.run_dir import RunDir
-from serving.yaml_config import ConfigError
+from cts.eval.data.dataset import load_instances
+from cts.eval.run.config import load_experiment
+from cts.eval.run.fingerprint import fingerprint
+from cts.eval.run.run_dir import RunDir
+from cts.serving.yaml_config import ConfigError
 
 
 def _all(resolved):

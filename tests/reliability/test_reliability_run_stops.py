@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Instance, Record
-from eval.experiment import until_signalled
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore, RunOutcome, ShardBusy, run_keys
-from serving.vllm_server import ServerError
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Instance, Record
+from cts.eval.experiment import until_signalled
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore, RunOutcome, ShardBusy, run_keys
+from cts.serving.vllm_server import ServerError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ class HeldWrites:
     is set once `expected` records have been handed to the writer."""
 
     def __init__(self, store: RecordStore, expected: int, monkeypatch: pytest.MonkeyPatch):
-        import eval.run.runner
+        import cts.eval.run.runner
 
         self.release = threading.Event()
         self.submitted = asyncio.Event()
@@ -53,14 +53,14 @@ class HeldWrites:
         handed: list[int] = []
         submitted = self.submitted
 
-        class Counting(eval.run.runner.ThreadPoolExecutor):
+        class Counting(cts.eval.run.runner.ThreadPoolExecutor):
             def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
                 handed.append(1)
                 if len(handed) == expected:
                     submitted.set()
                 return super().submit(*args, **kwargs)
 
-        monkeypatch.setattr(eval.run.runner, "ThreadPoolExecutor", Counting)
+        monkeypatch.setattr(cts.eval.run.runner, "ThreadPoolExecutor", Counting)
 
 
 def blurred(
@@ -116,7 +116,7 @@ def test_a_stopped_run_counts_every_record_its_writer_finished(tmp_path, monkeyp
 def test_a_second_signal_keeps_the_counts_of_the_records_written(tmp_path, monkeypatch):
     """Ctrl-C twice: the second cancels the run's wait for its writes, so run_keys never
     returns its outcome; `until_signalled` returns the one it was given, counts kept."""
-    import eval.run.runner
+    import cts.eval.run.runner
 
     store = RecordStore(tmp_path)
     held = HeldWrites(store, 1, monkeypatch)
@@ -127,12 +127,12 @@ def test_a_second_signal_keeps_the_counts_of_the_records_written(tmp_path, monke
             waiting_for_writes.set()  # only the stopped run iterates it, to wait for them
             return super().__iter__()
 
-    class Writes(eval.run.runner._Writes):
+    class Writes(cts.eval.run.runner._Writes):
         def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             super().__init__(*args, **kwargs)
             self.waiting = Waiting()
 
-    monkeypatch.setattr(eval.run.runner, "_Writes", Writes)
+    monkeypatch.setattr(cts.eval.run.runner, "_Writes", Writes)
     progressed: list[Record] = []
     outcome = RunOutcome()
 
@@ -156,7 +156,7 @@ def test_a_second_signal_keeps_the_counts_of_the_records_written(tmp_path, monke
 
 HOLDER = (
     "import sys; from pathlib import Path\n"
-    "from eval.run.run_dir import Shard; from eval.run.runner import shard_count_lock\n"
+    "from cts.eval.run.run_dir import Shard; from cts.eval.run.runner import shard_count_lock\n"
     "with shard_count_lock(Path(sys.argv[1]), Shard(0, 2)):\n"
     "    print('held', flush=True); sys.stdin.read()"  # held until killed
 )

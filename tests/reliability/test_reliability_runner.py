@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Instance, Record
-from eval.experiment import merge_run
-from eval.report.report import load_run
-from eval.run.config import load_experiment
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore, run_keys
-from serving.yaml_config import ConfigError, Override
-from train.config import load_train_config
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Instance, Record
+from cts.eval.experiment import merge_run
+from cts.eval.report.report import load_run
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore, run_keys
+from cts.serving.yaml_config import ConfigError, Override
+from cts.train.config import load_train_config
 
 
 def instances(n: int) -> list[Instance]:
@@ -192,7 +192,7 @@ def test_a_shard_another_live_process_runs_is_refused_and_free_once_it_ends(tmp_
     import subprocess
     import sys
 
-    from eval.run.runner import ShardBusy, shard_lock
+    from cts.eval.run.runner import ShardBusy, shard_lock
 
     store = RecordStore(tmp_path / "run")
     holder = subprocess.Popen(
@@ -200,7 +200,7 @@ def test_a_shard_another_live_process_runs_is_refused_and_free_once_it_ends(tmp_
             sys.executable,
             "-c",
             "import sys; from pathlib import Path\n"
-            "from eval.run.run_dir import Shard; from eval.run.runner import shard_lock\n"
+            "from cts.eval.run.run_dir import Shard; from cts.eval.run.runner import shard_lock\n"
             "with shard_lock(Path(sys.argv[1]), Shard(0, 2)):\n"
             "    print('held', flush=True); sys.stdin.read()",  # held until killed
             str(store.root),
@@ -272,8 +272,8 @@ def test_a_second_signal_while_a_record_is_written_keeps_the_shard_locked_until_
     be held until the record being written is whole (else a resumed run could cut it). The
     lock is probed once the run has gone as far as it can without the write (it waits for
     the record writer to end, or it has returned), not after a delay."""
-    import eval.run.runner
-    from eval.run.runner import ShardBusy, shard_lock
+    import cts.eval.run.runner
+    from cts.eval.run.runner import ShardBusy, shard_lock
 
     store = RecordStore(tmp_path)
     writing, release = held_writes(store)
@@ -286,7 +286,7 @@ def test_a_second_signal_while_a_record_is_written_keeps_the_shard_locked_until_
                 stopping.set()
             super().shutdown(wait, cancel_futures=cancel_futures)
 
-    monkeypatch.setattr(eval.run.runner, "ThreadPoolExecutor", Writer)
+    monkeypatch.setattr(cts.eval.run.runner, "ThreadPoolExecutor", Writer)
 
     def probe() -> None:  # in a thread: the event loop may be blocked waiting for the writer
         assert stopping.wait(60)

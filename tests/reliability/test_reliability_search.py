@@ -12,16 +12,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, Sampling
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, Sampling
+from cts.webdancer.agent import AgentBudget, WebDancerAgent, searcher_sampling
+from cts.webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch
+from cts.webdancer.protocol import FORCE_ANSWER, ToolCall
+from cts.webdancer.tool_cache import ToolCache
+from cts.webdancer.tools import Tools
+from cts.webdancer.visit import LocalPages, Visitor
 from tests.eval.run.test_pipeline import search as search  # the fixture
 from tests.fault_helpers import QuietHandler, loopback_server
-from webdancer.agent import AgentBudget, WebDancerAgent, searcher_sampling
-from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch
-from webdancer.protocol import FORCE_ANSWER, ToolCall
-from webdancer.tool_cache import ToolCache
-from webdancer.tools import Tools
-from webdancer.visit import LocalPages, Visitor
 
 #: Loose enough for a loaded 2-core machine, where a loopback answer can take 0.2 s.
 TIMEOUT_S = 1.0
@@ -203,7 +203,7 @@ def test_a_lone_surrogate_in_tool_arguments_reaches_the_cache_and_backend_as_u_f
     search, tmp_path
 ):
     """A model can write `\\ud800` in a JSON string; no cache key or request can encode it."""
-    from webdancer.protocol import parse_turn
+    from cts.webdancer.protocol import parse_turn
 
     turn = parse_turn(
         '<tool_call>{"name": "search", "arguments": {"query": ["alpha \\ud800 beta"]}}</tool_call>'
@@ -217,9 +217,9 @@ def test_a_lone_surrogate_in_tool_arguments_reaches_the_cache_and_backend_as_u_f
 
 def test_failed_searches_are_counted_in_the_record_summary_and_report(server, search):
     """The agent goes on after a failed search; the run's summary still says it happened."""
-    from eval.report.diagnostics import failures, judge_labels
-    from eval.report.report import warnings
-    from eval.run.pipeline import run_instance
+    from cts.eval.report.diagnostics import failures, judge_labels
+    from cts.eval.report.report import warnings
+    from cts.eval.run.pipeline import run_instance
     from tests.eval.run.test_pipeline import context, instances
 
     url, reply = server

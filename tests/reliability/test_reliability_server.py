@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.run.runner import RecordStore
-from serving.vllm_server import VllmServer, free_port
+from cts.eval.run.runner import RecordStore
+from cts.serving.vllm_server import VllmServer, free_port
 from tests.conftest import VLLM_CPU_ARGS, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

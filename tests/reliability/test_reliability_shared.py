@@ -23,10 +23,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.run.config import ALL_CONDITIONS
-from eval.run.dialogue import Dialogue
-from eval.run.runner import RecordStore, parse_records
-from serving.types import ChatResponse
+from cts.eval.run.config import ALL_CONDITIONS
+from cts.eval.run.dialogue import Dialogue
+from cts.eval.run.runner import RecordStore, parse_records
+from cts.serving.types import ChatResponse
 from tests.fault_helpers import cts_run_args
 from tests.scripted_cts import start
 

@@ -11,11 +11,18 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.common import exit_for
-from eval.run.config import load_experiment
-from slurm import submit as submit_module
-from slurm.status import JobState
-from slurm.submit import SlurmOptionError, SlurmOptions, SubmitError, eval_job, submit, train_job
+from cts.cli.common import exit_for
+from cts.eval.run.config import load_experiment
+from cts.slurm import submit as submit_module
+from cts.slurm.status import JobState
+from cts.slurm.submit import (
+    SlurmOptionError,
+    SlurmOptions,
+    SubmitError,
+    eval_job,
+    submit,
+    train_job,
+)
 
 
 def _snapshot(root: Path) -> dict[str, str]:

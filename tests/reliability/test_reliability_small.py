@@ -8,19 +8,19 @@ import pytest
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-import eval.viewer.app
+import cts.eval.viewer.app
 from cts.cli import app as cts_app
-from eval.report.report import MAIN_COLUMNS, _main_table, to_html
-from eval.run.config import load_experiment
-from eval.viewer.app import SECURITY_HEADERS, make_app
-from eval.viewer.serve import allowed_hosts
-from eval.viewer.view import Viewer
-from serving.yaml_config import ConfigError
+from cts.eval.report.report import MAIN_COLUMNS, _main_table, to_html
+from cts.eval.run.config import load_experiment
+from cts.eval.viewer.app import SECURITY_HEADERS, make_app
+from cts.eval.viewer.serve import allowed_hosts
+from cts.eval.viewer.view import Viewer
+from cts.serving.yaml_config import ConfigError
+from cts.webdancer.ssrf import BlockedURL, check_url
+from cts.webdancer.visit import HttpPages
 from tests.eval.viewer.test_view import LOCAL
 from tests.eval.viewer.test_view import client as client  # the fixtures
 from tests.eval.viewer.test_view import run as run
-from webdancer.ssrf import BlockedURL, check_url
-from webdancer.visit import HttpPages
 
 # -- allow_hosts --------------------------------------------------------------------------------
 
@@ -80,13 +80,13 @@ def test_every_response_carries_the_security_headers(run, monkeypatch):
 def test_host_spellings_of_every_interface_serve_as_every_interface(run, monkeypatch, host):
     """`--host 0` binds 0.0.0.0 as `--host 0.0.0.0` does: the same Host list and warning."""
     served: dict[str, list[str]] = {}
-    make = eval.viewer.app.make_app
+    make = cts.eval.viewer.app.make_app
 
     def capture(viewer, hosts):  # type: ignore[no-untyped-def]
         served["hosts"] = hosts
         return make(viewer, hosts)
 
-    monkeypatch.setattr(eval.viewer.app, "make_app", capture)
+    monkeypatch.setattr(cts.eval.viewer.app, "make_app", capture)
     monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets=None: None)
     result = CliRunner().invoke(cts_app, ["view", str(run[0]), "--port", "0", "--host", host])
     assert result.exit_code == 0, result.output

@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from serving.disk import NotAFile, write_whole
-from serving.serve import write_endpoints
-from slurm.history import record_submission
-from slurm.submit import Submission, _write
-from train.pairs import _write as write_pairs
+from cts.serving.disk import NotAFile, write_whole
+from cts.serving.serve import write_endpoints
+from cts.slurm.history import record_submission
+from cts.slurm.submit import Submission, _write
+from cts.train.pairs import _write as write_pairs
 
 
 class _Servers:

@@ -13,8 +13,8 @@ import anyio
 import httpx
 import pytest
 
-from webdancer.ssrf import BlockedURL, check_url
-from webdancer.visit import HttpPages
+from cts.webdancer.ssrf import BlockedURL, check_url
+from cts.webdancer.visit import HttpPages
 
 ARTICLE = (
     "<html><head><title>Night trains</title></head><body><article><h1>Night trains</h1>"

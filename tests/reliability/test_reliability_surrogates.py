@@ -12,18 +12,18 @@ from collections.abc import Iterator
 
 import pytest
 
-import eval.experiment
+import cts.eval.experiment
 import tests.scripted_cts
-from eval.data.schema import Record
-from eval.experiment import run_experiment
-from eval.run.config import load_experiment
-from eval.run.runner import RecordStore, run_keys
-from serving.scripted import ScriptedEngine, scripted_roles
-from serving.types import ChatRequest, JsonSchemaOutput
+from cts.eval.data.schema import Record
+from cts.eval.experiment import run_experiment
+from cts.eval.run.config import load_experiment
+from cts.eval.run.runner import RecordStore, run_keys
+from cts.serving.scripted import ScriptedEngine, scripted_roles
+from cts.serving.types import ChatRequest, JsonSchemaOutput
+from cts.webdancer.backends.web_search import SearxngSearch
 from tests.eval.run.test_pipeline import instances
 from tests.fault_helpers import QuietHandler, loopback_server
 from tests.scripted_cts import scripted_engines
-from webdancer.backends.web_search import SearxngSearch
 
 BAD = "\ud800"  # a high surrogate with no low one after it
 
@@ -55,7 +55,7 @@ def _surrogate_roles() -> dict[str, ScriptedEngine]:
 def test_a_lone_surrogate_in_model_text_is_recorded_as_u_fffd(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(tests.scripted_cts, "scripted_roles", _surrogate_roles)
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", scripted_engines)
     resolved = load_experiment(
         "quickstart",
         [

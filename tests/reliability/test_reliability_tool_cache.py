@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.data.dataset import corpus_path
-from serving.files import sha256_file
-from serving.scripted import ScriptedEngine
-from serving.types import Sampling
+from cts.eval.data.dataset import corpus_path
+from cts.serving.files import sha256_file
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import Sampling
+from cts.webdancer.backends.local import LocalSearch
+from cts.webdancer.backends.web_search import SearxngSearch
+from cts.webdancer.protocol import ToolCall
+from cts.webdancer.tool_cache import ToolCache, ToolCacheMiss
+from cts.webdancer.tools import Tools
+from cts.webdancer.visit import LocalPages, Visitor
 from tests.fault_helpers import QuietHandler, corpus_rows, loopback_server, write_jsonl
 from tests.scripted_cts import cts
-from webdancer.backends.local import LocalSearch
-from webdancer.backends.web_search import SearxngSearch
-from webdancer.protocol import ToolCall
-from webdancer.tool_cache import ToolCache, ToolCacheMiss
-from webdancer.tools import Tools
-from webdancer.visit import LocalPages, Visitor
 
 DOCS = corpus_rows(
     [f"Rail pass {i}" for i in range(5)],

@@ -16,18 +16,18 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Record
-from eval.run.config import load_experiment
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore
-from eval.viewer.app import make_app
-from eval.viewer.serve import allowed_hosts
-from eval.viewer.view import MAX_FIELD_CHARS, Viewer, highlight, search_blocks
-from eval.viewer.view import visited_pages as visited
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Record
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore
+from cts.eval.viewer.app import make_app
+from cts.eval.viewer.serve import allowed_hosts
+from cts.eval.viewer.view import MAX_FIELD_CHARS, Viewer, highlight, search_blocks
+from cts.eval.viewer.view import visited_pages as visited
+from cts.webdancer.search import QUERY_SEPARATOR, SearchHit, render_hits
+from cts.webdancer.visit import render_visit
 from tests.eval.viewer.test_view import LOCAL, a_trace, llm_step, search_step
-from webdancer.search import QUERY_SEPARATOR, SearchHit, render_hits
-from webdancer.visit import render_visit
 
 WORDS = "battery charge hours case earbuds noise cancelling lasts up to per".split()
 

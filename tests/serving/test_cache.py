@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from serving.cache import CachedEngine, ResponseCache
-from serving.errors import ConstrainedOutputError
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, ChoiceOutput
+from cts.serving.cache import CachedEngine, ResponseCache
+from cts.serving.errors import ConstrainedOutputError
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, ChoiceOutput
 
 
 def requests(n: int, seed: int | None = 0) -> list[ChatRequest]:
@@ -104,7 +104,7 @@ def test_processes_sharing_one_cache_file_leave_it_consistent(tmp_path):
 
 
 def _open_at_once(path: str, barrier) -> None:  # type: ignore[no-untyped-def]
-    from serving.cache import ResponseCache
+    from cts.serving.cache import ResponseCache
 
     barrier.wait()
     ResponseCache(path).close()
@@ -120,22 +120,22 @@ def test_processes_opening_a_new_cache_at_once_all_succeed(tmp_path):
 
 
 def _network_writer(path: str, worker: int, n: int) -> None:
-    import serving.filesystems
+    import cts.serving.filesystems
 
     # The detector faked: statfs says NFS, as it would for a home shared by the nodes.
-    serving.filesystems.statfs_type = lambda p: 0x6969  # type: ignore[assignment]
+    cts.serving.filesystems.statfs_type = lambda p: 0x6969  # type: ignore[assignment]
     _writer(path, worker, n)
 
 
 def test_a_cache_on_a_network_file_system_uses_a_rollback_journal(tmp_path, monkeypatch):
     """SQLite's WAL needs every process on one host: on NFS, Lustre or GPFS (statfs type) the
     caches use a rollback journal with its file locks instead."""
-    import serving.filesystems
-    from serving.cache import journal_mode
-    from webdancer.tool_cache import ToolCache
+    import cts.serving.filesystems
+    from cts.serving.cache import journal_mode
+    from cts.webdancer.tool_cache import ToolCache
 
     assert journal_mode(tmp_path / "local.sqlite") == "WAL"  # the real statfs: a local disk
-    monkeypatch.setattr(serving.filesystems, "statfs_type", lambda p: 0x0BD00BD0)  # Lustre
+    monkeypatch.setattr(cts.serving.filesystems, "statfs_type", lambda p: 0x0BD00BD0)  # Lustre
     assert journal_mode(tmp_path / "c.sqlite") == "DELETE"
     ResponseCache(tmp_path / "c.sqlite").close()
     ToolCache(tmp_path / "tools.sqlite").close()
@@ -143,9 +143,9 @@ def test_a_cache_on_a_network_file_system_uses_a_rollback_journal(tmp_path, monk
         db = sqlite3.connect(tmp_path / name)
         assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",), name
     # A cache made in WAL mode (on a local disk, then copied) is switched when opened there.
-    monkeypatch.setattr(serving.filesystems, "statfs_type", lambda p: 0xEF53)  # ext4
+    monkeypatch.setattr(cts.serving.filesystems, "statfs_type", lambda p: 0xEF53)  # ext4
     ResponseCache(tmp_path / "was-wal.sqlite").close()
-    monkeypatch.setattr(serving.filesystems, "statfs_type", lambda p: 0x6969)  # NFS
+    monkeypatch.setattr(cts.serving.filesystems, "statfs_type", lambda p: 0x6969)  # NFS
     ResponseCache(tmp_path / "was-wal.sqlite").close()
     db = sqlite3.connect(tmp_path / "was-wal.sqlite")
     assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)

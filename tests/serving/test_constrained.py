@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from serving.constrained import RowGuide, token_bytes
+from cts.serving.constrained import RowGuide, token_bytes
 
 
 def test_token_bytes_of_byte_level_and_sentencepiece_vocabularies():
@@ -77,7 +77,7 @@ def test_a_row_guide_never_compiles(monkeypatch: pytest.MonkeyPatch):
 def test_model_calls_take_turns_one_at_a_time_first_come_first_served():
     """By the turns' state, not by timing: while one call runs, two more that asked in order
     wait; they then run one after the other, in the order they asked."""
-    from serving.transformers_engine import _Turns
+    from cts.serving.transformers_engine import _Turns
 
     turns, order, inside = _Turns(), [], []
 

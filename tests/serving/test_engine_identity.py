@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from serving.batching import BatchingEngine
-from serving.cache import ResponseCache
-from serving.model_config import ModelConfig, build_engine
-from serving.types import ChatRequest, ChatResponse
+from cts.serving.batching import BatchingEngine
+from cts.serving.cache import ResponseCache
+from cts.serving.model_config import ModelConfig, build_engine
+from cts.serving.types import ChatRequest, ChatResponse
 from tests.fault_helpers import QuietHandler, loopback_server
 
 ASK = ChatRequest.of([{"role": "user", "content": "capital of France?"}], seed=0)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-import serving.download
+import cts.serving.download
 from cts.cli import app
-from eval.run.config import load_experiment
-from serving.download import IGNORE_PATTERNS
-from serving.model_config import build_engine
+from cts.eval.run.config import load_experiment
+from cts.serving.download import IGNORE_PATTERNS
+from cts.serving.model_config import build_engine
 
 HARD518_MODELS = {
     "qwen3-8b": "Qwen/Qwen3-8B",
@@ -59,7 +59,7 @@ class FakeHub:
 
 def test_download_writes_a_manifest_and_the_experiment_on_local_copies(tmp_path, monkeypatch):
     hub = FakeHub()
-    monkeypatch.setattr(serving.download, "_default_snapshot", lambda: hub)
+    monkeypatch.setattr(cts.serving.download, "_default_snapshot", lambda: hub)
     to = tmp_path / "weights"
     pinned = "0123456789abcdef0123456789abcdef01234567"
     result = CliRunner().invoke(
@@ -117,7 +117,7 @@ def test_download_writes_a_manifest_and_the_experiment_on_local_copies(tmp_path,
 def test_nothing_to_fetch_for_local_and_tiny_models(tmp_path, monkeypatch):
     """The quickstart's tiny model is converted locally; a model already on disk is kept."""
     hub = FakeHub()
-    monkeypatch.setattr(serving.download, "_default_snapshot", lambda: hub)
+    monkeypatch.setattr(cts.serving.download, "_default_snapshot", lambda: hub)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     args = ["models", "download", "--to", str(tmp_path / "w"), "--set"]
@@ -131,7 +131,7 @@ def test_nothing_to_fetch_for_local_and_tiny_models(tmp_path, monkeypatch):
 
 def test_a_repo_the_hub_refuses_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        serving.download, "_default_snapshot", lambda: FakeHub(fail="Qwen/Qwen3-32B")
+        cts.serving.download, "_default_snapshot", lambda: FakeHub(fail="Qwen/Qwen3-32B")
     )
     result = CliRunner().invoke(app, ["models", "download", "-c", "hard518", "--to", str(tmp_path)])
     assert result.exit_code == 1

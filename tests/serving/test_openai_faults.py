@@ -10,16 +10,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from serving.errors import (
+from cts.serving.errors import (
     ConstrainedOutputError,
     EngineError,
     EngineUnavailable,
     ServerUnreachable,
 )
-from serving.openai_engine import OpenAIEngine
-from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput
-from serving.vllm_server import free_port
-from serving.yaml_config import ConfigError
+from cts.serving.openai_engine import OpenAIEngine
+from cts.serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput
+from cts.serving.vllm_server import free_port
+from cts.serving.yaml_config import ConfigError
 from tests.fault_helpers import QuietHandler, loopback_server
 
 
@@ -91,7 +91,7 @@ def test_the_wait_between_attempts_doubles_up_to_its_cap(monkeypatch):
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    monkeypatch.setattr("serving.openai_engine.asyncio.sleep", sleep)
+    monkeypatch.setattr("cts.serving.openai_engine.asyncio.sleep", sleep)
     url = f"http://127.0.0.1:{free_port()}/v1"
     engine = OpenAIEngine("m", url, max_retries=7, backoff_s=0.5)
     with pytest.raises(ServerUnreachable, match="8 attempts failed"):
@@ -202,7 +202,7 @@ def test_concurrency_is_bounded(server):
 def test_a_server_echoing_the_api_key_never_puts_it_in_an_error(server, monkeypatch, status):
     """Error bodies are copied into records and dialogues: a configured key is redacted from
     them first (and from anything `failure` records)."""
-    from eval.run.dialogue import failure
+    from cts.eval.run.dialogue import failure
 
     key = "sk-live-0123456789abcdef"
     monkeypatch.setenv("CTS_TEST_KEY", key)
@@ -245,7 +245,7 @@ def test_a_key_straddling_any_cut_of_an_error_body_is_redacted_whole(
 def test_requests_sent_again_are_counted_by_why_and_the_run_warns_of_timeouts(server):
     """A retried attempt is no failure, but a timed-out one is server work thrown away: a run
     tuning its concurrency must see how many there were and why."""
-    from cts.common import retry_warnings
+    from cts.cli.common import retry_warnings
 
     url, script = server
     script.replies = [(503, {"error": "loading"}), (200, completion("no"))]
@@ -271,9 +271,9 @@ def test_requests_sent_again_are_counted_by_why_and_the_run_warns_of_timeouts(se
 def test_requests_past_one_client_s_pool_spread_over_several_clients(server, monkeypatch):
     """One HTTP client's pool is kept small (httpcore scans it per request); an engine allowed
     more requests in flight opens more clients, so all of them are in flight at once."""
-    import serving.openai_engine
+    import cts.serving.openai_engine
 
-    monkeypatch.setattr(serving.openai_engine, "CLIENT_CONNECTIONS", 2)
+    monkeypatch.setattr(cts.serving.openai_engine, "CLIENT_CONNECTIONS", 2)
     url, script = server
     script.replies = [(200, completion("yes"))]
     script.gather, script.delay_s = 5, 0.3

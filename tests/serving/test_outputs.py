@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from serving.errors import ConstrainedOutputError
-from serving.outputs import validate_output
-from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
+from cts.serving.errors import ConstrainedOutputError
+from cts.serving.outputs import validate_output
+from cts.serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
 
 
 class Answer(BaseModel):

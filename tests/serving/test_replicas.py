@@ -16,14 +16,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.run.runner import RecordStore
-from serving.errors import ServerUnreachable
-from serving.model_config import ModelConfig, build_engine
-from serving.openai_engine import OpenAIEngine
-from serving.replicas import Replicas, conversation
-from serving.scripted import scripted_engine
-from serving.types import ChatRequest
-from serving.vllm_server import free_port
+from cts.eval.run.runner import RecordStore
+from cts.serving.errors import ServerUnreachable
+from cts.serving.model_config import ModelConfig, build_engine
+from cts.serving.openai_engine import OpenAIEngine
+from cts.serving.replicas import Replicas, conversation
+from cts.serving.scripted import scripted_engine
+from cts.serving.types import ChatRequest
+from cts.serving.vllm_server import free_port
 from tests.builders import scripted_experiment
 from tests.fault_helpers import QuietHandler
 
@@ -129,7 +129,7 @@ def _close(httpd) -> None:
 
 
 def _output(body: dict):
-    from serving.types import ChoiceOutput, JsonSchemaOutput, RegexOutput
+    from cts.serving.types import ChoiceOutput, JsonSchemaOutput, RegexOutput
 
     spec = body["structured_outputs"]
     if "json" in spec:

@@ -1,4 +1,4 @@
-"""`engine: scripted` in a model config: the rules of `serving/scripted.py` or a replay file,
+"""`engine: scripted` in a model config: the rules of `cts/serving/scripted.py` or a replay file,
 so that a user can test a config and the whole pipeline without weights."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.experiment import RunResult, run_experiment
-from eval.report.frame import records_frame, records_table
-from eval.run.config import load_experiment
-from eval.run.runner import RecordStore
-from serving.download import hub_models
-from serving.errors import EngineError
-from serving.model_config import build_engine, load_model_config
-from serving.scripted import SCRIPTED_ROLES, ScriptedEngine, scripted_roles
-from serving.types import ChatRequest
-from serving.yaml_config import ConfigError
+from cts.eval.experiment import RunResult, run_experiment
+from cts.eval.report.frame import records_frame, records_table
+from cts.eval.run.config import load_experiment
+from cts.eval.run.runner import RecordStore
+from cts.serving.download import hub_models
+from cts.serving.errors import EngineError
+from cts.serving.model_config import build_engine, load_model_config
+from cts.serving.scripted import SCRIPTED_ROLES, ScriptedEngine, scripted_roles
+from cts.serving.types import ChatRequest
+from cts.serving.yaml_config import ConfigError
 
 ROLES = ["clarifier", "user_answerer", "rewriter", "searcher", "summarizer", "judge"]
 
@@ -147,8 +147,8 @@ def test_bench_imports_nothing_from_tests():
 
 
 def test_a_runs_records_as_a_frame_hold_what_the_records_say(tmp_path):
-    """eval.report.frame: one row per record, sorted by key, scores and usage as columns; the mean
-    per condition is the records' own mean (computed here from the records)."""
+    """cts.eval.report.frame: one row per record, sorted by key, scores and usage as columns; the
+    mean per condition is the records' own mean (computed here from the records)."""
     run, _ = scripted_run(tmp_path)
     records = sorted(RecordStore(run).completed().values(), key=lambda r: r.key)
     frame = records_frame(run)

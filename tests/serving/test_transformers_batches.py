@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import serving.transformers_engine as te
-from serving.transformers_engine import TransformersEngine, resolve_dtype
-from serving.types import ChatRequest, Message, Sampling
+import cts.serving.transformers_engine as te
+from cts.serving.transformers_engine import TransformersEngine, resolve_dtype
+from cts.serving.types import ChatRequest, Message, Sampling
 
 
 def request(tokens: int) -> ChatRequest:

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from serving.errors import EngineError
-from serving.outputs import validate_output
-from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
+from cts.serving.errors import EngineError
+from cts.serving.outputs import validate_output
+from cts.serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
 
 pytestmark = pytest.mark.slow
 
@@ -183,7 +183,7 @@ def test_every_cjk_character_can_be_generated_under_a_constraint(tiny_engine):
     """The constraint's vocabulary is built from token bytes: tokens holding part of a UTF-8
     character are not collapsed to "�", so a Chinese span with "，" inside compiles, and a
     mixed span keeps its original spacing."""
-    from agents.user_answerer import span_regex
+    from cts.agents.user_answerer import span_regex
 
     fused = (
         "我想报考北京大学人工智能专业的研究生，请问复试的分数线是多少，在 iPhone 15 Pro 上能用吗"
@@ -237,9 +237,9 @@ def test_the_quickstarts_engines_started_cold_at_once_answer_as_when_alone(
     import torch
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    import serving.transformers_engine as engine_module
-    from configs import CONFIG_DIR
-    from serving.transformers_engine import TransformersEngine
+    import cts.serving.transformers_engine as engine_module
+    from cts.configs import CONFIG_DIR
+    from cts.serving.transformers_engine import TransformersEngine
 
     inside, most, lock, hold = [0], [0], threading.Lock(), threading.Event()
 
@@ -317,8 +317,8 @@ def watched():
     with real():
         yield
 torch.compiler._compile_session_context = watched
-from serving.transformers_engine import TransformersEngine
-from serving.types import ChatRequest, ChoiceOutput
+from cts.serving.transformers_engine import TransformersEngine
+from cts.serving.types import ChatRequest, ChoiceOutput
 engine = TransformersEngine("m", {tiny_path!r})
 yes_no = ChoiceOutput(choices=("yes", "no"))
 request = ChatRequest.of([{{"role": "user", "content": "Yes?"}}], yes_no, max_tokens=3)
@@ -340,7 +340,7 @@ def test_an_engine_that_is_dropped_is_freed_with_its_weights(tiny_path):
     import gc
     import weakref
 
-    from serving.transformers_engine import TransformersEngine
+    from cts.serving.transformers_engine import TransformersEngine
 
     engine = TransformersEngine("smollm2-135m-instruct", tiny_path, dtype="auto")
     request = ask("Yes or no?", ChoiceOutput(choices=("yes", "no")), max_tokens=3)

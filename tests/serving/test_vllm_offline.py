@@ -47,9 +47,9 @@ def test_vllm_offline_engine_answers_and_honours_constraints(tiny_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 def test_without_vllm_the_engine_says_what_to_install():
-    from serving.errors import EngineError
-    from serving.types import ChatRequest
-    from serving.vllm_offline_engine import VllmOfflineEngine
+    from cts.serving.errors import EngineError
+    from cts.serving.types import ChatRequest
+    from cts.serving.vllm_offline_engine import VllmOfflineEngine
 
     engine = VllmOfflineEngine("m", "/nowhere")
     with pytest.raises(

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from serving.openai_engine import OpenAIEngine
-from serving.outputs import validate_output
-from serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
+from cts.serving.openai_engine import OpenAIEngine
+from cts.serving.outputs import validate_output
+from cts.serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
 
 pytestmark = pytest.mark.vllm
 
@@ -103,7 +103,7 @@ def test_seeded_sampling_is_reproducible_and_stop_works(vllm_server):
 
 
 def test_wrong_model_name_is_a_clear_error(vllm_server):
-    from serving.errors import EngineError
+    from cts.serving.errors import EngineError
 
     engine = OpenAIEngine("no-such-model", vllm_server, max_retries=0)
     with pytest.raises(EngineError, match=r"refused the request: HTTP 404.*no-such-model"):

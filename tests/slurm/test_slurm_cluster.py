@@ -231,8 +231,8 @@ def test_a_requeued_task_stops_cleanly_and_resumes(tmp_path, tiny_path):
     the merge still finds every key exactly once."""
     cluster_up()
     run_dir = tmp_path / "run"
-    # The task holds after its first record (eval/run/runner.py ProgressHold) until the requeue has
-    # been sent, so the requeue comes with keys still to do however fast the machine.
+    # The task holds after its first record (cts/eval/run/runner.py ProgressHold) until the requeue
+    # has been sent, so the requeue comes with keys still to do however fast the machine.
     extra = ["conditions=[blurred, oracle]", "dataset.limit=2"]
     hold = {"CTS_HOLD_AT_RECORDS": f"1:{tmp_path}"}
     eval_job, merge_job = submit(run_dir, 1, tmp_path, extra, scripted=True, **hold)
@@ -341,7 +341,7 @@ def test_a_blur_job_blurs_in_shards_then_writes_what_one_run_writes(tmp_path):
     to an unsharded `cts data blur`; `cts slurm status` counts the rows. Scripted engines."""
     cluster_up()
     fused = tmp_path / "fused.jsonl"
-    raw = ROOT / "eval" / "sample_data" / "raw_queries.jsonl"
+    raw = ROOT / "cts" / "eval" / "sample_data" / "raw_queries.jsonl"
     home = {"CTS_HOME": str(tmp_path / "home")}
     assert cts("data", "fuse", str(raw), "--out", str(fused), scripted=True, **home).returncode == 0
     whole = tmp_path / "whole" / "blurred.jsonl"

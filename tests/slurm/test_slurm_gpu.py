@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.run.config import load_experiment
-from slurm.submit import (
+from cts.eval.run.config import load_experiment
+from cts.slurm.submit import (
     CPUS_PER_GPU,
     MEM_GB_PER_GPU,
     SlurmOptionError,

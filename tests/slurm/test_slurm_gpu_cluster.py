@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.status import job_states
+from cts.slurm.status import job_states
 from tests.slurm.test_slurm_cluster import ROOT, cluster_up, overrides, slurm_status, wait_for
 
 #: Two served models: the searcher across both of a task's GPUs (tensor parallel), the judge on

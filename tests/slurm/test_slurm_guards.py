@@ -14,16 +14,16 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.data.dataset import SAMPLE_DIR
-from eval.data.golden import GOLDEN
-from eval.data.schema import Record
-from eval.run.config import load_experiment
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore
-from slurm import submit as submit_module
-from slurm.history import submissions
-from slurm.status import JobState, shard_progress
-from slurm.submit import (
+from cts.eval.data.dataset import SAMPLE_DIR
+from cts.eval.data.golden import GOLDEN
+from cts.eval.data.schema import Record
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore
+from cts.slurm import submit as submit_module
+from cts.slurm.history import submissions
+from cts.slurm.status import JobState, shard_progress
+from cts.slurm.submit import (
     SlurmOptionError,
     SlurmOptions,
     SubmitError,

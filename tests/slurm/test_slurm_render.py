@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.run.config import load_experiment
-from slurm import submit as submit_module
-from slurm.submit import SlurmOptions, eval_job, golden_job, submit, train_job
-from train.config import load_train_config
-from train.sample import sampling_experiment
+from cts.eval.run.config import load_experiment
+from cts.slurm import submit as submit_module
+from cts.slurm.submit import SlurmOptions, eval_job, golden_job, submit, train_job
+from cts.train.config import load_train_config
+from cts.train.sample import sampling_experiment
 
 HOSTILE = 'it\'s "x" $(touch PWNED) `touch PWNED`; touch PWNED & $HOME\nline2'
 

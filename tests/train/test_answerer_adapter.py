@@ -1,6 +1,6 @@
-"""The tiny User Answerer's training data (train/answerer_data.py), its fit command (`cts train
-answerer`, train/answerer_fit.py on the fit it shares with the judge, train/lora_sft.py) and
-its model config (configs/models/smollm2-135m-answerer.yaml)."""
+"""The tiny User Answerer's training data (cts/train/answerer_data.py), its fit command (`cts train
+answerer`, cts/train/answerer_fit.py on the fit it shares with the judge, cts/train/lora_sft.py) and
+its model config (cts/configs/models/smollm2-135m-answerer.yaml)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,16 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from agents import user_answerer
-from agents.prompts import render
-from agents.types import UNKNOWN
-from configs import CONFIG_DIR
+from cts.agents import user_answerer
+from cts.agents.prompts import render
+from cts.agents.types import UNKNOWN
 from cts.cli import app
-from eval.audit.answerer_calibration import SAMPLE_ANSWERER_LABELS, read_answer_labels
-from eval.audit.calibration import labels_path
-from serving.model_config import load_model_config
-from tests.builders import assert_seeded, shipped_adapter
-from train import answerer_data, answerer_fit, judge_fit, lora_sft, rewriter_fit, searcher_fit
-from train.answerer_data import (
+from cts.configs import CONFIG_DIR
+from cts.eval.audit.answerer_calibration import SAMPLE_ANSWERER_LABELS, read_answer_labels
+from cts.eval.audit.calibration import labels_path
+from cts.serving.model_config import load_model_config
+from cts.train import answerer_data, answerer_fit, judge_fit, lora_sft, rewriter_fit, searcher_fit
+from cts.train.answerer_data import (
     UNKNOWN_QUESTIONS,
     VALUE_QUESTIONS,
     check_completion,
@@ -36,11 +35,12 @@ from train.answerer_data import (
     read_instances,
     unknown_topics,
 )
-from train.answerer_fit import AnswererFitSettings
-from train.judge_fit import JudgeFitSettings
-from train.rewriter_fit import RewriterFitSettings
-from train.searcher_fit import SearcherFitSettings
-from train.sft import sft_row, write_examples
+from cts.train.answerer_fit import AnswererFitSettings
+from cts.train.judge_fit import JudgeFitSettings
+from cts.train.rewriter_fit import RewriterFitSettings
+from cts.train.searcher_fit import SearcherFitSettings
+from cts.train.sft import sft_row, write_examples
+from tests.builders import assert_seeded, shipped_adapter
 
 ANSWERER_CONFIG = CONFIG_DIR / "models" / "smollm2-135m-answerer.yaml"
 runner = CliRunner()
@@ -216,7 +216,7 @@ def test_the_answerer_settings_share_the_judge_fit_and_keep_its_defaults():
     assert list(judge) == list(answerer)  # one settings type, one record format
     assert answerer["threads"] == 1 and answerer["batch_size"] * answerer["grad_accum"] == 8
     steps = answerer["examples"] * answerer["epochs"] / 8
-    assert steps <= 150  # ≤ 30 min at the ≤ 12 s a step measured (train/answerer_fit.py)
+    assert steps <= 150  # ≤ 30 min at the ≤ 12 s a step measured (cts/train/answerer_fit.py)
 
 
 def test_write_data_writes_the_rows_without_training(tmp_path):
@@ -242,8 +242,8 @@ def test_a_one_step_fit_writes_an_adapter_the_answerer_runs_under_its_constraint
     """Two examples, one step (about a minute on 2 cores): the adapter and its record are
     written, and the User Answerer with it answers a train question with a span or
     `unknown`."""
-    from serving.model_config import build_engine
-    from serving.types import Sampling
+    from cts.serving.model_config import build_engine
+    from cts.serving.types import Sampling
 
     settings = replace(AnswererFitSettings(), examples=2, max_steps=1)
     record = answerer_fit.ADAPTER.fit(settings, tmp_path)
@@ -281,7 +281,7 @@ def test_the_quickstart_answerer_stays_above_the_floors_of_its_one_measurement(t
 def test_every_role_adapter_has_its_command_its_model_config_and_its_shipped_adapter():
     """One list of role adapters: each is a `cts train ROLE` command whose --output defaults to
     the folder its model config serves, where the shipped adapter and its record lie."""
-    from train.adapters import ROLE_ADAPTERS
+    from cts.train.adapters import ROLE_ADAPTERS
 
     roles = ["judge", "answerer", "searcher", "rewriter", "fuser", "blurrer"]
     assert [a.role for a in ROLE_ADAPTERS] == roles

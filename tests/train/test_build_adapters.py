@@ -1,5 +1,6 @@
-"""The tiny Fuser's and Blurrer's training data (train/fuser_data.py, train/blurrer_data.py),
-their fits (`cts train fuser`, `cts train blurrer`) and model configs."""
+"""The tiny Fuser's and Blurrer's training data (cts/train/fuser_data.py,
+cts/train/blurrer_data.py), their fits (`cts train fuser`, `cts train blurrer`) and model
+configs."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import json
 
 import pytest
 
-from agents.fuser import StatedConstraint, raw_list
-from agents.prompts import render
-from configs import CONFIG_DIR
-from serving.model_config import load_model_config
+from cts.agents.fuser import StatedConstraint, raw_list
+from cts.agents.prompts import render
+from cts.configs import CONFIG_DIR
+from cts.serving.model_config import load_model_config
+from cts.train import blurrer_data, blurrer_fit, fuser_data, fuser_fit
+from cts.train.answerer_data import read_instances
 from tests.builders import assert_seeded, shipped_adapter
-from train import blurrer_data, blurrer_fit, fuser_data, fuser_fit
-from train.answerer_data import read_instances
 
 
 @pytest.mark.parametrize("generate", [fuser_data.generate, blurrer_data.generate])

@@ -14,21 +14,21 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-import eval.experiment
-import train.grpo
-from agents import clarifier
-from eval.run.config import ResolvedExperiment, Role, load_experiment
-from eval.run.engines import Engines
-from serving.engine import ChatModel
-from serving.model_config import build_engine
-from serving.scripted import ScriptedEngine, fused_query, scripted_roles
-from serving.types import ChatRequest
-from serving.yaml_config import ConfigError
+import cts.eval.experiment as experiment_module
+import cts.train.grpo as grpo_module
+from cts.agents import clarifier
+from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
+from cts.eval.run.engines import Engines
+from cts.serving.engine import ChatModel
+from cts.serving.model_config import build_engine
+from cts.serving.scripted import ScriptedEngine, fused_query, scripted_roles
+from cts.serving.types import ChatRequest
+from cts.serving.yaml_config import ConfigError
+from cts.train.config import load_train_config
+from cts.train.grpo import GrpoError, downstream_models, experiment, prompt_rows
 from tests import scripted_cts
 from tests.builders import cts
 from tests.train.test_train import read_records, tiny_train_config, train_yaml
-from train.config import load_train_config
-from train.grpo import GrpoError, downstream_models, experiment, prompt_rows
 
 pytestmark = pytest.mark.usefixtures("wide_terminal")
 
@@ -82,7 +82,7 @@ def grpo_config(tmp_path: Path, **grpo: object) -> Path:
 def test_grpo_trains_on_pipeline_rewards_resumes_and_swaps_in(tmp_path, tiny_path, monkeypatch):
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(scripted_cts, "scripted_roles", answers_by_parity)
-    monkeypatch.setattr(train.grpo, "open_engines", scripted_cts.scripted_engines)
+    monkeypatch.setattr(grpo_module, "open_engines", scripted_cts.scripted_engines)
     config = grpo_config(tmp_path)
     out = tmp_path / "out" / "grpo"
 
@@ -137,7 +137,7 @@ def test_grpo_trains_on_pipeline_rewards_resumes_and_swaps_in(tmp_path, tiny_pat
         .model_for("clarifier")
         .name,
     )
-    monkeypatch.setattr(eval.experiment, "open_engines", real_clarifier)
+    monkeypatch.setattr(experiment_module, "open_engines", real_clarifier)
     run_dir = tmp_path / "run"
     ran = cts(
         "run", "--output-dir", str(run_dir), "--limit", "1",
@@ -200,7 +200,7 @@ def test_colocated_vllm_gets_a_window_sized_to_the_prompts(tmp_path, tiny_path):
     config = load_train_config(train_yaml(tmp_path, limit=3, grpo={"use_vllm": True}))
     rows, _ = prompt_rows(experiment(config))
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)
-    args = train.grpo.vllm_args(config.grpo, rows, tokenizer, {})
+    args = grpo_module.vllm_args(config.grpo, rows, tokenizer, {})
     longest = max(
         len(tokenizer(tokenizer.apply_chat_template(r["prompt"], tokenize=False,
             add_generation_prompt=True), add_special_tokens=False)["input_ids"])
@@ -211,9 +211,9 @@ def test_colocated_vllm_gets_a_window_sized_to_the_prompts(tmp_path, tiny_path):
     assert needed <= args["vllm_max_model_length"] < needed + 256
     assert args["vllm_gpu_memory_utilization"] == 0.3 and args["vllm_mode"] == "colocate"
     pinned = config.grpo.model_copy(update={"vllm_max_model_length": 8192})
-    assert train.grpo.vllm_args(pinned, rows, tokenizer, {})["vllm_max_model_length"] == 8192
+    assert grpo_module.vllm_args(pinned, rows, tokenizer, {})["vllm_max_model_length"] == 8192
     server = config.grpo.model_copy(update={"vllm_mode": "server"})
-    assert "vllm_max_model_length" not in train.grpo.vllm_args(server, rows, tokenizer, {})
+    assert "vllm_max_model_length" not in grpo_module.vllm_args(server, rows, tokenizer, {})
     shipped = load_train_config("qwen3-8b-grpo").grpo
     assert shipped.use_vllm and shipped.vllm_gpu_memory_utilization == 0.3
 
@@ -239,7 +239,7 @@ def test_grpo_with_vllm_refuses_a_vllm_trl_does_not_support(tmp_path, monkeypatc
     for found, said in ((None, "none is installed"), ("0.12.0", "it has 0.12.0")):
         monkeypatch.setattr(metadata, "version", version(found))
         with pytest.raises(GrpoError, match=rf">= 0.22, < 0.32.*{said}.*train-vllm"):
-            train.grpo.require_trl_vllm(config)
+            grpo_module.require_trl_vllm(config)
     for found in ("0.22.0", "0.31.2+cu128"):
         monkeypatch.setattr(metadata, "version", version(found))
-        train.grpo.require_trl_vllm(config)
+        grpo_module.require_trl_vllm(config)

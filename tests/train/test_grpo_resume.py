@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-import train.grpo
+import cts.train.grpo as grpo_module
+from cts.train.config import load_train_config
+from cts.train.grpo import GrpoError, PipelineReward, experiment, failure_counts, grpo, prompt_rows
 from tests import scripted_cts
 from tests.builders import cts
-from train.config import load_train_config
-from train.grpo import GrpoError, PipelineReward, experiment, failure_counts, grpo, prompt_rows
 
 pytestmark = pytest.mark.usefixtures("wide_terminal")
 
@@ -63,7 +63,7 @@ class StandInTrainer:
 def stand_in(tmp_path, monkeypatch):
     """grpo() with scripted roles and the stand-in trainer: no weights are loaded or saved."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(train.grpo, "open_engines", scripted_cts.scripted_engines)
+    monkeypatch.setattr(grpo_module, "open_engines", scripted_cts.scripted_engines)
     base = types.SimpleNamespace(chat_template_kwargs={}, revision=None, name="tiny")
     base.resolved_path = lambda: "tiny"  # type: ignore[attr-defined]
 
@@ -95,7 +95,7 @@ def stand_in(tmp_path, monkeypatch):
             "train_config": config.model_dump(mode="json"),
         },
     }.items():
-        monkeypatch.setattr(train.grpo, name, value)
+        monkeypatch.setattr(grpo_module, name, value)
     trl = types.ModuleType("trl")
     trl.GRPOConfig = lambda **kw: types.SimpleNamespace(**kw)  # type: ignore[attr-defined]
     trl.GRPOTrainer = StandInTrainer  # type: ignore[attr-defined]

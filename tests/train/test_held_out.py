@@ -11,17 +11,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import eval.experiment
+import cts.eval.experiment
 from cts.cli import app
-from eval.data.dataset import DatasetSource, load_instances
-from serving.yaml_config import ConfigError
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.serving.yaml_config import ConfigError
+from cts.train.config import load_train_config
+from cts.train.held_out import held_out_overlap, normalised
+from cts.train.loop import MAIN, Iteration, evaluation
+from cts.train.sample import sampling_experiment
 from tests.scripted_cts import scripted_engines
-from train.config import load_train_config
-from train.held_out import held_out_overlap, normalised
-from train.loop import MAIN, Iteration, evaluation
-from train.sample import sampling_experiment
 
-DEV = Path("eval/sample_data/dev.jsonl")
+DEV = Path("cts/eval/sample_data/dev.jsonl")
 
 
 def train_yaml(tmp_path: Path, **extra: object) -> Path:
@@ -52,7 +52,7 @@ def test_a_copy_of_the_evaluated_split_under_another_path_is_refused_naming_the_
     # The quickstart evaluates the sample's dev split; sampling reads the same queries from a
     # file of their own. The path check alone let this run (on scripted engines here).
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", scripted_engines)
     copy = copy_of_dev(tmp_path / "copy.jsonl")
     config = train_yaml(tmp_path, dataset=str(copy), limit=2)
     result = CliRunner().invoke(app, ["train", "sample", "-c", str(config)])
@@ -114,7 +114,7 @@ def test_the_loops_evaluation_is_checked_by_instances_too(tmp_path):
     """The loop samples on the train split; an evaluation variant that reads a copy of it
     under another path is refused, one that reads a copy of dev is not."""
     train_copy = tmp_path / "train-copy.jsonl"
-    train_copy.write_text(Path("eval/sample_data/train.jsonl").read_text())
+    train_copy.write_text(Path("cts/eval/sample_data/train.jsonl").read_text())
     for copy, refused in ((copy_of_dev(tmp_path / "dev-copy.jsonl"), False), (train_copy, True)):
         overrides = [f"dataset.path={copy}", "dataset.split=null"]
         config = load_train_config(

@@ -1,5 +1,5 @@
-"""The tiny judge's training data (train/judge_data.py) and its shipped LoRA adapter
-(configs/models/smollm2-135m-judge.yaml)."""
+"""The tiny judge's training data (cts/train/judge_data.py) and its shipped LoRA adapter
+(cts/configs/models/smollm2-135m-judge.yaml)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from agents import judge
-from configs import CONFIG_DIR
-from eval.audit.calibration import read_labels
-from serving.model_config import ModelConfig, build_engine, load_model_config
-from serving.types import Sampling
-from serving.yaml_config import ConfigError
-from tests.builders import assert_seeded
-from train import judge_data
-from train.judge_data import (
+from cts.agents import judge
+from cts.configs import CONFIG_DIR
+from cts.eval.audit.calibration import read_labels
+from cts.serving.model_config import ModelConfig, build_engine, load_model_config
+from cts.serving.types import Sampling
+from cts.serving.yaml_config import ConfigError
+from cts.train import judge_data
+from cts.train.judge_data import (
     changed_numbers,
     check_schema,
     first_part,
@@ -27,6 +26,7 @@ from train.judge_data import (
     read_instances,
     rounded_number,
 )
+from tests.builders import assert_seeded
 
 JUDGE_CONFIG = CONFIG_DIR / "models" / "smollm2-135m-judge.yaml"
 
@@ -97,14 +97,14 @@ def test_an_adapter_needs_the_transformers_engine_and_an_adapter_dir(tmp_path):
     with pytest.raises(ConfigError, match=r"no adapter_config\.json"):
         config.resolved_adapter()
     # An experiment naming it is refused when it loads, before a run directory is made.
-    from eval.run.config import load_experiment
+    from cts.eval.run.config import load_experiment
 
     with pytest.raises(ConfigError, match=r"model smollm2-135m-searcher: adapter .* no adapter_c"):
         load_experiment(None, [f"models.smollm2-135m-searcher.adapter={tmp_path}"])
 
 
 def test_the_adapter_is_part_of_the_engine_identity(tiny_path):
-    from serving.transformers_engine import TransformersEngine
+    from cts.serving.transformers_engine import TransformersEngine
 
     config = load_model_config(JUDGE_CONFIG)
     base = TransformersEngine("m", tiny_path)
@@ -158,8 +158,8 @@ def test_the_shipped_judge_tells_a_stated_answer_from_an_unrelated_one():
 
 
 def test_the_kappa_ci_resamples_answers_and_holds_the_estimate():
-    from eval.audit.agreement import cohen_kappa
-    from eval.audit.calibration import kappa_ci
+    from cts.eval.audit.agreement import cohen_kappa
+    from cts.eval.audit.calibration import kappa_ci
 
     perfect = [[("full", "full"), ("none", "none")], [("partial", "partial"), ("none", "none")]]
     assert kappa_ci(perfect) == (1.0, 1.0)

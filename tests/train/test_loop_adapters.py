@@ -13,12 +13,12 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from configs import CONFIG_DIR
 from cts.cli import app
-from serving.serve import plan_servers
-from train.config import TrainConfig, load_train_config
-from train.fit import base_model, lora_base, result_config, write_model_config
-from train.loop import LoopError, evaluation, iterations
+from cts.configs import CONFIG_DIR
+from cts.serving.serve import plan_servers
+from cts.train.config import TrainConfig, load_train_config
+from cts.train.fit import base_model, lora_base, result_config, write_model_config
+from cts.train.loop import LoopError, evaluation, iterations
 
 SERVED = "smollm2-135m-instruct-vllm"
 ADAPTERS = CONFIG_DIR / "models" / "adapters"

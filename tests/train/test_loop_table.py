@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from eval.data.dataset import load_instances
-from eval.data.schema import Record
-from eval.report.report import write_report
-from eval.report.summary import Summary
-from eval.run.config import load_experiment
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore
-from eval.score.metrics import paired_test
-from train.loop import Iteration, markdown, table
+from cts.eval.data.dataset import load_instances
+from cts.eval.data.schema import Record
+from cts.eval.report.report import write_report
+from cts.eval.report.summary import Summary
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore
+from cts.eval.score.metrics import paired_test
+from cts.train.loop import Iteration, markdown, table
 
 CONDITIONS = ["blurred", "clarify@1", "oracle"]
 FAILED = {"kind": "timeout", "stage": "search", "message": "slow"}

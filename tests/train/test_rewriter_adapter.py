@@ -1,6 +1,6 @@
-"""The tiny Rewriter's training data (train/rewriter_data.py), its fit command (`cts train
-rewriter`, train/rewriter_fit.py) and its model config
-(configs/models/smollm2-135m-rewriter.yaml)."""
+"""The tiny Rewriter's training data (cts/train/rewriter_data.py), its fit command (`cts train
+rewriter`, cts/train/rewriter_fit.py) and its model config
+(cts/configs/models/smollm2-135m-rewriter.yaml)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import json
 
 from typer.testing import CliRunner
 
-from agents.prompts import render
-from agents.types import QA, UNKNOWN, history_text
-from configs import CONFIG_DIR
-from serving.model_config import load_model_config
+from cts.agents.prompts import render
+from cts.agents.types import QA, UNKNOWN, history_text
+from cts.configs import CONFIG_DIR
+from cts.serving.model_config import load_model_config
+from cts.train import rewriter_fit
+from cts.train.answerer_data import read_instances
+from cts.train.rewriter_data import check_completion, generate, label_counts, with_answers
 from tests.builders import assert_seeded, shipped_adapter
-from train import rewriter_fit
-from train.answerer_data import read_instances
-from train.rewriter_data import check_completion, generate, label_counts, with_answers
 
 REWRITER_CONFIG = CONFIG_DIR / "models" / "smollm2-135m-rewriter.yaml"
 runner = CliRunner()

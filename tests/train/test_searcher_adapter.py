@@ -1,6 +1,7 @@
-"""The tiny searcher's training data (train/searcher_data.py), its fit command (`cts train
-searcher`, train/searcher_fit.py on the fit the judge and User Answerer share) and its model
-config (configs/models/smollm2-135m-searcher.yaml), which runs without the protocol's grammar."""
+"""The tiny searcher's training data (cts/train/searcher_data.py), its fit command (`cts train
+searcher`, cts/train/searcher_fit.py on the fit the judge and User Answerer share) and its model
+config (cts/configs/models/smollm2-135m-searcher.yaml), which runs without the protocol's
+grammar."""
 
 from __future__ import annotations
 
@@ -8,16 +9,16 @@ import json
 
 from typer.testing import CliRunner
 
-from configs import CONFIG_DIR
 from cts.cli import app
-from eval.run.config import load_experiment
-from serving.model_config import load_model_config
+from cts.configs import CONFIG_DIR
+from cts.eval.run.config import load_experiment
+from cts.serving.model_config import load_model_config
+from cts.train import searcher_data, searcher_fit
+from cts.train.searcher_data import generate, label_counts, question, read_instances, variant_counts
+from cts.webdancer.backends.local import LocalSearch
+from cts.webdancer.protocol import FinalAnswer, ToolCall, initial_messages, observation, parse_turn
+from cts.webdancer.search import render_hits
 from tests.builders import assert_seeded, shipped_adapter
-from train import searcher_data, searcher_fit
-from train.searcher_data import generate, label_counts, question, read_instances, variant_counts
-from webdancer.backends.local import LocalSearch
-from webdancer.protocol import FinalAnswer, ToolCall, initial_messages, observation, parse_turn
-from webdancer.search import render_hits
 
 SEARCHER_CONFIG = CONFIG_DIR / "models" / "smollm2-135m-searcher.yaml"
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""Clarifier fine-tuning (train/): pairs from hand-made records, config errors, and the whole
+"""Clarifier fine-tuning (cts/train/): pairs from hand-made records, config errors, and the whole
 `cts train` pipeline on the tiny real model."""
 
 from __future__ import annotations
@@ -16,28 +16,26 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-import eval.experiment
-import train.loop_runner
-from agents import clarifier
-from agents.clarifier import ClarifyingQuestion
-from agents.types import QA
-from configs import CONFIG_DIR
+import cts.eval.experiment as experiment_module
+import cts.train.loop_runner as loop_runner_module
+from cts.agents import clarifier
+from cts.agents.clarifier import ClarifyingQuestion
+from cts.agents.types import QA
 from cts.cli import app
-from eval.data.dataset import SAMPLE_DIR
-from eval.data.schema import Instance, Record
-from eval.report.summary import Comparison
-from eval.run.config import load_experiment
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore
-from serving.model_config import ModelConfig, load_model_config
-from serving.scripted import ScriptedEngine
-from serving.types import Sampling
-from serving.yaml_config import ConfigError
-from tests.builders import cts
-from tests.scripted_cts import scripted_engines
-from train.config import RewardSettings, TrainConfig, load_train_config
-from train.fit import fine_tuned_config
-from train.loop import (
+from cts.configs import CONFIG_DIR
+from cts.eval.data.dataset import SAMPLE_DIR
+from cts.eval.data.schema import Instance, Record
+from cts.eval.report.summary import Comparison
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore
+from cts.serving.model_config import ModelConfig, load_model_config
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import Sampling
+from cts.serving.yaml_config import ConfigError
+from cts.train.config import RewardSettings, TrainConfig, load_train_config
+from cts.train.fit import fine_tuned_config
+from cts.train.loop import (
     LoopError,
     _delta,
     _spent,
@@ -47,7 +45,7 @@ from train.loop import (
     loop_steps,
     variants,
 )
-from train.pairs import (
+from cts.train.pairs import (
     candidate_row,
     collect,
     dpo_pairs,
@@ -59,7 +57,9 @@ from train.pairs import (
     sft_row,
     stats,
 )
-from train.sample import sampling_experiment
+from cts.train.sample import sampling_experiment
+from tests.builders import cts
+from tests.scripted_cts import scripted_engines
 
 runner = CliRunner()
 
@@ -786,7 +786,7 @@ def tiny_train_config(tmp_path: Path, llm_calls: int = 1, **extra: object) -> Pa
 
 
 async def ask_with(model_config: Path) -> str:
-    from serving.model_config import build_engine
+    from cts.serving.model_config import build_engine
 
     engine = build_engine(load_model_config(model_config))
     try:
@@ -891,7 +891,7 @@ def test_train_loop_continues_from_each_fit_and_resumes(tmp_path, tiny_path, mon
     the base and the one before; a rerun does nothing again."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(experiment_module, "open_engines", scripted_engines)
     config = tiny_train_config(
         tmp_path,
         llm_calls=2,  # the scripted searcher searches, then answers
@@ -1003,7 +1003,7 @@ def test_loop_plans_iterations_on_the_previous_checkpoint_and_refuses_bad_setups
 def test_iteration_0_evaluates_the_clarifier_the_loop_trains_from(tmp_path):
     """A clarifier set in `experiment_overrides` (sampling only) is the loop's base: iteration
     0 evaluates it, not the experiment's own, or "Δ vs base" would compare two models."""
-    from train.fit import base_model
+    from cts.train.fit import base_model
 
     served = "smollm2-135m-instruct-vllm"
     config = load_train_config(
@@ -1060,7 +1060,7 @@ def test_loop_counts_each_model_call_once():
 
 
 def leave_a_fit(config: TrainConfig, metrics: dict[str, Any] | None = None) -> None:
-    """A stand-in for `train.fit.fit`: what a fit leaves, the clarifier's model config (the
+    """A stand-in for `cts.train.fit.fit`: what a fit leaves, the clarifier's model config (the
     tiny model's, under the iteration's name) and train_metrics.json."""
     model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
     out = config.resolved_output_dir()
@@ -1078,7 +1078,7 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
     from the fit. Runs on scripted engines; the fit is a stand-in writing what a fit leaves."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(experiment_module, "open_engines", scripted_engines)
     fits: list[str] = []
 
     def fit(config):
@@ -1087,7 +1087,7 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
             raise Killed
         leave_a_fit(config)
 
-    monkeypatch.setattr(train.loop_runner, "fit", fit)
+    monkeypatch.setattr(loop_runner_module, "fit", fit)
     config = tiny_train_config(
         tmp_path,
         llm_calls=2,
@@ -1112,12 +1112,12 @@ def test_a_loop_killed_between_steps_resumes_without_repeating_them(tmp_path, mo
 
 
 def test_the_loop_runs_from_python_step_by_step(tmp_path, monkeypatch):
-    """`train.loop_runner.run_loop` (what `cts train loop` prints): every step of the one list
+    """`loop_runner_module.run_loop` (what `cts train loop` prints): every step of the one list
     in order, each with what it did; on scripted engines, the fit a stand-in."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(experiment_module, "open_engines", scripted_engines)
 
-    monkeypatch.setattr(train.loop_runner, "fit", leave_a_fit)
+    monkeypatch.setattr(loop_runner_module, "fit", leave_a_fit)
     config = load_train_config(
         tiny_train_config(
             tmp_path,
@@ -1126,7 +1126,7 @@ def test_the_loop_runs_from_python_step_by_step(tmp_path, monkeypatch):
         )
     )
     lines: list[str] = []
-    done = list(train.loop_runner.run_loop(config, 1, show_progress=False, notify=lines.append))
+    done = list(loop_runner_module.run_loop(config, 1, show_progress=False, notify=lines.append))
     assert [(d.step.name, d.step.iteration.index) for d in done] == [
         ("eval", 0), ("table", 0), ("sample", 1), ("fit", 1), ("eval", 1), ("table", 1),
     ]  # fmt: skip
@@ -1137,20 +1137,22 @@ def test_the_loop_runs_from_python_step_by_step(tmp_path, monkeypatch):
     assert main.variant == "main" and main.json.is_file() and main.report_html.is_file()
     assert lines[0].startswith("iteration 0: evaluating ")
     assert any(line.startswith("sampling ") for line in lines)
-    again = list(train.loop_runner.run_loop(config, 1, show_progress=False))
+    again = list(loop_runner_module.run_loop(config, 1, show_progress=False))
     assert [d.records_written for d in again] == [0] * 6  # resumed: nothing runs again
     assert again[3].fitted_before == tmp_path / "out" / "iter-1" / "clarifier.yaml"
 
 
 def test_the_sampling_run_says_what_cts_run_would_note_before_its_first_key(tmp_path, monkeypatch):
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(experiment_module, "open_engines", scripted_engines)
     path = tiny_train_config(tmp_path)
     document = yaml.safe_load(path.read_text())
     document["experiment_overrides"].append("roles.judge.sampling.temperature=0.7")
     path.write_text(yaml.safe_dump(document))
     lines: list[str] = []
-    train.loop_runner.sample(load_train_config(str(path)), show_progress=False, notify=lines.append)
+    loop_runner_module.sample(
+        load_train_config(str(path)), show_progress=False, notify=lines.append
+    )
     assert "note: roles.judge.sampling.temperature=0.7 is not used" in "\n".join(lines)
 
 
@@ -1163,14 +1165,14 @@ def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
     refitted. What no fit depends on (logging, the loop's evaluation settings) may change."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(experiment_module, "open_engines", scripted_engines)
     fits: list[str] = []
 
     def fit(config):  # the configuration included, as the real fit records it
         fits.append(config.name)
         leave_a_fit(config, {"train_config": config.model_dump(mode="json")})
 
-    monkeypatch.setattr(train.loop_runner, "fit", fit)
+    monkeypatch.setattr(loop_runner_module, "fit", fit)
     config = tiny_train_config(
         tmp_path,
         llm_calls=2,
@@ -1196,7 +1198,7 @@ def test_a_loop_resumed_with_another_fit_configuration_is_refused_with_the_diff(
 def test_a_fine_tune_of_a_fine_tune_is_named_after_its_base_model(tmp_path):
     """Iteration 2 of a loop trains on iteration 1's clarifier.yaml: the new model's name
     starts with the served name inside that file (path-safe), not the file's stem."""
-    from train.fit import base_model
+    from cts.train.fit import base_model
 
     model = yaml.safe_load((CONFIG_DIR / "models" / "smollm2-135m-instruct.yaml").read_text())
     first = tmp_path / "clarifier.yaml"

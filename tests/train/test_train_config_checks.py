@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from eval.data.dataset import SAMPLE_DIR, load_instances
-from serving.yaml_config import ConfigError
-from train.config import load_train_config
-from train.loop import MAIN, evaluation, iterations
-from train.sample import sampling_experiment
+from cts.eval.data.dataset import SAMPLE_DIR, load_instances
+from cts.serving.yaml_config import ConfigError
+from cts.train.config import load_train_config
+from cts.train.loop import MAIN, evaluation, iterations
+from cts.train.sample import sampling_experiment
 
 HEAD = "name: t\nexperiment: quickstart\nsplit: train\nlimit: 2\n"
 

@@ -8,16 +8,16 @@ import sqlite3
 
 import pytest
 
-from eval.data.dataset import DatasetSource, corpus_path, load_corpus, load_instances
-from serving.errors import EngineError
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, Sampling
-from webdancer.agent import FINAL_REGEX, AgentBudget, WebDancerAgent, searcher_sampling
-from webdancer.backends.local import LocalSearch
-from webdancer.protocol import BAD_SEARCH, FORCE_ANSWER, INVALID_TOOL_CALL
-from webdancer.tool_cache import ToolCache
-from webdancer.tools import Tools
-from webdancer.visit import LocalPages, Visitor
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_corpus, load_instances
+from cts.serving.errors import EngineError
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, Sampling
+from cts.webdancer.agent import FINAL_REGEX, AgentBudget, WebDancerAgent, searcher_sampling
+from cts.webdancer.backends.local import LocalSearch
+from cts.webdancer.protocol import BAD_SEARCH, FORCE_ANSWER, INVALID_TOOL_CALL
+from cts.webdancer.tool_cache import ToolCache
+from cts.webdancer.tools import Tools
+from cts.webdancer.visit import LocalPages, Visitor
 
 
 def search_call(*queries: str) -> str:
@@ -209,9 +209,9 @@ def test_tool_cache_replays_identically_and_offline_miss_is_clear(local_search, 
 def test_the_agent_of_an_experiment_closes_the_tool_cache_it_opened(tmp_path):
     """`open_agent` opens the tool cache, so it closes it when the block ends, also when the
     block fails (an interrupted run); what was written stays for the next run."""
-    from eval.run.config import load_experiment
-    from eval.run.engines import Engines
-    from eval.run.search_agent import open_agent
+    from cts.eval.run.config import load_experiment
+    from cts.eval.run.engines import Engines
+    from cts.eval.run.search_agent import open_agent
 
     path = tmp_path / "tools.sqlite"
     resolved = load_experiment(None, [f"search.tool_cache={path}"])

@@ -16,14 +16,14 @@ from typing import ClassVar
 
 import pytest
 
-from serving.engine import ChatModel, EngineStats
-from serving.errors import ContextLengthExceeded
-from serving.openai_engine import OpenAIEngine, context_length_error
-from serving.types import ChatRequest, ChatResponse, PromptCount, Sampling
+from cts.serving.engine import ChatModel, EngineStats
+from cts.serving.errors import ContextLengthExceeded
+from cts.serving.openai_engine import OpenAIEngine, context_length_error
+from cts.serving.types import ChatRequest, ChatResponse, PromptCount, Sampling
+from cts.webdancer.agent import MAX_OVERFLOWS, AgentBudget, WebDancerAgent, searcher_sampling
+from cts.webdancer.protocol import FORCE_ANSWER, observation
+from cts.webdancer.tools import ToolResult
 from tests.fault_helpers import QuietHandler, loopback_server
-from webdancer.agent import MAX_OVERFLOWS, AgentBudget, WebDancerAgent, searcher_sampling
-from webdancer.protocol import FORCE_ANSWER, observation
-from webdancer.tools import ToolResult
 
 WINDOW = 2048  # the vllm_server fixture's --max-model-len
 #: A Chinese search result, as a Chinese query brings back (the tiny model's tokenizer takes

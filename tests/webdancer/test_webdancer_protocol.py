@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from webdancer.protocol import (
+from cts.webdancer.protocol import (
     BAD_SEARCH,
     BAD_VISIT,
     INVALID_TOOL_CALL,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from eval.run.config import load_experiment
-from serving.openai_engine import OpenAIEngine
-from serving.types import ChatRequest, Sampling
+from cts.eval.run.config import load_experiment
+from cts.serving.openai_engine import OpenAIEngine
+from cts.serving.types import ChatRequest, Sampling
 
 
 def test_the_searcher_sends_the_releases_top_k_and_max_tokens():

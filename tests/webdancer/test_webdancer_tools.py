@@ -9,18 +9,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from eval.data.dataset import corpus_path
-from serving.scripted import ScriptedEngine
-from serving.types import Sampling
-from tests.fault_helpers import QuietHandler, corpus_rows, loopback_server, write_jsonl
-from webdancer.backends.local import LocalSearch, tokenize
-from webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
-from webdancer.corpus import CorpusDocument
-from webdancer.protocol import ToolCall
-from webdancer.search import QUERY_SEPARATOR, SearchHit, batched_search, render_hits
-from webdancer.ssrf import BlockedURL, check_url
-from webdancer.tools import Tools
-from webdancer.visit import (
+from cts.eval.data.dataset import corpus_path
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import Sampling
+from cts.webdancer.backends.local import LocalSearch, tokenize
+from cts.webdancer.backends.web_search import RetrievalServerSearch, SearxngSearch, SerperSearch
+from cts.webdancer.corpus import CorpusDocument
+from cts.webdancer.protocol import ToolCall
+from cts.webdancer.search import QUERY_SEPARATOR, SearchHit, batched_search, render_hits
+from cts.webdancer.ssrf import BlockedURL, check_url
+from cts.webdancer.tools import Tools
+from cts.webdancer.visit import (
     EVIDENCE_MAX_CHARS,
     SUMMARIZER_SAMPLING,
     SUMMARY_MAX_CHARS,
@@ -29,6 +28,7 @@ from webdancer.visit import (
     Visitor,
     truncate_tokens,
 )
+from tests.fault_helpers import QuietHandler, corpus_rows, loopback_server, write_jsonl
 
 # -- rendering -----------------------------------------------------------------------------------
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import eval.audit.answerer_calibration
-from agents.user_answerer import is_span
+import cts.eval.audit.answerer_calibration
+from cts.agents.user_answerer import is_span
 from cts.cli import app
-from eval.audit.agreement import Rate
-from eval.audit.answerer_calibration import (
+from cts.eval.audit.agreement import Rate
+from cts.eval.audit.answerer_calibration import (
     SAMPLE_ANSWERER_LABELS,
     AnswerCall,
     AnswererCalibration,
@@ -35,12 +35,12 @@ from eval.audit.answerer_calibration import (
     read_answer_labels,
     score,
 )
-from eval.data.schema import CONSTRAINT_TYPES, Instance
-from eval.run.config import AnswerSpan, ClarificationConfig
-from eval.run.dialogue import Clarification
-from serving.errors import EngineError
-from serving.scripted import ScriptedEngine, fused_query
-from serving.types import ChatRequest, Sampling
+from cts.eval.data.schema import CONSTRAINT_TYPES, Instance
+from cts.eval.run.config import AnswerSpan, ClarificationConfig
+from cts.eval.run.dialogue import Clarification
+from cts.serving.errors import EngineError
+from cts.serving.scripted import ScriptedEngine, fused_query
+from cts.serving.types import ChatRequest, Sampling
 from tests.builders import (
     assert_refuses_missing_and_empty,
     calibrate_cli,
@@ -176,7 +176,7 @@ def test_the_figures_per_language_and_constraint_type():
     assert (kinds["time"].exact, kinds["time"].over_disclosure) == (Rate(2, 1), Rate(2, 1))
     # The cases: every answer not exact, or disclosing (r2 r3 r4 r6 r8).
     assert [v.id for v in result.cases] == ["r2", "r3", "r4", "r6", "r8"]
-    text = eval.audit.answerer_calibration.render(result)
+    text = cts.eval.audit.answerer_calibration.render(result)
     assert "| over-disclosure (a value answer giving a value not asked for) | 40.0% (2) | 5 |" in (
         text
     )
@@ -281,7 +281,7 @@ def test_spans_change_the_figures_only_where_recorded(tmp_path):
     assert [v.id for v in result.cases] == ["s1", "s3"]  # s2 is exact and tells nothing more
     document = json.loads(json.dumps(result.as_dict()))
     assert document["verdicts"][0]["revealed"] == ["overnight"]
-    text = eval.audit.answerer_calibration.render(result)
+    text = cts.eval.audit.answerer_calibration.render(result)
     assert "answered `overnight tourist tax for hotel stays`; reveals removed `overnight`" in text
     # The hand table again, every row recording its instance's types only: the same figures.
     typed = AnswerLabelSet(
@@ -418,7 +418,7 @@ def test_a_failed_call_is_left_out_and_listed(small):
     result = run(script, read_answer_labels(small))
     assert result.figures.n == 5 and result.figures.false_answer == Rate(1, 0)
     assert "boom" in result.failed["c"]
-    assert "- c: EngineError: boom" in eval.audit.answerer_calibration.render(result)
+    assert "- c: EngineError: boom" in cts.eval.audit.answerer_calibration.render(result)
     # An answer outside the fused query (the span re-check) is a failure, not a figure.
     result = run(lambda request: "Paris", read_answer_labels(small))
     assert result.figures.n == 0 and len(result.failed) == 6
@@ -468,7 +468,7 @@ def _instances() -> dict[str, dict[str, Any]]:
     return sample_instances(SAMPLE_ANSWERER_LABELS)
 
 
-# Counted once from eval/sample_data/answerer_labels.jsonl (the README and answerer_labels.md
+# Counted once from cts/eval/sample_data/answerer_labels.jsonl (the README and answerer_labels.md
 # quote them): a changed file must change this line first.
 SHIPPED = {("en", "value"): 87, ("en", "unknown"): 50, ("zh", "value"): 19, ("zh", "unknown"): 14}
 
@@ -516,10 +516,10 @@ def test_the_shipped_set_covers_both_languages_every_type_and_absent_attributes(
 
 
 def test_the_shipped_set_and_its_rules_are_installed_with_the_package():
-    # The `eval = [...]` line of [tool.setuptools.package-data] (no tomllib on Python 3.10).
+    # The `"cts.eval" = [...]` line of [tool.setuptools.package-data] (no tomllib on 3.10).
     pyproject = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text()
     data = pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
-    globs = json.loads(re.search(r"^eval = (\[.*\])$", data, re.M).group(1))  # type: ignore[union-attr]
+    globs = json.loads(re.search(r"^\"cts.eval\" = (\[.*\])$", data, re.M).group(1))  # type: ignore[union-attr]
     for name in ("answerer_labels.jsonl", "answerer_labels.md"):
         assert (SAMPLE_ANSWERER_LABELS.parent / name).is_file()
         assert any(fnmatch.fnmatch(f"sample_data/{name}", glob) for glob in globs), name
@@ -594,7 +594,7 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
 def _scripted_answerer(monkeypatch, script: Callable[[ChatRequest], str]) -> dict[str, object]:
     """`cts answerer calibrate`'s engines replaced by a scripted answerer; what it was opened
     with."""
-    return scripted_role(monkeypatch, eval.audit.answerer_calibration, "user_answerer", script)
+    return scripted_role(monkeypatch, cts.eval.audit.answerer_calibration, "user_answerer", script)
 
 
 def test_cts_answerer_calibrate_end_to_end(tmp_path, monkeypatch, small):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import eval.audit.golden_audit
-from agents.grounding import grounding_schema
-from eval.audit.golden_audit import (
+import cts.eval.audit.golden_audit as golden_audit_module
+from cts.agents.grounding import grounding_schema
+from cts.eval.audit.golden_audit import (
     Citations,
     check_nuggets,
     citations_for,
@@ -28,16 +28,16 @@ from eval.audit.golden_audit import (
     terms,
     trace_texts,
 )
-from eval.data.golden import GOLDEN, golden_dataset
-from eval.data.schema import Instance
-from eval.run.config import ResolvedExperiment, Role
-from eval.run.engines import Engines
-from eval.run.pipeline import run_instance
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, Sampling
+from cts.eval.data.golden import GOLDEN, golden_dataset
+from cts.eval.data.schema import Instance
+from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.engines import Engines
+from cts.eval.run.pipeline import run_instance
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, Sampling
+from cts.webdancer.backends.local import LocalSearch
 from tests.builders import cts
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
 
 pytestmark = pytest.mark.usefixtures("wide_terminal")
 
@@ -453,7 +453,7 @@ def test_cli_judges_with_the_experiments_judge_model(tmp_path, corpus, monkeypat
         assert roles == ["judge"]
         yield Engines({"judge": engine}, {"judge": engine}, None)
 
-    monkeypatch.setattr(eval.audit.golden_audit, "open_engines", engines)
+    monkeypatch.setattr(golden_audit_module, "open_engines", engines)
     data = write_jsonl(tmp_path / "clean.jsonl", clean_rows())
     out = tmp_path / "a"
     args = ["golden", "audit", str(data), "--corpus", str(corpus), "--out", str(out)]
@@ -478,7 +478,7 @@ def test_cli_refuses_a_judge_that_answers_no_chat_request(tmp_path, corpus, monk
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("no engine may be opened")
 
-    monkeypatch.setattr(eval.audit.golden_audit, "open_engines", never)
+    monkeypatch.setattr(golden_audit_module, "open_engines", never)
     data = write_jsonl(tmp_path / "clean.jsonl", clean_rows())
     out = tmp_path / "a"
     args = ["golden", "audit", str(data), "--corpus", str(corpus), "--out", str(out)]
@@ -534,7 +534,7 @@ def test_trace_texts_take_each_hit_and_each_page():
 
 
 def test_a_golden_folder_resolves_citations_through_its_traces(tmp_path):
-    from eval.data.dataset import DatasetSource, corpus_path, load_instances
+    from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
 
     search = LocalSearch(corpus_path("sample"), tmp_path / "index")
     run = tmp_path / "golden"

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.audit.agreement import (
+from cts.eval.audit.agreement import (
     STRICT_LABELS,
     Judgement,
     agreement,
@@ -28,10 +28,10 @@ from eval.audit.agreement import (
     strict,
     systems_of,
 )
-from eval.data.schema import Record
-from eval.run.runner import RecordStore
-from eval.score.power import mde
-from serving.scripted import scripted_roles
+from cts.eval.data.schema import Record
+from cts.eval.run.runner import RecordStore
+from cts.eval.score.power import mde
+from cts.serving.scripted import scripted_roles
 from tests.eval.test_rejudge import NEW_JUDGE, make_source, rejudge
 
 # A 3×3 table of 14 nugget labels (rows: judge A, columns: judge B):

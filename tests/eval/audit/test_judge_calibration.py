@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 from typer.testing import CliRunner
 
-import eval.audit.calibration
+import cts.eval.audit.calibration
 from cts.cli import app
-from eval.audit.calibration import (
+from cts.eval.audit.calibration import (
     LABELS,
     SAMPLE_LABELS,
     Calibration,
@@ -26,10 +26,10 @@ from eval.audit.calibration import (
     length_quartiles,
     read_labels,
 )
-from eval.run.config import JudgeConfig
-from serving.errors import EngineError
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, Sampling
+from cts.eval.run.config import JudgeConfig
+from cts.serving.errors import EngineError
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, Sampling
 from tests.builders import (
     assert_refuses_missing_and_empty,
     calibrate_cli,
@@ -63,7 +63,7 @@ def test_agreement_on_a_small_table():
 
 # -- the shipped labelled set -----------------------------------------------------------------
 
-# Counted once by hand from eval/sample_data/judge_labels.jsonl; the κ below are worked out
+# Counted once by hand from cts/eval/sample_data/judge_labels.jsonl; the κ below are worked out
 # from them, so a changed file must change this line (and the arithmetic) first.
 SHIPPED = {"full": 55, "partial": 26, "none": 37}
 
@@ -245,12 +245,12 @@ def test_a_failed_judge_call_is_left_out_and_listed(shipped):
     finished: list[bool] = []
     result = asyncio.run(calibrate(call, shipped, options.batch_size, done=finished.append))
     # Every answer of the three passes reported done, the broken one failed in each pass.
-    assert (len(finished), sum(finished)) == (eval.audit.calibration.judged_batches(shipped), 3)
+    assert (len(finished), sum(finished)) == (cts.eval.audit.calibration.judged_batches(shipped), 3)
     lost = len(broken.nuggets)
     assert result.agreement.n == result.rerun.n == result.order_flip.n == 118 - lost
     assert set(result.failed) == {"listed", "shuffled", "rerun"}
     assert "invalid JSON" in result.failed["listed"][broken.group]
-    text = eval.audit.calibration.render(result)
+    text = cts.eval.audit.calibration.render(result)
     assert f"- {broken.group}: " in text
 
 
@@ -279,7 +279,7 @@ def test_an_unexpected_error_on_one_answer_is_listed_against_its_rows_not_fatal(
     assert set(result.failed) == {"listed", "shuffled", "rerun"}
     why = result.failed["listed"]["bad"]
     assert why.startswith("lines 1, 2: unexpected error (a bug in the judge?) ValueError: ")
-    text = eval.audit.calibration.render(result)
+    text = cts.eval.audit.calibration.render(result)
     assert "1 answer(s) failed in the listed pass" in text and "- bad: lines 1, 2:" in text
 
 
@@ -333,7 +333,7 @@ def test_every_bad_row_is_named_with_file_line_and_field(tmp_path):
 
 def _scripted_judge(monkeypatch, script) -> dict[str, object]:
     """`cts judge calibrate`'s engines replaced by a scripted judge; what it was opened with."""
-    return scripted_role(monkeypatch, eval.audit.calibration, "judge", script)
+    return scripted_role(monkeypatch, cts.eval.audit.calibration, "judge", script)
 
 
 def test_cts_judge_calibrate_end_to_end(tmp_path, monkeypatch, shipped):

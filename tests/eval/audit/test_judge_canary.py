@@ -13,15 +13,15 @@ from collections import Counter
 
 import pytest
 
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.data.schema import Canary, Record
-from eval.report.diagnostics import judge_labels, paired_instances, score_records, summarize
-from eval.report.report import warnings
-from eval.run.config import JudgeCanary, JudgeConfig
-from eval.run.pipeline import canary_drawn, run_instance
-from serving.types import ChatRequest
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.schema import Canary, Record
+from cts.eval.report.diagnostics import judge_labels, paired_instances, score_records, summarize
+from cts.eval.report.report import warnings
+from cts.eval.run.config import JudgeCanary, JudgeConfig
+from cts.eval.run.pipeline import canary_drawn, run_instance
+from cts.serving.types import ChatRequest
+from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
 
 CONDITIONS = ["blurred", "clarify@1", "oracle"]
 
@@ -42,7 +42,7 @@ def two_languages():
 
 
 def judged(request: ChatRequest) -> tuple[str, dict[str, str]]:
-    """The answer and the nuggets (id → text) of a judge prompt (agents/prompts/judge.yaml)."""
+    """The answer and the nuggets (id → text) of a judge prompt (cts/agents/prompts/judge.yaml)."""
     user = request.messages[1].content
     found = re.search(r"(?:Answer:|回答：)\n(.*)\n\n(?:Nuggets:|要点：)\n(.*)", user, re.S)
     assert found, user
@@ -252,8 +252,8 @@ def test_a_run_reports_its_canary_and_a_rejudge_runs_its_own(tmp_path, monkeypat
     """`cts run` then `cts rejudge` (scripted roles behind the real cache): the run's judge
     labels by position whatever the answer, and its report warns; the rejudge draws the same
     records, replaces their canary with its own judge's, and its report is silent on it."""
-    from eval.run.run_dir import RunDir
-    from eval.run.runner import RecordStore
+    from cts.eval.run.run_dir import RunDir
+    from cts.eval.run.runner import RecordStore
     from tests.eval.test_rejudge import make_source, rejudge
 
     # The restated question as the canary's answer: another instance's nuggets would hold the

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-import eval.run.engines
-from eval.run.config import load_experiment
-from eval.run.engines import open_engines
-from eval.run.runner import RecordStore
-from serving.batching import BatchingEngine, Unbatched
-from serving.cache import CachedEngine, ResponseCache
-from serving.errors import EngineError
-from serving.types import ChatRequest, ChatResponse, Usage
-from serving.yaml_config import ConfigError
+import cts.eval.run.engines
+from cts.eval.run.config import load_experiment
+from cts.eval.run.engines import open_engines
+from cts.eval.run.runner import RecordStore
+from cts.serving.batching import BatchingEngine, Unbatched
+from cts.serving.cache import CachedEngine, ResponseCache
+from cts.serving.errors import EngineError
+from cts.serving.types import ChatRequest, ChatResponse, Usage
+from cts.serving.yaml_config import ConfigError
 
 
 class Recording(BatchingEngine):
@@ -66,7 +66,7 @@ def test_only_the_judge_gets_the_unbatched_view_under_its_own_cache_identity(tmp
         built.append(Recording())
         return CachedEngine(built[-1], cache) if cache is not None else built[-1]
 
-    monkeypatch.setattr(eval.run.engines, "build_engine", build_engine)
+    monkeypatch.setattr(cts.eval.run.engines, "build_engine", build_engine)
     resolved = load_experiment(
         None,
         [
@@ -121,12 +121,12 @@ def test_a_deterministic_judge_gives_the_same_labels_however_it_is_batched(
     once and batches of up to eight. Under judge.deterministic their labels, and the evidence
     quotes the judge wrote before each (which batching moves even where the tiny judge's
     labels stay `none`: bench/RESULTS.md), are the same."""
-    import eval.rejudge
-    from eval.rejudge import rejudge_experiment, rejudge_run
+    import cts.eval.rejudge
+    from cts.eval.rejudge import rejudge_experiment, rejudge_run
     from tests.eval.test_rejudge import make_source
 
     source = make_source(tmp_path, monkeypatch, "dataset.limit=2", "conditions=[blurred, oracle]")
-    monkeypatch.setattr(eval.rejudge, "open_engines", open_engines)  # the real engines
+    monkeypatch.setattr(cts.eval.rejudge, "open_engines", open_engines)  # the real engines
     model = "models.smollm2-135m-instruct"
     labels = []
     for name, concurrency, batch in (("one", 1, 1), ("four", 4, 8)):

@@ -13,14 +13,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.audit.agreement import agreement, compare, movement, pair
-from eval.experiment import run_experiment
-from eval.run.fingerprint import judge_setup
-from eval.run.run_dir import RunDir
-from eval.run.runner import RecordStore
-from eval.score.metrics import ratio_ci
-from serving.scripted import scripted_roles
-from serving.types import ChatRequest
+from cts.eval.audit.agreement import agreement, compare, movement, pair
+from cts.eval.experiment import run_experiment
+from cts.eval.run.fingerprint import judge_setup
+from cts.eval.run.run_dir import RunDir
+from cts.eval.run.runner import RecordStore
+from cts.eval.score.metrics import ratio_ci
+from cts.serving.scripted import scripted_roles
+from cts.serving.types import ChatRequest
 from tests.eval.audit.test_judge_agreement import judgement, record
 from tests.eval.test_rejudge import NEW_JUDGE, make_source, rejudge
 
@@ -276,20 +276,20 @@ def test_a_rejudge_by_the_same_judge_says_it_is_its_noise_floor(tmp_path, monkey
 def test_a_same_judge_rejudge_after_another_roles_prompt_is_edited_is_its_noise_floor(
     tmp_path, monkeypatch
 ):
-    import eval.run.fingerprint
+    import cts.eval.run.fingerprint
 
     source = make_source(tmp_path, monkeypatch, "judge.canary.enabled=false")
-    shipped = eval.run.fingerprint._prompt_files()
+    shipped = cts.eval.run.fingerprint._prompt_files()
 
     def clarifier_edited() -> list[tuple[str, bytes]]:
         return [(n, t + b"# edited" if n == "agents/clarifier.yaml" else t) for n, t in shipped]
 
-    monkeypatch.setattr(eval.run.fingerprint, "_prompt_files", clarifier_edited)
+    monkeypatch.setattr(cts.eval.run.fingerprint, "_prompt_files", clarifier_edited)
     again, _, _ = rejudge(source, tmp_path / "again", monkeypatch, [], judge=rereading_judge)
     assert again.against_source is not None and again.against_source.same_judge
     # The judge's own prompt edited: another judge.
     monkeypatch.setattr(
-        eval.run.fingerprint,
+        cts.eval.run.fingerprint,
         "_prompt_files",
         lambda: [(n, t + b"# edited" if n == "agents/judge.yaml" else t) for n, t in shipped],
     )
@@ -298,13 +298,13 @@ def test_a_same_judge_rejudge_after_another_roles_prompt_is_edited_is_its_noise_
 
 
 def test_cts_rejudge_prints_the_movement_against_its_source(tmp_path, monkeypatch):
-    import eval.rejudge
+    import cts.eval.rejudge
     from tests.eval.test_rejudge import engines_of
 
     source = make_source(tmp_path, monkeypatch)
     roles = scripted_roles()
     roles["judge"].script = rereading_judge
-    monkeypatch.setattr(eval.rejudge, "open_engines", engines_of(roles))
+    monkeypatch.setattr(cts.eval.rejudge, "open_engines", engines_of(roles))
     same = CliRunner().invoke(app, ["rejudge", str(source), "--output-dir", str(tmp_path / "s")])
     assert same.exit_code == 0, same.output
     text = " ".join(same.output.split())

@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents import judge
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.data.schema import Instance, Nugget
-from eval.run.config import JudgeConfig, load_experiment
-from eval.run.fingerprint import changes, results_view
-from eval.run.pipeline import PipelineContext, _judge, judge_order, run_instance
-from eval.run.run_dir import RunDir
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, Sampling
-from serving.yaml_config import ConfigError
+from cts.agents import judge
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.schema import Instance, Nugget
+from cts.eval.run.config import JudgeConfig, load_experiment
+from cts.eval.run.fingerprint import changes, results_view
+from cts.eval.run.pipeline import PipelineContext, _judge, judge_order, run_instance
+from cts.eval.run.run_dir import RunDir
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, Sampling
+from cts.serving.yaml_config import ConfigError
+from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -16,8 +16,8 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.audit.golden_audit import load_audit_dataset
-from eval.audit.nuggetizer import (
+from cts.eval.audit.golden_audit import load_audit_dataset
+from cts.eval.audit.nuggetizer import (
     NuggetizerError,
     assignment_rows,
     export_assignments,
@@ -30,12 +30,12 @@ from eval.audit.nuggetizer import (
     response_length,
     write_jsonl,
 )
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Instance, Record
-from eval.run.config import load_experiment
-from eval.run.fingerprint import fingerprint
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Instance, Record
+from cts.eval.run.config import load_experiment
+from cts.eval.run.fingerprint import fingerprint
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore
 
 runner = CliRunner()
 DEFAULT = parse_weight_map()

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eval.data.data_stats import dataset_stats
-from eval.data.schema import CONSTRAINT_TYPES, Instance
+from cts.eval.data.data_stats import dataset_stats
+from cts.eval.data.schema import CONSTRAINT_TYPES, Instance
 from tests.builders import cts
 
 

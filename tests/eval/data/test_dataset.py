@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from eval.data.dataset import (
+from cts.eval.data.dataset import (
     DatasetError,
     DatasetSource,
     GoldTable,
     check_source,
     load_instances,
 )
-from eval.data.schema import Instance
-from webdancer.corpus import check_corpus
+from cts.eval.data.schema import Instance
+from cts.webdancer.corpus import check_corpus
 
 GOOD = {
     "id": "q1",

@@ -9,14 +9,14 @@ import json
 import jsonschema
 import pytest
 
-from agents.nugget_builder import Evidence, evidence_text, nuggets_schema
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.data.golden import GOLDEN, golden_dataset, trace_evidence
-from eval.data.schema import Nugget, Record
-from eval.run.pipeline import run_instance, trace_name
+from cts.agents.nugget_builder import Evidence, evidence_text, nuggets_schema
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.golden import GOLDEN, golden_dataset, trace_evidence
+from cts.eval.data.schema import Nugget, Record
+from cts.eval.run.pipeline import run_instance, trace_name
+from cts.webdancer.backends.local import LocalSearch
+from cts.webdancer.protocol import ToolCall
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
-from webdancer.protocol import ToolCall
 
 SENTINEL = "SENTINEL-golden-4c1e"
 
@@ -206,9 +206,9 @@ def test_golden_merge_refuses_a_dataset_changed_since_the_build(tmp_path):
     """`cts golden merge` (finish_golden) pairs each record's nuggets with the dataset's
     instance of its id: a fused query edited since the build would get nuggets of the old one.
     Refused as a resumed build is, naming fingerprint.dataset; a --limit is no change."""
-    from eval.experiment import build_golden, finish_golden
-    from eval.run.config import load_experiment
-    from serving.yaml_config import ConfigError
+    from cts.eval.experiment import build_golden, finish_golden
+    from cts.eval.run.config import load_experiment
+    from cts.serving.yaml_config import ConfigError
     from tests.builders import scripted_experiment
 
     data = tmp_path / "ds.jsonl"

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.data.dataset import SAMPLE_DIR, DatasetSource, load_corpus, load_instances
-from eval.data.schema import CONSTRAINT_TYPES, Instance
+from cts.eval.data.dataset import SAMPLE_DIR, DatasetSource, load_corpus, load_instances
+from cts.eval.data.schema import CONSTRAINT_TYPES, Instance
 
 REGION_WORDS = re.compile(r"\b(in|at|near|across)\s+[A-Z]")
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import eval.experiment
-import eval.rejudge
+import cts.eval.experiment as experiment_module
+import cts.eval.rejudge as rejudge_module
 from cts.cli import app
-from eval.data.dataset import DatasetSource, load_instances
-from eval.report.comparability import differences, parts, setup_of
-from eval.run.config import load_experiment
-from eval.run.fingerprint import fingerprint
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.report.comparability import differences, parts, setup_of
+from cts.eval.run.config import load_experiment
+from cts.eval.run.fingerprint import fingerprint
 from tests.scripted_cts import scripted_engines
 
 runner = CliRunner()
@@ -36,8 +36,8 @@ def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The real command line, every role on a scripted engine behind the real caches."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
-    monkeypatch.setattr(eval.rejudge, "open_engines", scripted_engines)
+    monkeypatch.setattr(experiment_module, "open_engines", scripted_engines)
+    monkeypatch.setattr(rejudge_module, "open_engines", scripted_engines)
     return tmp_path
 
 
@@ -210,7 +210,7 @@ def test_the_code_that_makes_records_is_compared(dataset):
     "significant": all of it the judge's code. Each part of the code that makes a record is
     compared; the judge's, as a difference of judge; a run written before code digests is
     compared on the rest."""
-    from eval.report.comparability import Unlike
+    from cts.eval.report.comparability import Unlike
 
     prints = fingerprint(dataset)
     assert {"code:agents", "code:judge", "code:eval/run", "code:version"} <= set(prints)

@@ -10,9 +10,9 @@ from statistics import mean
 
 import pytest
 
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.data.schema import Record
-from eval.report.diagnostics import (
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.schema import Record
+from cts.eval.report.diagnostics import (
     clarification,
     compare_systems,
     judge_labels,
@@ -21,15 +21,15 @@ from eval.report.diagnostics import (
     score_records,
     summarize,
 )
-from eval.report.report import markdown, to_html, write_report
-from eval.run.config import load_experiment
-from eval.run.pipeline import run_instance
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore, run_keys
-from eval.score.metrics import holm, paired_test
-from serving.errors import EngineUnavailable
+from cts.eval.report.report import markdown, to_html, write_report
+from cts.eval.run.config import load_experiment
+from cts.eval.run.pipeline import run_instance
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.score.metrics import holm, paired_test
+from cts.serving.errors import EngineUnavailable
+from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
 
 CONDITIONS = ["blurred", "clarify@1", "oracle"]
 
@@ -265,7 +265,7 @@ def test_systems_are_compared_on_the_given_instances_only():
     """With `ids` (the loop table's paired instances) only those both systems scored count:
     a, b of a-d (e scored by neither): differences 10, 11, mean 10.5, n 2; the sign-flip p
     over the 4 flips of 2 instances is 2/4; without `ids` all 4: mean of 10..13, 11.5."""
-    from eval.score.power import paired_mde
+    from cts.eval.score.power import paired_mde
 
     first = [rec(i, "clarify@1", 50 + n) for n, i in enumerate("abcd")]
     second = [rec(i, "clarify@1", 40) for i in "abcd"]
@@ -441,14 +441,14 @@ def test_records_of_different_dialogues_mixed_are_warned_about():
     scored = score_records(records, ["clarify@1", "clarify@2"], [0], "exclude")
     summary = summarize(records, ["clarify@1", "clarify@2"], [0], ["a"], scored)
     assert summary["clarification"]["dialogue_mismatches"] == 1
-    from eval.report.report import warnings
+    from cts.eval.report.report import warnings
 
     assert any("records of different dialogues are mixed" in w for w in warnings("s", summary))
 
 
 def test_report_html_renders_the_markdown_it_writes_inline():
     """Lists and `code` spans as HTML, everything else escaped (a system name is text)."""
-    from eval.report.report import to_html
+    from cts.eval.report.report import to_html
 
     page = to_html("- WARNING `x<y`: a\n- b & c\n\nplain `code` <b>\n| h |\n|---|\n| `v` |", [])
     assert "<ul><li>WARNING <code>x&lt;y</code>: a</li><li>b &amp; c</li></ul>" in page
@@ -507,7 +507,7 @@ def test_the_failure_warning_counts_the_instances_failures_excluded():
     """a's clarify@1 failed; b has no clarify@1 record; c is scored here but, as if another run
     of the report lacked it, not among the paired ids. Three instances are excluded, one of
     them for a failure."""
-    from eval.report.report import warnings
+    from cts.eval.report.report import warnings
 
     conditions = ["blurred", "clarify@1"]
     records = [
@@ -542,7 +542,7 @@ def test_an_mde_the_sign_flip_test_cannot_reach_is_undefined_and_says_why():
     """At α = 0.05 a sign-flip test on 5 instances cannot give p ≤ α (2/2⁵ = 0.0625), on 6 it
     can (0.03125): clarify@1 − blurred = 5, 6, 7, 5, 6, 7 has mean 6 and variance 4/5 = 0.8.
     With one seed the sd between instances carries the seeds' noise, and says so."""
-    from eval.score.power import mde
+    from cts.eval.score.power import mde
 
     conditions = ["blurred", "clarify@1"]
     for n, expected in ((5, None), (6, mde(0.8, 6))):
@@ -580,7 +580,7 @@ def test_a_holm_row_has_no_mde_where_alpha_over_m_is_out_of_reach():
     rows = compare_systems([("A", runs[0]), ("B", runs[1])], conditions)
     mdes = {r["condition"]: r["mde"] for r in rows}
     # blurred: D = 3, 4, 3, 4, 3, 4, variance 0.3.
-    from eval.score.power import mde
+    from cts.eval.score.power import mde
 
     assert mdes["blurred"] == pytest.approx(mde(0.3, 6))
     assert [mdes[c] for c in conditions[1:]] == [None, None, None]

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eval.data.dataset import load_instances
-from eval.data.schema import Record
-from eval.report.diagnostics import paired_instances, score_records, summarize
-from eval.report.report import write_report
-from eval.run.config import load_experiment
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore
-from serving.yaml_config import Override
+from cts.eval.data.dataset import load_instances
+from cts.eval.data.schema import Record
+from cts.eval.report.diagnostics import paired_instances, score_records, summarize
+from cts.eval.report.report import write_report
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore
+from cts.serving.yaml_config import Override
 
 CONDITIONS = ["blurred", "oracle"]
 

@@ -1,4 +1,4 @@
-"""summary.json through its type (eval/report/summary.py): the file `cts report` writes reads
+"""summary.json through its type (cts/eval/report/summary.py): the file `cts report` writes reads
 back to the same bytes, a Python user gets typed fields, and a broken file is an error naming
 the file and the field."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import eval.experiment
-from eval.experiment import run_experiment
-from eval.report.report import write_report
-from eval.report.summary import Summary, SummaryError, read_summary
-from eval.run.config import load_experiment
+import cts.eval.experiment
+from cts.eval.experiment import run_experiment
+from cts.eval.report.report import write_report
+from cts.eval.report.summary import Summary, SummaryError, read_summary
+from cts.eval.run.config import load_experiment
 from tests.scripted_cts import scripted_engines
 
 
@@ -21,7 +21,7 @@ from tests.scripted_cts import scripted_engines
 def two_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Path], Path]:
     """The quickstart on 3 instances, twice, every role scripted; their report together."""
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", scripted_engines)
     runs = [tmp_path / "a", tmp_path / "b"]
     for run in runs:
         resolved = load_experiment(None, ["dataset.limit=3", "conditions=[blurred,clarify@1]"])

@@ -1,5 +1,5 @@
-"""The collector pause of eval/run/bulk.py: the collector is as it was after the block, however the
-block ends, and an inner pause leaves an outer one in force."""
+"""The collector pause of cts/eval/run/bulk.py: the collector is as it was after the block, however
+the block ends, and an inner pause leaves an outer one in force."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from eval.run.bulk import collector_paused
+from cts.eval.run.bulk import collector_paused
 
 
 def test_the_collector_is_paused_in_the_block_and_restored_after() -> None:

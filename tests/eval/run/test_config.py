@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from configs import CONFIG_DIR
-from eval.run.config import load_experiment
-from serving.model_config import load_model_config
-from serving.yaml_config import ConfigError
+from cts.configs import CONFIG_DIR
+from cts.eval.run.config import load_experiment
+from cts.serving.model_config import load_model_config
+from cts.serving.yaml_config import ConfigError
 
 
 def write(path: Path, text: str) -> Path:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import eval.experiment
+import cts.eval.experiment
 from cts.cli import app
-from eval.data.schema import Record
-from eval.run.scope import ignored_note, in_scope
+from cts.eval.data.schema import Record
+from cts.eval.run.scope import ignored_note, in_scope
 from tests.scripted_cts import scripted_engines
 
 runner = CliRunner()
@@ -23,7 +23,7 @@ runner = CliRunner()
 def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CTS_PROGRESS_EVERY_S", "0")
-    monkeypatch.setattr(eval.experiment, "open_engines", scripted_engines)
+    monkeypatch.setattr(cts.eval.experiment, "open_engines", scripted_engines)
     return tmp_path
 
 

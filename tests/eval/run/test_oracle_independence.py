@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from eval.data.schema import Golden, GoldenSearcher, Instance, Nugget
-from eval.run.config import load_experiment
-from eval.run.oracle import oracle_independence
-from serving.scripted import scripted_roles
-from serving.types import ChatRequest
+from cts.eval.data.schema import Golden, GoldenSearcher, Instance, Nugget
+from cts.eval.run.config import load_experiment
+from cts.eval.run.oracle import oracle_independence
+from cts.serving.scripted import scripted_roles
+from cts.serving.types import ChatRequest
 from tests.builders import scripted_cli, search_then_visit
 
 runner = CliRunner()

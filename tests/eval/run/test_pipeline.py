@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.data.schema import Instance
-from eval.report.diagnostics import clarification
-from eval.run.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
-from eval.run.pipeline import PipelineContext, run_instance
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordFileError, RecordStore, RunOutcome, merge, run_keys
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.schema import Instance
+from cts.eval.report.diagnostics import clarification
+from cts.eval.run.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
+from cts.eval.run.pipeline import PipelineContext, run_instance
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordFileError, RecordStore, RunOutcome, merge, run_keys
+from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
 
 CONDITIONS: list[str] = list(ALL_CONDITIONS)
 SENTINEL = "SENTINEL-7f3a"
@@ -132,7 +132,7 @@ def test_all_at_once_asks_k_questions_in_one_call(search):
 
 
 def test_a_sequential_stop_keeps_the_question_written_beside_it(search):
-    """What a fine-tuned clarifier learns to output when it stops (train/pairs.py)."""
+    """What a fine-tuned clarifier learns to output when it stops (cts/train/pairs.py)."""
     (instance,) = instances(1)
     ctx, roles = context(search, options=ClarificationConfig(allow_stop=True))
 
@@ -180,7 +180,7 @@ def test_a_record_carries_everything(search, tmp_path):
 
 def test_a_failing_instance_is_recorded_with_its_error_and_the_run_goes_on(search, tmp_path):
     ctx, roles = context(search)
-    from serving.errors import EngineUnavailable
+    from cts.serving.errors import EngineUnavailable
 
     roles["rewriter"].script = lambda r: EngineUnavailable("http://gpu7:8000/v1: down")
     store = RecordStore(tmp_path)
@@ -194,7 +194,7 @@ def test_a_failing_instance_is_recorded_with_its_error_and_the_run_goes_on(searc
 
 def _fails_after(calls: int, script):
     """`script`, until `calls` requests have been answered; then an unavailable server."""
-    from serving.errors import EngineUnavailable
+    from cts.serving.errors import EngineUnavailable
 
     answered = []
 
@@ -366,8 +366,8 @@ def test_a_dead_server_stops_the_run_and_resume_finishes_it_as_if_uninterrupted(
     """Nobody listening (ServerUnreachable) is not a key's failure: no failure record, no
     failed dialogue saved; the keys in flight stop unrecorded, the error reaches the caller,
     and a resume with the server back gives the records an uninterrupted run gives."""
-    from eval.run.dialogue import DialogueStore
-    from serving.errors import ServerUnreachable
+    from cts.eval.run.dialogue import DialogueStore
+    from cts.serving.errors import ServerUnreachable
 
     def run(root: Path, dead_after: int | None = None):
         store = DialogueStore(root / "dialogues", "shard-0-of-1")

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Record
-from eval.run.dialogue import failure
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordFileError, RecordStore, merge
-from serving.errors import EngineUnavailable
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Record
+from cts.eval.run.dialogue import failure
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordFileError, RecordStore, merge
+from cts.serving.errors import EngineUnavailable
 
 GOOD = '{"instance_id": "a", "condition": "blurred", "seed": 0}\n'
 

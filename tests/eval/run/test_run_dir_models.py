@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.run.config import load_experiment
-from eval.run.run_dir import RunDir
-from serving.yaml_config import ConfigError
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import RunDir
+from cts.serving.yaml_config import ConfigError
 
 ROLES = ("clarifier", "user_answerer", "rewriter", "searcher", "summarizer", "judge")
 
@@ -163,8 +163,8 @@ def test_a_resume_under_other_code_is_refused_naming_the_part(tmp_path):
     or the pipeline, changed would mix two kinds of records. Each part of the code that makes a
     record is digested (`fingerprint.code:*`), the edited checkout's as it is on disk; a
     config.yaml written before these digests still resumes."""
-    from eval.data.dataset import DatasetSource, load_instances
-    from eval.run.fingerprint import code_digests, fingerprint
+    from cts.eval.data.dataset import DatasetSource, load_instances
+    from cts.eval.run.fingerprint import code_digests, fingerprint
 
     resolved = load_experiment(None, ["dataset.limit=2"])
     prints = fingerprint(load_instances(DatasetSource(path="sample", split="dev")))

@@ -1,5 +1,5 @@
-"""Which key starts next (eval/run/schedule.py, eval/run/slots.py): the longest expected chain
-first, ranked by what the run measures, and the dataset's order on request."""
+"""Which key starts next (cts/eval/run/schedule.py, cts/eval/run/slots.py): the longest expected
+chain first, ranked by what the run measures, and the dataset's order on request."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from eval.data.schema import Instance, Record
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore, run_keys
-from eval.run.schedule import CLARIFY, KeyCosts, group_of
-from eval.run.slots import KeySlots
+from cts.eval.data.schema import Instance, Record
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.schedule import CLARIFY, KeyCosts, group_of
+from cts.eval.run.slots import KeySlots
 
 CONDITIONS = ["blurred", "clarify@1", "clarify@3", "oracle"]
 

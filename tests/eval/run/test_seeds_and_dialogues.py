@@ -12,20 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.data.golden import GOLDEN
-from eval.run.config import load_experiment
-from eval.run.dialogue import Clarification, DialogueStore
-from eval.run.pipeline import run_instance
-from eval.run.runner import RecordStore, run_keys
-from serving.cache import CachedEngine, ResponseCache
-from serving.types import ChatRequest, Sampling
-from serving.yaml_config import ConfigError
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.golden import GOLDEN
+from cts.eval.run.config import load_experiment
+from cts.eval.run.dialogue import Clarification, DialogueStore
+from cts.eval.run.pipeline import run_instance
+from cts.eval.run.runner import RecordStore, run_keys
+from cts.serving.cache import CachedEngine, ResponseCache
+from cts.serving.types import ChatRequest, Sampling
+from cts.serving.yaml_config import ConfigError
+from cts.webdancer.agent import AgentBudget, WebDancerAgent
+from cts.webdancer.backends.local import LocalSearch
+from cts.webdancer.tools import Tools
+from cts.webdancer.visit import LocalPages, Visitor
 from tests.scripted import scripted_context
-from webdancer.agent import AgentBudget, WebDancerAgent
-from webdancer.backends.local import LocalSearch
-from webdancer.tools import Tools
-from webdancer.visit import LocalPages, Visitor
 
 K_CONDITIONS = ["clarify@1", "clarify@2", "clarify@3"]
 
@@ -274,7 +274,7 @@ def test_every_sampling_role_of_a_key_is_seeded_with_its_seed(search):
 
 
 def test_a_golden_dataset_built_with_an_evaluation_seed_is_refused(tmp_path):
-    from eval.experiment import run_experiment
+    from cts.eval.experiment import run_experiment
 
     (instance,) = instances(1)
     golden = instance.golden.model_copy(update={"seed": 0, "trace_id": "golden/x.json"})
@@ -287,9 +287,9 @@ def test_a_golden_dataset_built_with_an_evaluation_seed_is_refused(tmp_path):
 
 
 def test_golden_records_of_another_seed_are_not_silently_rebuilt(tmp_path):
-    from eval.data.schema import Record
-    from eval.experiment import build_golden
-    from eval.run.run_dir import Shard
+    from cts.eval.data.schema import Record
+    from cts.eval.experiment import build_golden
+    from cts.eval.run.run_dir import Shard
 
     (instance,) = instances(1)
     RecordStore(tmp_path).append(Record(instance_id=instance.id, condition=GOLDEN, seed=0), Shard())
@@ -298,7 +298,7 @@ def test_golden_records_of_another_seed_are_not_silently_rebuilt(tmp_path):
 
 
 def test_a_corrupt_dialogue_line_is_an_error_naming_file_and_line(tmp_path):
-    from eval.run.dialogue import DialogueFileError
+    from cts.eval.run.dialogue import DialogueFileError
 
     (tmp_path / "s.jsonl").write_text('{"instance_id": "a", "seed": 0}\n{"oops": 1}\n')
     with pytest.raises(DialogueFileError, match=r"s.jsonl:2: instance_id: .* — not a dialogue"):
@@ -307,7 +307,7 @@ def test_a_corrupt_dialogue_line_is_an_error_naming_file_and_line(tmp_path):
 
 def test_a_dialogue_line_with_a_bad_field_is_an_error_naming_it(tmp_path):
     """As a records line's error does (runner.parse_jsonl): file, line and field."""
-    from eval.run.dialogue import DialogueFileError
+    from cts.eval.run.dialogue import DialogueFileError
 
     (tmp_path / "s.jsonl").write_text('{"instance_id": "a", "seed": "zero"}\n')
     with pytest.raises(
@@ -318,7 +318,7 @@ def test_a_dialogue_line_with_a_bad_field_is_an_error_naming_it(tmp_path):
 
 
 def test_a_torn_dialogue_line_is_ignored_then_cut_off(tmp_path):
-    from eval.run.dialogue import Dialogue
+    from cts.eval.run.dialogue import Dialogue
 
     store = DialogueStore(tmp_path, "s")
     store.append(Dialogue(instance_id="a", seed=0, fingerprint="f"))

@@ -8,17 +8,17 @@ from collections.abc import Callable
 
 import pytest
 
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.data.schema import Record
-from eval.run.dialogue import Clarification, DialogueStore
-from eval.run.pipeline import run_instance
-from eval.run.runner import RecordStore, run_keys
-from eval.run.slots import KeySlots, released
-from eval.run.usage import metered
-from serving.scripted import ScriptedEngine
-from serving.types import ChatRequest, ChatResponse
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.schema import Record
+from cts.eval.run.dialogue import Clarification, DialogueStore
+from cts.eval.run.pipeline import run_instance
+from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.slots import KeySlots, released
+from cts.eval.run.usage import metered
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import ChatRequest, ChatResponse
+from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
 
 #: A hang guard, not a timing assertion: without the behaviour under test the run deadlocks.
 HANG_S = 60
@@ -49,7 +49,7 @@ class Gated(ScriptedEngine):
 
 
 def asked_before(request: ChatRequest) -> int:
-    """How many turns the dialogue in a clarifier request already has (as serving/scripted.py
+    """How many turns the dialogue in a clarifier request already has (as cts/serving/scripted.py
     reads it)."""
     return request.messages[-1].content.count("\nQ")
 

@@ -1,5 +1,5 @@
-"""Which trace is fsync'd (eval/run/pipeline.py `_write_trace`): a golden key's, the evidence its
-nuggets cite, and not an evaluation key's, whose readers take a trace lost to a power loss
+"""Which trace is fsync'd (cts/eval/run/pipeline.py `_write_trace`): a golden key's, the evidence
+its nuggets cite, and not an evaluation key's, whose readers take a trace lost to a power loss
 (missing, or empty) as no trace."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-import serving.disk
-from eval.data.golden import GOLDEN
-from eval.data.schema import Record
-from eval.estimate import read_traces
-from eval.run.pipeline import _write_trace
-from eval.run.run_dir import RunDir
-from eval.viewer.view import ViewRun
-from serving.disk import write_whole
+import cts.serving.disk
+from cts.eval.data.golden import GOLDEN
+from cts.eval.data.schema import Record
+from cts.eval.estimate import read_traces
+from cts.eval.run.pipeline import _write_trace
+from cts.eval.run.run_dir import RunDir
+from cts.eval.viewer.view import ViewRun
+from cts.serving.disk import write_whole
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(fd)
         real(fd)
 
-    monkeypatch.setattr(serving.disk.os, "fsync", counted)
+    monkeypatch.setattr(cts.serving.disk.os, "fsync", counted)
     return calls
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from eval.score.metrics import (
+from cts.eval.score.metrics import (
     RatioEstimate,
     bootstrap_ci,
     gain_recovered,

@@ -1,6 +1,6 @@
-"""The vectorised statistics of eval/score/metrics.py against the pure-Python loops they replaced
-(copied below as they were): identical numbers, compared by repr (which tells -0.0 from 0.0,
-prints NaN as nan and fails on a numpy scalar where a float was), on many seeds and shapes."""
+"""The vectorised statistics of cts/eval/score/metrics.py against the pure-Python loops they
+replaced (copied below as they were): identical numbers, compared by repr (which tells -0.0 from
+0.0, prints NaN as nan and fails on a numpy scalar where a float was), on many seeds and shapes."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import eval.score.metrics as metrics
-import eval.score.resampling as resampling
-from eval.score.metrics import (
+import cts.eval.score.metrics as metrics
+import cts.eval.score.resampling as resampling
+from cts.eval.score.metrics import (
     Estimate,
     PairedTest,
     RatioEstimate,
@@ -36,7 +36,8 @@ from eval.score.metrics import (
 _EPS = 1e-9
 
 
-# --- The reference: eval/score/metrics.py's loops before vectorisation, unchanged but for names. --
+# --- The reference: cts/eval/score/metrics.py's loops before vectorisation, unchanged but for
+# names. --
 
 
 def ref_gain_recovered_ci(

@@ -10,21 +10,21 @@ import re
 
 import pytest
 
-from agents import user_answerer
-from agents.user_answerer import SpanLimits, is_span, span_regex
-from eval.data.dataset import DatasetSource, corpus_path, load_instances
-from eval.data.schema import Instance, Record
-from eval.report.diagnostics import clarification, score_records, summarize
-from eval.report.report import markdown
-from eval.run.config import AnswerSpan, ClarificationConfig
-from eval.run.dialogue import _fingerprint
-from eval.run.pipeline import run_instance
-from eval.score.over_answer import reveal
-from serving.errors import ConstrainedOutputError
-from serving.scripted import ScriptedEngine
-from serving.types import Sampling
+from cts.agents import user_answerer
+from cts.agents.user_answerer import SpanLimits, is_span, span_regex
+from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.schema import Instance, Record
+from cts.eval.report.diagnostics import clarification, score_records, summarize
+from cts.eval.report.report import markdown
+from cts.eval.run.config import AnswerSpan, ClarificationConfig
+from cts.eval.run.dialogue import _fingerprint
+from cts.eval.run.pipeline import run_instance
+from cts.eval.score.over_answer import reveal
+from cts.serving.errors import ConstrainedOutputError
+from cts.serving.scripted import ScriptedEngine
+from cts.serving.types import Sampling
+from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
-from webdancer.backends.local import LocalSearch
 
 TAX = Instance(
     id="tax",

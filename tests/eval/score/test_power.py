@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from eval.score.metrics import paired_tests, smallest_p
-from eval.score.power import (
+from cts.eval.score.metrics import paired_tests, smallest_p
+from cts.eval.score.power import (
     ComponentIntervals,
     DifferenceNoise,
     NonFiniteNoise,
@@ -237,7 +237,7 @@ def test_a_plan_never_asks_for_fewer_instances_than_the_test_can_reject_on():
 def test_a_non_finite_variance_is_refused_before_any_search(monkeypatch: pytest.MonkeyPatch):
     """A NaN or infinite variance never raises power to 80%: the search for the MDE must not
     start (counted, not timed: `power` is never called)."""
-    import eval.score.power as module
+    import cts.eval.score.power as module
 
     calls: list[float] = []
 

@@ -24,17 +24,17 @@ from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from cts.cli import app as cts_app
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Record
-from eval.run.config import ALL_CONDITIONS, load_experiment
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore
-from eval.viewer.app import make_app
-from eval.viewer.serve import allowed_hosts
-from eval.viewer.view import Viewer, highlight, parse_query
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Record
+from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore
+from cts.eval.viewer.app import make_app
+from cts.eval.viewer.serve import allowed_hosts
+from cts.eval.viewer.view import Viewer, highlight, parse_query
+from cts.webdancer.search import QUERY_SEPARATOR, SearchHit, render_hits
+from cts.webdancer.visit import render_visit
 from tests.scripted_cts import ROOT, cts
-from webdancer.search import QUERY_SEPARATOR, SearchHit, render_hits
-from webdancer.visit import render_visit
 
 SEEDS = [0, 1]
 LOCAL = "http://127.0.0.1"
@@ -72,7 +72,7 @@ def llm_step(text: str, final: bool = False) -> dict[str, Any]:
 
 
 def a_trace(answer: str) -> dict[str, Any]:
-    """A search run as webdancer.agent writes it: search, visit (one page read, one failed),
+    """A search run as cts.webdancer.agent writes it: search, visit (one page read, one failed),
     answer; the tool texts from the real renderers."""
     hits = [
         SearchHit(

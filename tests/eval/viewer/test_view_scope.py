@@ -1,5 +1,5 @@
 """`cts view` over a narrowed run (resumed with fewer instances, seeds or conditions): its
-records are tagged and counted as the report counts them (eval/run/scope.py), and a record
+records are tagged and counted as the report counts them (cts/eval/run/scope.py), and a record
 of an instance past `dataset.limit` still shows that instance. And a trace step whose fields
 have the wrong shape is answered, not a 500."""
 
@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from eval.data.dataset import DatasetSource, load_instances
-from eval.data.schema import Instance, Record
-from eval.report.report import load_run as report_load_run
-from eval.run.config import load_experiment
-from eval.run.run_dir import RunDir, Shard
-from eval.run.runner import RecordStore
-from eval.run.scope import in_scope
-from eval.viewer.app import make_app
-from eval.viewer.serve import allowed_hosts
-from eval.viewer.view import Viewer, observation, parse_query
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Instance, Record
+from cts.eval.report.report import load_run as report_load_run
+from cts.eval.run.config import load_experiment
+from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.runner import RecordStore
+from cts.eval.run.scope import in_scope
+from cts.eval.viewer.app import make_app
+from cts.eval.viewer.serve import allowed_hosts
+from cts.eval.viewer.view import Viewer, observation, parse_query
 from tests.eval.viewer.test_view import LOCAL, a_trace, sample_of
 
 #: What config.yaml names after the narrowing resume; the records hold more.

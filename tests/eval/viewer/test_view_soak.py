@@ -21,9 +21,9 @@ from urllib.parse import urlencode
 import pytest
 
 from bench.view import trace, write_run
-from eval.data.schema import Record
-from eval.run.run_dir import Shard
-from eval.run.runner import RecordStore
+from cts.eval.data.schema import Record
+from cts.eval.run.run_dir import Shard
+from cts.eval.run.runner import RecordStore
 from tests.scripted_cts import ROOT
 
 RECORDS = 10_000

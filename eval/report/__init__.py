@@ -1,2 +1,0 @@
-"""From a run directory's records to its report (above eval/run/): the diagnostics a
-paper needs, comparability of runs, the keys a report stands on, report.md/html, tables."""

@@ -1,3 +1,0 @@
-"""Running keys into a run directory (above eval/data/ and eval/score/): the experiment
-config, engines and their meter, the dialogue and pipeline of one key, the runner and its
-record store, the run directory, its fingerprint, trace files, progress."""

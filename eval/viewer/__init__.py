@@ -1,2 +1,0 @@
-"""`cts view` (above eval/run/): the index and samples of run directories (view), the
-HTTP API and its static page (app, static/), the socket and server loop (serve)."""
