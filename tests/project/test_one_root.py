@@ -61,7 +61,9 @@ def test_the_wheel_installs_cts_only_and_user_scripts_named_like_its_parts_shado
     work = tmp_path / "work"
     work.mkdir()
     for name in ("eval", "train", "agents", "serving"):
-        (work / f"{name}.py").write_text(f"raise SystemExit('the user\\'s {name}.py was imported')\n")
+        (work / f"{name}.py").write_text(
+            f"raise SystemExit('the user\\'s {name}.py was imported')\n"
+        )
     script = textwrap.dedent(
         """
         import cts
