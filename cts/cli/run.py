@@ -15,8 +15,9 @@ from cts.cli.common import (
     command,
     command_group,
     output_console,
+    print_account,
     print_summary,
-    run_into,
+    progress_for,
     run_keyed,
 )
 from cts.cli.judge import moved
@@ -31,7 +32,7 @@ from cts.cli.options import (
     shard_of,
 )
 from cts.eval.audit.agreement import PairAgreement
-from cts.eval.experiment import RunResult, merge_run, require_roles
+from cts.eval.experiment import RunResult, merge_run, require_roles, serve_and_run
 from cts.eval.plan import ModelPlan, RunPlan, plan_run
 from cts.eval.rejudge import judge_served, rejudge_experiment, rejudge_run, with_judge_from
 from cts.eval.run.config import ResolvedExperiment, load_experiment
@@ -108,15 +109,17 @@ def run(
     def note(line: str) -> None:
         console.print(line, style="yellow", highlight=False, markup=False, soft_wrap=True)
 
-    result = run_keyed(
+    result = serve_and_run(
         resolved,
-        run_dir,
-        part,
-        options,
-        run_into(run_dir.root, retry_failed, note),
-        console,
-        merge_with=f"cts merge {run_dir.root}",
+        run_dir.root,
+        serve=options,
+        starting=lambda n: console.print(f"starting {n} vLLM server(s)"),
+        notify=note,
+        shard=part,
+        show_progress=progress_for(console),
+        retry_failed=retry_failed,
     )
+    print_account(console, result, part, f"cts merge {run_dir.root}")
     if result.report is None:  # a shard: `cts merge` writes the report
         return
     print_summary(console, result.report["summary"])

@@ -377,6 +377,29 @@ def serving_for(
         yield Served(resolved.with_endpoints(urls), watch)
 
 
+def serve_and_run(
+    resolved: ResolvedExperiment,
+    run_dir: str | Path,
+    *,
+    serve: ServeOptions | None = None,
+    starting: Callable[[int], None] = lambda n: None,
+    notify: Callable[[str], None] = lambda line: None,
+    **control: Unpack[RunControl],
+) -> RunResult:
+    """Serve, then run: the experiment's models reached as `serve` says (default: in-process
+    or at their endpoints; `ServeOptions(serve=True)` starts a vLLM server per model, its logs
+    in the run directory, each stopped after; `ServeOptions(endpoints=F)` a running `cts
+    serve`'s), then `run_experiment` into `run_dir` with `control` (a dead server stops it,
+    finished records kept). The one place `cts run`, the training loop and the Slurm tasks
+    run an experiment; `cts.run` in Python."""
+    run_dir = Path(run_dir)
+    control["shard"] = shard = control.get("shard") or Shard()
+    logs = RunDir(run_dir).serve_logs(shard)
+    with serving_for(resolved, serve or ServeOptions(), logs, starting) as ready:
+        control["watch"] = ready.watch
+        return run_experiment(ready.resolved, run_dir, notify=notify, **control)
+
+
 def _check_golden_seeds(resolved: ResolvedExperiment, instances: list[Instance]) -> None:
     """Refuse to evaluate with a seed the dataset's golden runs used: the oracle condition
     would replay the very search its nuggets were extracted from."""

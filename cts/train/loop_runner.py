@@ -12,7 +12,7 @@ do the same:
 
 A step's runs (sampling, evaluations) are ordinary evaluation runs: they resume, and a
 signal stops them with their finished records kept (`StepDone.interrupted`; the loop stops
-there). Models are reached as `options` says (`cts.eval.experiment.serving_for`). What a step
+there). Models are reached as `options` says (`cts.eval.experiment.serve_and_run`). What a step
 did comes back as a `StepDone` to print or inspect; `notify` is told, as a line of text,
 what is about to run."""
 
@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cts.eval.experiment import RunResult, merge_run, run_experiment, serving_for
+from cts.eval.experiment import RunResult, merge_run, serve_and_run
 from cts.eval.report.report import write_report
 from cts.eval.report.summary import read_summary
 from cts.eval.run.config import ResolvedExperiment
 from cts.eval.run.progress import ShowProgress
-from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.run_dir import Shard
 from cts.serving.serve import ServeOptions
 from cts.train.config import TrainConfig
 from cts.train.fit import FitResult, fit
@@ -88,18 +88,16 @@ def _run(
     show_progress: ShowProgress,
     notify: Notify,
 ) -> RunResult:
-    shard = shard or Shard()
-    logs = RunDir(run_dir).serve_logs(shard)
     starting = lambda n: notify(f"starting {n} vLLM server(s)")  # noqa: E731
-    with serving_for(resolved, options or ServeOptions(), logs, starting) as ready:
-        return run_experiment(
-            ready.resolved,
-            run_dir,
-            notify=notify,
-            shard=shard,
-            show_progress=show_progress,
-            watch=ready.watch,
-        )
+    return serve_and_run(
+        resolved,
+        run_dir,
+        serve=options,
+        starting=starting,
+        notify=notify,
+        shard=shard or Shard(),
+        show_progress=show_progress,
+    )
 
 
 def sample(

@@ -221,11 +221,14 @@ def test_the_serving_options_stand_in_the_place_of_their_parameter():
 
 
 def test_only_the_command_line_package_imports_typer():
+    """Only cts/cli/ speaks typer: the rest of the installed code raises domain errors and
+    returns values (and a script or notebook never needs typer)."""
     offenders = []
-    for path in ROOT.glob("*/**/*.py"):
-        top = path.relative_to(ROOT).parts[0]
-        if top in ("cts", "tests") or top.startswith("."):
+    checked = 0
+    for path in sorted((ROOT / "cts").rglob("*.py")):
+        if path.relative_to(ROOT).parts[:2] == ("cts", "cli"):
             continue
+        checked += 1
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = (
@@ -237,7 +240,7 @@ def test_only_the_command_line_package_imports_typer():
             )
             if any(n == "typer" or n.startswith("typer.") for n in names):
                 offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == []
+    assert offenders == [] and checked > 100
 
 
 @pytest.mark.parametrize("retry", [True, False])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CODE_DIRS = ("agents", "bench", "cts", "eval", "serving", "slurm", "train", "webdancer", "tests")
+CODE_DIRS = ("bench", "cts", "scripts", "tests")
 
 
 def code_files() -> list[Path]:

@@ -85,3 +85,19 @@ def test_the_wheel_installs_cts_only_and_user_scripts_named_like_its_parts_shado
     assert ran.returncode == 0, ran.stderr[-3000:]
     where, name, _ = ran.stdout.split()
     assert Path(where).is_relative_to(venv) and name == "quickstart"
+
+
+def test_the_front_door_lists_what_it_gives_and_imports_no_model_library():
+    """`import cts` gives every name of `__all__`, each imported on first use: no torch,
+    transformers or vLLM until a name that needs them is asked for."""
+    script = (
+        "import sys, cts\n"
+        "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]\n"
+        "names = sorted(cts.__all__)\n"
+        "missing = [n for n in names if getattr(cts, n, None) is None]\n"
+        "print(heavy, missing, len(names))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    # `heavy` is read right after `import cts`, before any name is asked for.
+    assert ran.stdout.startswith("[] [] ") and ran.stdout.split()[-1] == "15", ran.stdout
