@@ -9,7 +9,8 @@ import inspect
 import json
 import math
 import os
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -121,9 +122,41 @@ def exits() -> Iterator[None]:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def flowing(text: str | None) -> str:
+    """A docstring as help that flows: each paragraph one line, which the terminal's renderer
+    wraps at its own width (the source's hard wrap, kept, made ragged lines). A paragraph
+    with indented or bulleted lines (an example, a list) keeps its lines."""
+    paragraphs = inspect.cleandoc(text or "").split("\n\n")
+    kept = [
+        p
+        if any(line.startswith((" ", "-", "*", "|")) for line in p.splitlines()[1:])
+        else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    ]
+    return "\n\n".join(kept)
+
+
+#: The longest line `cts --help` gives a command before cutting its first sentence short.
+SHORT_HELP = 80
+
+
+def first_sentence(text: str | None) -> str:
+    """What `cts --help` lists a command or group by, one line: its help's first sentence, cut
+    at its first colon, semicolon or dash when it is longer than SHORT_HELP characters."""
+    flat = flowing(text).split("\n\n", 1)[0]
+    found = re.search(r"^(.+?[.?!])(?=\s+[A-Z(`]|$)", flat)
+    sentence = found.group(1) if found else flat
+    if len(sentence) > SHORT_HELP:
+        cut = re.search(r"^(.{20,}?)(?::| —|;) ", sentence)
+        if cut:
+            return cut.group(1)
+    return sentence
+
+
 def command_group(help: str) -> typer.Typer:
-    """A command group (`cts golden`, `cts train`, ...): alone, it lists its commands."""
-    return typer.Typer(help=help, no_args_is_help=True)
+    """A command group (`cts golden`, `cts train`, ...): alone, it lists its commands; `cts
+    --help` lists it by its first sentence."""
+    return typer.Typer(help=flowing(help), short_help=first_sentence(help), no_args_is_help=True)
 
 
 def command(group: typer.Typer, name: str) -> Callable[[F], F]:
@@ -149,7 +182,8 @@ def command(group: typer.Typer, name: str) -> Callable[[F], F]:
 
         if grouped:
             expand_groups(wrapped, signature)
-        group.command(name)(wrapped)
+        doc = fn.__doc__
+        group.command(name, help=flowing(doc), short_help=first_sentence(doc))(wrapped)
         return fn
 
     return register
@@ -268,6 +302,23 @@ def run_keyed(
     return result
 
 
+def _failed_words(failures: Mapping[str, int], retry: bool) -> str:
+    """`0 failed`, or `8 failed (engine_error 8; a plain rerun keeps them; …)`."""
+    failed = sum(failures.values())
+    if not failed:
+        return "0 failed"
+    kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(failures.items()))
+    again = "; --retry-failed runs them again" if retry else ""
+    return f"{failed} failed ({kinds}; a plain rerun keeps them{again})"
+
+
+def _cache_words(counts: Mapping[str, int]) -> str:
+    """`21 hits, 36 misses` (and `, 2 invalid` when any row was)."""
+    words = f"{counts.get('hits', 0)} hits, {counts.get('misses', 0)} misses"
+    invalid = counts.get("invalid", 0)
+    return words + (f", {invalid} invalid" if invalid else "")
+
+
 def print_account(
     console: Console,
     result: RunResult,
@@ -281,17 +332,15 @@ def print_account(
     count as done, so a plain rerun keeps them: the line says so, and (`retry`: the command
     takes it) that --retry-failed runs them again."""
     outcome = result.outcome
-    failed = sum(outcome.failures.values())
-    kept = ""
-    if failed:
-        again = "; --retry-failed runs them again" if retry else ""
-        kept = f" (a plain rerun keeps them{again})"
     console.print(
         f"{outcome.ran} {noun}, {outcome.skipped} already done, "
-        f"{failed} failed {dict(outcome.failures)}{kept}; "
-        f"{result.model_calls} model calls"
-        + (f", cache {result.cache}" if result.cache is not None else "")
-        + (f", tool cache {result.tool_cache}" if result.tool_cache is not None else "")
+        f"{_failed_words(outcome.failures, retry)}; {result.model_calls} model calls"
+        + (f", response cache {_cache_words(result.cache)}" if result.cache is not None else "")
+        + (
+            f", tool cache {_cache_words(result.tool_cache)}"
+            if result.tool_cache is not None
+            else ""
+        )
         + f"; {result.seconds:.0f} s",
         highlight=False,
         soft_wrap=True,

@@ -4,6 +4,7 @@ run directory object, and the one mapping from domain errors to exit codes."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 from pathlib import Path
 
@@ -261,11 +262,42 @@ def test_the_closing_line_says_a_plain_rerun_keeps_failed_records(retry):
     result = RunResult(Path("r"), failed, 3.0, None, {}, None)
     print_account(console, result, Shard(), "cts merge r", retry=retry)
     line = console.export_text()
-    assert (
-        "24 records written, 0 already done, 8 failed {'engine_error': 8} (a plain rerun " in line
-    )
+    assert "24 records written, 0 already done, 8 failed (engine_error 8; a plain rerun " in line
     assert ("--retry-failed runs them again" in line) is retry
     print_account(
         console, RunResult(Path("r"), RunOutcome(ran=3), 1.0, None, {}, None), Shard(), ""
     )
-    assert console.export_text().startswith("3 records written, 0 already done, 0 failed {}; ")
+    assert console.export_text().startswith("3 records written, 0 already done, 0 failed; ")
+
+
+def test_help_flows_and_cts_help_lists_each_command_on_one_line(monkeypatch):
+    """Docstrings are hard-wrapped in the source: kept as they are, the terminal re-wrapped
+    them into ragged lines ("the\\nrendered"). Each paragraph flows; a list keeps its lines;
+    `cts --help` lists a command by its first sentence, cut when long."""
+    from cts.cli.common import first_sentence, flowing
+
+    doc = """Check what would break: with --slurm the version,
+    the scripts and the partitions.
+
+    - one
+    - two
+    """
+    assert flowing(doc) == (
+        "Check what would break: with --slurm the version, the scripts and the partitions."
+        "\n\n- one\n- two"
+    )
+    assert first_sentence("Estimate a whole sweep — what `cts run -c X` would run: every "
+                          "instance of the dataset × conditions × seeds — before it. More.") == (
+        "Estimate a whole sweep"
+    )  # fmt: skip
+    monkeypatch.setenv("COLUMNS", "120")
+    listed = CliRunner().invoke(app_of_cts(), ["--help"]).output
+    rows = [r for r in listed.split("Commands", 1)[1].splitlines() if r.startswith("│")]
+    names = [r for r in rows if re.match(r"^│ [a-z]", r)]
+    assert len(names) >= 17 and len(names) == len(rows), listed
+
+
+def app_of_cts() -> typer.Typer:
+    from cts.cli import app
+
+    return app

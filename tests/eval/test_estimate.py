@@ -200,7 +200,7 @@ def test_a_pilot_of_two_instances_gives_the_hand_counted_sweep(scripted):
     # What it printed: the header, the role table's totals, the servers, the suggestion.
     out = result.output
     assert "pilot of quickstart on 2 of the sweep's 24 instances, a sample stratified" in out
-    assert "10 records written, 0 already done, 0 failed {}; 48 model calls" in out
+    assert "10 records written, 0 already done, 0 failed; 48 model calls" in out
     assert "24 instances × 5 conditions × 1 seed(s) = 120 keys" in out
     assert "a pilot of 2 instance(s) (10 keys)" in out
     rows = {cells[0]: cells for cells in table_rows(out)}
@@ -238,7 +238,7 @@ def test_a_second_estimate_resumes_the_pilot_and_calls_no_model(scripted):
     first = json.loads((scripted / "e.json").read_text())
     again = pilot(scripted, *PRICED)
     assert again.exit_code == 0, again.output
-    assert "0 records written, 10 already done, 0 failed {}; 0 model calls" in again.output
+    assert "0 records written, 10 already done, 0 failed; 0 model calls" in again.output
     assert json.loads((scripted / "e.json").read_text()) == first
 
 
