@@ -2,10 +2,12 @@
 reads a key reads it here, and `redact` removes every key read so far from a text that may
 quote it (a server's error body, an exception message) before that text is written anywhere.
 A URL's credentials (`http://user:password@host/v1`, a gateway's basic auth) are secrets too:
-`split_credentials` takes them out of the URL that messages quote and remembers the password."""
+`split_credentials` takes them out of the URL that messages quote and remembers the password
+and the basic-auth token it becomes."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -72,7 +74,10 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
         return url, None
     userinfo = found["userinfo"]
     user, _, password = userinfo.partition(":")
-    for secret in (userinfo, password, unquote(password)):
+    # Every form the credentials travel or may be quoted in: as written, decoded, and as the
+    # basic-auth header's base64 token (a server that echoes the Authorization header).
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    for secret in (userinfo, password, unquote(password), token):
         remember(secret)
     return (found["scheme"] or "") + url[found.end() :], (unquote(user), unquote(password))
 

@@ -99,6 +99,11 @@ def test_credentials_in_a_base_url_go_as_basic_auth_and_into_no_message(recordin
     assert password not in str(e.value) and "user:" not in str(e.value)
     assert f"{recording}/v1/chat/completions (model m)" in str(e.value)
     assert without_credentials(url) == f"{recording}/v1"
+    # A server that echoes the Authorization header: the base64 token is redacted too.
+    Recording.reply = (503, {"error": f"bad header Authorization: Basic {expected}"})
+    with pytest.raises(EngineUnavailable) as e:
+        asyncio.run(engine.chat(ASK))
+    assert expected not in str(e.value) and "Basic [redacted]" in str(e.value)
 
 
 def test_credentials_of_cts_openai_base_url_stay_out_of_server_unreachable(monkeypatch):
