@@ -13,7 +13,9 @@ frozen config.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import fcntl
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,7 +25,7 @@ from pydantic import BaseModel
 
 from cts.eval.run.config import ExperimentConfig, ResolvedExperiment
 from cts.eval.run.fingerprint import changes, model_prints, results_view
-from cts.serving.disk import write_whole
+from cts.serving.disk import storage_errors, write_whole
 from cts.serving.model_config import ModelConfig
 from cts.serving.yaml_config import ConfigError, load_config, read_yaml
 
@@ -169,9 +171,26 @@ class RunDir:
         replaces the file whole, never half-written (a full disk: StorageFull, and the file
         stays as it was, or absent)."""
         text = resolved.to_yaml(with_models(resolved, fingerprint))
-        if self.config.is_file():
-            self._refuse_other_results(yaml.safe_load(text))
-        write_whole(self.config, text)
+        with self._config_lock():  # the check and the write as one: see _config_lock
+            if self.config.is_file():
+                self._refuse_other_results(yaml.safe_load(text))
+            write_whole(self.config, text)
+
+    @contextmanager
+    def _config_lock(self) -> Iterator[None]:
+        """Hold the run directory's config lock (`.config.lock`, the kernel's flock: a killed
+        holder leaves none behind). Two starts with other configs at once both found no
+        config.yaml and each wrote its own: the records were one run's while config.yaml said
+        the other's. Under the lock the second finds the first's config and is refused."""
+        path = self.root / ".config.lock"
+        with storage_errors(path):
+            self.root.mkdir(parents=True, exist_ok=True)
+            handle = path.open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            handle.close()
 
     def check_resume(
         self, resolved: ResolvedExperiment, fingerprint: dict[str, str] | None = None
