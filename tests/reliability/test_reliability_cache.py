@@ -230,3 +230,36 @@ def test_a_response_cache_corrupt_inside_is_a_clear_config_error(tmp_path):
     with pytest.raises(Exception) as caught:
         _ask_all(cache, reqs)
     _assert_actionable(caught.value, path)
+
+
+@pytest.mark.parametrize("cache", ["response", "tool"])
+def test_a_run_over_a_cache_damaged_inside_stops_with_exit_2_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: str
+):
+    """A cache damaged inside (pages zeroed; opening still succeeds) was found on lookup by the
+    pipeline's catch-all: every key became an `internal` failure counted as done, the run
+    exited 0 and a resume skipped them; on a shared $CTS_HOME every shard of a sweep
+    "finished" so. Now the first lookup stops the run, exit 2, naming the file; nothing is
+    recorded for the keys it stopped, so a resume once the file is moved aside runs them."""
+    from typer.testing import CliRunner
+
+    import cts.eval.experiment as experiment_module
+    from cts.cli import app
+    from cts.eval.run.runner import RecordStore
+    from tests.scripted_cts import scripted_engines
+
+    monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(experiment_module, "open_engines", scripted_engines)
+    path = tmp_path / f"{cache}s.sqlite"
+    where = "cache.path" if cache == "response" else "search.tool_cache"
+    common = ["--limit", "2", "--set", f"{where}={path}", "--set", "search.date=2026-11-30"]
+    first = CliRunner().invoke(app, ["run", "--output-dir", str(tmp_path / "a"), *common])
+    assert first.exit_code == 0, first.output
+    data = bytearray(path.read_bytes())
+    data[4096:] = b"\xff" * (len(data) - 4096)  # every page but the first, with the schema
+    path.write_bytes(bytes(data))
+    damaged = CliRunner().invoke(app, ["run", "--output-dir", str(tmp_path / "b"), *common])
+    assert damaged.exit_code == 2, damaged.output
+    assert str(path) in damaged.output and f"{path}.corrupt" in damaged.output
+    written = RecordStore(tmp_path / "b").completed().values()
+    assert not [r for r in written if r.error and r.error.get("kind") == "internal"]

@@ -25,6 +25,7 @@ from cts.eval.run.dialogue import Clarification, Turn, failure
 from cts.eval.run.usage import charged_to_key
 from cts.eval.score.metrics import Label, restore_score
 from cts.eval.score.over_answer import reveal
+from cts.serving.cache import CacheFileError
 from cts.serving.disk import NotAFile, StorageFull, write_whole
 from cts.serving.engine import ChatModel
 from cts.serving.errors import EngineError, ServerUnreachable
@@ -86,9 +87,11 @@ def _stage(name: str) -> Iterator[None]:
         raise StageFailed({"kind": "search_error", "stage": name, "message": str(e)}) from e
     except NoEvidence as e:
         raise StageFailed({"kind": "no_evidence", "stage": name, "message": str(e)}) from e
-    except (StageFailed, ServerUnreachable, StorageFull, NotAFile):
-        # A dead server, a full disk or a trace path that is no file is no key's failure: it
-        # stops the run, and the key stays unrecorded to run again on resume.
+    except (StageFailed, ServerUnreachable, StorageFull, NotAFile, CacheFileError):
+        # A dead server, a full disk, a trace path that is no file or a cache damaged inside
+        # (found on a lookup, not at open) is no key's failure: it stops the run (a cache file
+        # shared by every shard would otherwise fail every key of every shard, each counted as
+        # done), and the key stays unrecorded to run again on resume.
         raise
     except Exception as e:
         # Not a failure the protocol knows (a bug, a corrupt cache row, a parser's recursion
