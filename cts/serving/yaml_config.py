@@ -61,6 +61,27 @@ def _refuse_aliases(text: str, path: Path) -> None:
             )
 
 
+def _refuse_duplicate_keys(node: yaml.Node, path: Path) -> None:
+    """ConfigError at a key a mapping gives twice: YAML keeps the last silently, so `seeds:
+    [0]` then, further down, `seeds: [1]` ran seed 1 with nothing said."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key_node, value_node in current.value:
+                key, line = str(key_node.value), key_node.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(
+                        f"{path}:{line}: key {key!r} given twice (first at line {seen[key]}); "
+                        "YAML would keep the last silently: remove one"
+                    )
+                seen[key] = line
+                stack.append(value_node)
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(current.value)
+
+
 class _Loader(_Base):  # type: ignore[valid-type,misc]
     """SafeLoader whose scalars that are no value of their type (`2026-13-45`, `!!int abc`,
     `!!bool maybe`, an integer too long for int()) raise a YAMLError at their line: PyYAML's
@@ -96,6 +117,8 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[Key, int]]:
         loader = _Loader(text)
         try:  # composed once: the tree gives both the data and each key's line
             node = loader.get_single_node()
+            if node is not None:
+                _refuse_duplicate_keys(node, path)
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()

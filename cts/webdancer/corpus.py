@@ -152,6 +152,14 @@ def _document_problems(
             )
         else:
             first_seen[doc_id] = line
+    url = data.get("url")
+    if isinstance(url, str) and url:
+        # A visit finds a page by its URL: of two documents at one URL it read the last only.
+        seen_at = first_seen.setdefault(f"url\x1f{url}", line)
+        if seen_at != line:
+            problems.append(
+                Problem(file, line, "url", f"duplicate url {url!r} (first at line {seen_at})")
+            )
     language = data.get("language")
     if isinstance(language, str) and language and not known_language(language):
         problems.append(Problem(file, line, "language", f"unknown language {language!r}"))

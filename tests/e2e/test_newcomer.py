@@ -435,7 +435,7 @@ def test_data_validate_through_a_config_names_file_line_and_field(tmp_path):
     assert result.exit_code == 1
     queries = tmp_path / "queries.csv"
     assert result.output.splitlines()[:2] == [
-        f"{queries}:3: golden.nuggets[0].weight: must be a number > 0, got 'heavy'",
+        f"{queries}:3: golden.nuggets[0].weight: must be a number > 0 and at most 1e6, got 'heavy'",
         f"{queries}:4: blurred_query: equal to fused_query",
     ]
     assert f"2 problem(s) in {queries} (the dataset of {config})" in result.output

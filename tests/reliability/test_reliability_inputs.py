@@ -111,6 +111,27 @@ def test_yaml_alias_is_refused_with_file_and_line(tmp_path):
     assert str(e.value) == f"{config}:3: YAML aliases (*b) are not allowed in configs"
 
 
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """YAML keeps the last of two equal keys silently: `seeds: [0]` then `seeds: [1]` ran seed
+    1 with nothing said. Nested mappings and mappings inside lists are checked too."""
+    config = tmp_path / "config.yaml"
+    config.write_text("name: t\nseeds: [0]\nconcurrency: 2\nseeds: [1]\n")
+    with pytest.raises(ConfigError) as e:
+        read_yaml(config)
+    assert str(e.value).startswith(f"{config}:4: key 'seeds' given twice (first at line 2)")
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("roles:\n  judge: {model: a, model: b}\n")
+    with pytest.raises(ConfigError, match=r"nested.yaml:2: key 'model' given twice"):
+        read_yaml(nested)
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("items:\n  - {id: 1}\n  - id: 2\n    id: 3\n")
+    with pytest.raises(ConfigError, match=r"listed.yaml:4: key 'id' given twice"):
+        read_yaml(listed)
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("a: {x: 1}\nb: {x: 2}\nc: [{x: 1}, {x: 2}]\n")
+    assert read_yaml(fine)[0]["b"] == {"x": 2}
+
+
 def test_yaml_config_with_invalid_utf8_is_a_config_error(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_bytes(b"name: x\ntitle: caf\xe9\n")

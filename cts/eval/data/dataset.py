@@ -566,7 +566,7 @@ def _pydantic_problems(e: ValidationError, file: str, line: int) -> list[Problem
             )
             message = f"{given} (expected one of {', '.join(CONSTRAINT_TYPES)})"
         elif loc.endswith(".weight"):
-            message = f"must be a number > 0, got {err['input']!r}"
+            message = f"must be a number > 0 and at most 1e6, got {err['input']!r}"
         else:
             message = err["msg"]
         problems.append(Problem(file, line, loc or "<row>", message))

@@ -38,7 +38,9 @@ class Nugget(_Data):
 
     id: str = Field(min_length=1)
     text: str = Field(min_length=1)
-    weight: float = Field(gt=0)
+    #: Relative importance, at most 1e6 (1e308 passed and overflowed the score's sums to
+    #: NaN, a record that every resume and merge then refused).
+    weight: float = Field(gt=0, le=1e6)
     #: Evidence (corpus doc ids, or ids in the golden trace) that states the fact.
     source_ids: list[str] = []
 

@@ -301,7 +301,7 @@ BAD_ROWS = [
             "fused_query": "y",
             "golden": {"nuggets": [_nugget(weight=-1)]},
         },
-        "golden.nuggets[0].weight: must be a number > 0, got -1",
+        "golden.nuggets[0].weight: must be a number > 0 and at most 1e6, got -1",
     ),
     (
         "weight not a number",
@@ -311,7 +311,18 @@ BAD_ROWS = [
             "fused_query": "y",
             "golden": {"nuggets": [_nugget(weight="heavy")]},
         },
-        "golden.nuggets[0].weight: must be a number > 0, got 'heavy'",
+        "golden.nuggets[0].weight: must be a number > 0 and at most 1e6, got 'heavy'",
+    ),
+    (
+        # Finite, yet its weighted sum overflowed to NaN: a record every resume refused.
+        "weight too large",
+        {
+            "id": "a",
+            "blurred_query": "x",
+            "fused_query": "y",
+            "golden": {"nuggets": [_nugget(weight=1e308)]},
+        },
+        "golden.nuggets[0].weight: must be a number > 0 and at most 1e6, got 1e+308",
     ),
     (
         "duplicate nugget id",
@@ -444,6 +455,8 @@ def test_corpus_problems(tmp_path):
                 {"doc_id": "d1", "url": "u", "text": "t"},
                 {"doc_id": "d1", "url": "u2", "text": "t"},
                 {"doc_id": "d2", "url": "u3", "text": "", "date": "March 2024", "language": "qq"},
+                # A visit finds a page by its URL: two documents at one read the last only.
+                {"doc_id": "d3", "url": "u", "text": "t"},
             ]
         )
         + "\n"
@@ -455,6 +468,7 @@ def test_corpus_problems(tmp_path):
         f"{path}:3: language: unknown language 'qq'",
         f"{path}:3: date: expected YYYY[-MM[-DD]], got 'March 2024'",
         f"{path}:3: text: empty",
+        f"{path}:4: url: duplicate url 'u' (first at line 1)",
     ]
 
 
