@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from cts.eval.run.progress import ShowProgress, progress
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import parse_jsonl, shard_lock
+from cts.eval.run.runner import parse_jsonl, shard_count_lock, shard_lock
 from cts.serving.disk import append_line, write_whole
 
 #: The building steps, as `cts data` and `cts slurm submit --job` name them.
@@ -136,8 +136,10 @@ async def run_rows(
     shard = control.shard
     # One writer per shard file: a second (the same Slurm submit sent twice, a requeued task
     # beside its old self) would repair the file the first appends to and run every key
-    # again into it. A busy shard is ShardBusy, as `cts run` says.
-    with shard_lock(store.root, shard):
+    # again into it; and one shard count at a time: another count splits the keys its own way
+    # and made keys a live shard was making (10 of 19 done twice). Busy is ShardBusy, as
+    # `cts run` says.
+    with shard_lock(store.root, shard), shard_count_lock(store.root, shard):
         store.repair(shard)
         store.write_keys(keys)
         todo = store.to_run(keys, shard, control.retry_failed)

@@ -15,7 +15,7 @@ from cts.eval.construct.fuse import parts_dir
 from cts.eval.construct.store import BuildControl, BuildRow, RowStore, run_rows
 from cts.eval.data.dataset import SAMPLE_DIR
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import ShardBusy, shard_lock
+from cts.eval.run.runner import ShardBusy, shard_count_lock, shard_lock
 from cts.serving.scripted import scripted_roles
 from tests.builders import cts, scripted_cli
 
@@ -53,6 +53,23 @@ def test_a_shard_another_process_is_building_is_refused_untouched(tmp_path: Path
     outcome = asyncio.run(run_rows(store, ["a", "b", "c", "d"], _work(made), control))
     assert (outcome.keys, outcome.ran) == (2, 1) and made == ["b", "d", "c"]
     assert sorted(store.rows()) == ["a", "b", "c", "d"]
+
+
+def test_a_step_under_another_shard_count_than_a_live_one_is_refused(tmp_path: Path) -> None:
+    """`cts data fuse` unsharded beside a live `--shard 0/2` (or a resubmission with another
+    count) made keys the live shard was making: 10 of 19 twice. Refused, as `cts run` is."""
+    store = RowStore(tmp_path / "out.parts", BuildRow)
+    made: list[str] = []
+    whole = BuildControl(name="fuse", shard=Shard(), show_progress=False)
+    with shard_count_lock(store.root, Shard(0, 2)):  # a live `--shard 0/2` of the step
+        with pytest.raises(ShardBusy, match=r"another live process runs this run as 2 shard"):
+            asyncio.run(run_rows(store, ["a", "b", "c"], _work(made), whole))
+        # A shard of the same count runs beside it.
+        other = BuildControl(name="fuse", shard=Shard(1, 2), show_progress=False)
+        asyncio.run(run_rows(store, ["a", "b", "c"], _work(made), other))
+    assert made == ["b"]
+    asyncio.run(run_rows(store, ["a", "b", "c"], _work(made), whole))  # once it has ended
+    assert sorted(store.rows()) == ["a", "b", "c"] and made == ["b", "a", "c"]
 
 
 def test_cts_data_fuse_on_a_busy_shard_exits_as_cts_run_does(
