@@ -26,8 +26,9 @@ from cts.eval.construct.store import BuildFileError, SettingsChanged
 from cts.eval.data.dataset import DatasetError
 from cts.eval.experiment import RunResult, require_roles, run_experiment, serving_for
 from cts.eval.report.comparability import IncomparableRuns
-from cts.eval.report.report import MAIN_COLUMNS, report_cell, warnings
+from cts.eval.report.markdown import MAIN_COLUMNS, report_cell
 from cts.eval.report.summary import Summary, SummaryError, read_summary
+from cts.eval.report.warnings import warnings
 from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
 from cts.eval.run.dialogue import DialogueFileError
 from cts.eval.run.progress import ProgressLog, ShowProgress

@@ -13,9 +13,11 @@ from rich.text import Text
 
 from cts.cli.common import command, output_console, run_into, run_keyed, usage_error
 from cts.cli.options import CONFIG_OPTION, SERVING, SET_OPTION, checked_output_dir
-from cts.eval.estimate import Estimate, Figure, ModelRow, RoleRow, attempts, estimate_run
+from cts.eval.cost import Figure, ModelRow, RoleRow
+from cts.eval.estimate import Estimate, estimate_run
 from cts.eval.experiment import require_roles
 from cts.eval.pilot import default_pilot_dir, pilot_experiment
+from cts.eval.pilot_records import attempts
 from cts.eval.run.config import ResolvedExperiment, load_experiment
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.sweep_power import Detection

@@ -35,7 +35,8 @@ from cts.eval.report.diagnostics import (
     paired_instances,
     score_records,
 )
-from cts.eval.report.report import MAIN_COLUMNS, RunView, load_run
+from cts.eval.report.markdown import MAIN_COLUMNS
+from cts.eval.report.report import RunView, load_run
 from cts.eval.report.summary import Comparison, Summary
 from cts.eval.run.config import ResolvedExperiment, Role
 from cts.eval.run.pipeline import clarify_turns

@@ -16,15 +16,9 @@ import yaml
 from typer.testing import CliRunner
 
 from cts.cli import app
+from cts.eval.cost import ModelRow, held_servers, search_queries, shards_for, tool_figures
 from cts.eval.data.schema import Record
-from cts.eval.estimate import (
-    ModelRow,
-    estimate,
-    held_servers,
-    search_queries,
-    shards_for,
-    tool_figures,
-)
+from cts.eval.estimate import estimate
 from cts.eval.pilot import default_pilot_dir, pilot_overrides
 from cts.eval.run.config import load_experiment
 from cts.eval.run.fingerprint import fingerprint

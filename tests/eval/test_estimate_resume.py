@@ -19,7 +19,7 @@ import pytest
 
 import tests.scripted_cts
 from cts.eval.data.schema import Record
-from cts.eval.estimate import with_dialogues
+from cts.eval.pilot_records import with_dialogues
 from cts.eval.run.dialogue import LineUsage
 from cts.serving.errors import ServerUnreachable
 from cts.serving.scripted import ScriptedEngine, scripted_roles

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cts.eval.cost import Figure, ModelRow
 from cts.eval.data.schema import Record
-from cts.eval.estimate import Estimate, Figure, ModelRow
+from cts.eval.estimate import Estimate
 from cts.eval.score.power import mde
 from cts.eval.sweep_power import DetectError, detect, seed_scores
 

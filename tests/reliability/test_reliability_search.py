@@ -218,7 +218,7 @@ def test_a_lone_surrogate_in_tool_arguments_reaches_the_cache_and_backend_as_u_f
 def test_failed_searches_are_counted_in_the_record_summary_and_report(server, search):
     """The agent goes on after a failed search; the run's summary still says it happened."""
     from cts.eval.report.diagnostics import failures, judge_labels
-    from cts.eval.report.report import warnings
+    from cts.eval.report.warnings import warnings
     from cts.eval.run.pipeline import run_instance
     from tests.eval.run.test_pipeline import context, instances
 

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 import cts.eval.viewer.app
 from cts.cli import app as cts_app
-from cts.eval.report.report import MAIN_COLUMNS, _main_table, to_html
+from cts.eval.report.html import to_html
+from cts.eval.report.markdown import MAIN_COLUMNS, _main_table
 from cts.eval.run.config import load_experiment
 from cts.eval.viewer.app import SECURITY_HEADERS, make_app
 from cts.eval.viewer.serve import allowed_hosts

@@ -22,9 +22,12 @@ from cts.eval.run.config import load_experiment
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.run.runner import RecordStore
 from cts.eval.viewer.app import make_app
+from cts.eval.viewer.cuts import MAX_FIELD_CHARS
+from cts.eval.viewer.highlight import highlight
 from cts.eval.viewer.serve import allowed_hosts
-from cts.eval.viewer.view import MAX_FIELD_CHARS, Viewer, highlight, search_blocks
-from cts.eval.viewer.view import visited_pages as visited
+from cts.eval.viewer.trace import search_blocks
+from cts.eval.viewer.trace import visited_pages as visited
+from cts.eval.viewer.view import Viewer
 from cts.webdancer.search import QUERY_SEPARATOR, SearchHit, render_hits
 from cts.webdancer.visit import render_visit
 from tests.eval.viewer.test_view import LOCAL, a_trace, llm_step, search_step

@@ -6,11 +6,11 @@ GET /static/app.js, style.css
 GET /api/ping                  {"ok": true}: what report.html probes
 GET /api/runs                  the run directories served (records as each report counts
                                them, the others stored in `ignored`), and the filter values
-GET /api/records?…             one page of the index (see cts.eval.viewer.view.parse_query; by
+GET /api/records?…             one page of the index (see cts.eval.viewer.index.parse_query; by
                                default the records config.yaml names: scope=out|all for more)
 GET /api/instance?instance=ID  every record of one instance, in every run
 GET /api/sample?run&instance&condition&seed   one record with its trace and nuggets (every
-                               text cut at cts.eval.viewer.view.MAX_FIELD_CHARS, saying its length)
+                               text cut at cts.eval.viewer.cuts.MAX_FIELD_CHARS, saying its length)
 GET /api/raw?run&instance&condition&seed&part=record|trace   the record or trace file whole,
                                as plain text (what a cut text links to)
 """
@@ -30,7 +30,9 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cts.eval.viewer.view import NotFound, Viewer, ViewError, parse_query
+from cts.eval.viewer.errors import NotFound, ViewError
+from cts.eval.viewer.index import parse_query
+from cts.eval.viewer.view import Viewer
 
 #: The page, its script and its style.
 STATIC = Path(__file__).with_name("static")

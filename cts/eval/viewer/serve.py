@@ -7,7 +7,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from cts.eval.viewer.view import Viewer, ViewError
+from cts.eval.viewer.errors import ViewError
+from cts.eval.viewer.view import Viewer
 
 DEFAULT_PORT = 8765
 

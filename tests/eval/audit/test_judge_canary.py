@@ -16,7 +16,7 @@ import pytest
 from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
 from cts.eval.data.schema import Canary, Record
 from cts.eval.report.diagnostics import judge_labels, paired_instances, score_records, summarize
-from cts.eval.report.report import warnings
+from cts.eval.report.warnings import warnings
 from cts.eval.run.config import JudgeCanary, JudgeConfig
 from cts.eval.run.pipeline import canary_drawn, run_instance
 from cts.serving.types import ChatRequest

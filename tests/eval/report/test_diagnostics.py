@@ -21,7 +21,9 @@ from cts.eval.report.diagnostics import (
     score_records,
     summarize,
 )
-from cts.eval.report.report import markdown, to_html, write_report
+from cts.eval.report.html import to_html
+from cts.eval.report.markdown import markdown
+from cts.eval.report.report import write_report
 from cts.eval.run.config import load_experiment
 from cts.eval.run.pipeline import run_instance
 from cts.eval.run.run_dir import Shard
@@ -441,14 +443,14 @@ def test_records_of_different_dialogues_mixed_are_warned_about():
     scored = score_records(records, ["clarify@1", "clarify@2"], [0], "exclude")
     summary = summarize(records, ["clarify@1", "clarify@2"], [0], ["a"], scored)
     assert summary["clarification"]["dialogue_mismatches"] == 1
-    from cts.eval.report.report import warnings
+    from cts.eval.report.warnings import warnings
 
     assert any("records of different dialogues are mixed" in w for w in warnings("s", summary))
 
 
 def test_report_html_renders_the_markdown_it_writes_inline():
     """Lists and `code` spans as HTML, everything else escaped (a system name is text)."""
-    from cts.eval.report.report import to_html
+    from cts.eval.report.html import to_html
 
     page = to_html("- WARNING `x<y`: a\n- b & c\n\nplain `code` <b>\n| h |\n|---|\n| `v` |", [])
     assert "<ul><li>WARNING <code>x&lt;y</code>: a</li><li>b &amp; c</li></ul>" in page
@@ -507,7 +509,7 @@ def test_the_failure_warning_counts_the_instances_failures_excluded():
     """a's clarify@1 failed; b has no clarify@1 record; c is scored here but, as if another run
     of the report lacked it, not among the paired ids. Three instances are excluded, one of
     them for a failure."""
-    from cts.eval.report.report import warnings
+    from cts.eval.report.warnings import warnings
 
     conditions = ["blurred", "clarify@1"]
     records = [

@@ -12,10 +12,10 @@ import pytest
 import cts.serving.disk
 from cts.eval.data.golden import GOLDEN
 from cts.eval.data.schema import Record
-from cts.eval.estimate import read_traces
+from cts.eval.pilot_records import read_traces
 from cts.eval.run.pipeline import _write_trace
 from cts.eval.run.run_dir import RunDir
-from cts.eval.viewer.view import ViewRun
+from cts.eval.viewer.runs import ViewRun
 from cts.serving.disk import write_whole
 
 

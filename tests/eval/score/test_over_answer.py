@@ -15,7 +15,7 @@ from cts.agents.user_answerer import SpanLimits, is_span, span_regex
 from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.report.diagnostics import clarification, score_records, summarize
-from cts.eval.report.report import markdown
+from cts.eval.report.markdown import markdown
 from cts.eval.run.config import AnswerSpan, ClarificationConfig
 from cts.eval.run.dialogue import _fingerprint
 from cts.eval.run.pipeline import run_instance

@@ -21,8 +21,10 @@ from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.run.runner import RecordStore
 from cts.eval.run.scope import in_scope
 from cts.eval.viewer.app import make_app
+from cts.eval.viewer.index import parse_query
 from cts.eval.viewer.serve import allowed_hosts
-from cts.eval.viewer.view import Viewer, observation, parse_query
+from cts.eval.viewer.trace import observation
+from cts.eval.viewer.view import Viewer
 from tests.eval.viewer.test_view import LOCAL, a_trace, sample_of
 
 #: What config.yaml names after the narrowing resume; the records hold more.
