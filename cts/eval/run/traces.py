@@ -1,6 +1,6 @@
 """Reading a run's trace files: where a record's trace path may point, and how large a trace is
-parsed. Shared by the viewer (`cts/eval/viewer/view.py`) and the cost estimate
-(`cts/eval/estimate.py`), which both read traces named by records (untrusted paths)."""
+parsed. Shared by the viewer (`cts/eval/viewer/runs.py`) and the cost estimate
+(`cts/eval/pilot_records.py`), which both read traces named by records (untrusted paths)."""
 
 from __future__ import annotations
 
