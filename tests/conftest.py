@@ -75,3 +75,12 @@ def vllm_server(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """200 columns: rich wraps tables at 80 columns otherwise, cutting the lines tests look for."""
     monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The real local BM25 search over the sample corpus (its index built once per module)."""
+    from cts.eval.data.dataset import corpus_path
+    from cts.webdancer.backends.local import LocalSearch
+
+    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))

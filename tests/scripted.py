@@ -34,3 +34,10 @@ def scripted_context(search, trace_dir=None, options=None, store=None):  # type:
         trace_dir=trace_dir,
     )
     return context, roles
+
+
+def dev_instances(n: int = 4):  # type: ignore[no-untyped-def]
+    """The first `n` instances of the sample's dev split."""
+    from cts.eval.data.dataset import DatasetSource, load_instances
+
+    return load_instances(DatasetSource(path="sample", split="dev", limit=n))

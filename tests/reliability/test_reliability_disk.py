@@ -32,9 +32,9 @@ from cts.serving.cache import ResponseCache
 from cts.serving.disk import StorageFull, append_line, write_whole
 from cts.serving.types import ChatResponse
 from cts.webdancer.tool_cache import ToolCache
-from tests.eval.run.test_pipeline import context, instances
-from tests.eval.run.test_pipeline import search as search  # the fixture
 from tests.fault_helpers import cts_run_args
+from tests.scripted import dev_instances as instances
+from tests.scripted import scripted_context as context
 from tests.scripted_cts import ROOT, cts
 
 LIMIT = 10

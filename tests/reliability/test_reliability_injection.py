@@ -116,7 +116,8 @@ def test_a_clarifier_or_rewriter_that_obeys_an_injection_fails_its_key(role, tmp
     from cts.eval.data.dataset import corpus_path
     from cts.eval.run.pipeline import run_instance
     from cts.webdancer.backends.local import LocalSearch
-    from tests.eval.run.test_pipeline import context, instances
+    from tests.scripted import dev_instances as instances
+    from tests.scripted import scripted_context as context
 
     ctx, roles = context(LocalSearch(corpus_path("sample"), tmp_path / "index"))
     roles[role].script = lambda r: "X"

@@ -8,8 +8,8 @@ import asyncio
 
 from cts.eval.run.pipeline import run_instance
 from cts.eval.run.runner import RecordStore, run_keys
-from tests.eval.run.test_pipeline import context, instances
-from tests.eval.run.test_pipeline import search as search  # the fixture
+from tests.scripted import dev_instances as instances
+from tests.scripted import scripted_context as context
 
 
 def test_an_unexpected_exception_is_one_internal_failure_and_the_run_goes_on(search, tmp_path):

@@ -20,7 +20,6 @@ from cts.webdancer.protocol import FORCE_ANSWER, ToolCall
 from cts.webdancer.tool_cache import ToolCache
 from cts.webdancer.tools import Tools
 from cts.webdancer.visit import LocalPages, Visitor
-from tests.eval.run.test_pipeline import search as search  # the fixture
 from tests.fault_helpers import QuietHandler, loopback_server
 
 #: Loose enough for a loaded 2-core machine, where a loopback answer can take 0.2 s.
@@ -220,7 +219,8 @@ def test_failed_searches_are_counted_in_the_record_summary_and_report(server, se
     from cts.eval.report.diagnostics import failures, judge_labels
     from cts.eval.report.warnings import warnings
     from cts.eval.run.pipeline import run_instance
-    from tests.eval.run.test_pipeline import context, instances
+    from tests.scripted import dev_instances as instances
+    from tests.scripted import scripted_context as context
 
     url, reply = server
     set_fault(reply, "retrieval", "http_500")

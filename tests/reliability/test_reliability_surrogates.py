@@ -21,8 +21,8 @@ from cts.eval.run.runner import RecordStore, run_keys
 from cts.serving.scripted import ScriptedEngine, scripted_roles
 from cts.serving.types import ChatRequest, JsonSchemaOutput
 from cts.webdancer.backends.web_search import SearxngSearch
-from tests.eval.run.test_pipeline import instances
 from tests.fault_helpers import QuietHandler, loopback_server
+from tests.scripted import dev_instances as instances
 from tests.scripted_cts import scripted_engines
 
 BAD = "\ud800"  # a high surrogate with no low one after it

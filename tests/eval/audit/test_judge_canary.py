@@ -11,24 +11,16 @@ import json
 import re
 from collections import Counter
 
-import pytest
-
-from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Canary, Record
 from cts.eval.report.diagnostics import judge_labels, paired_instances, score_records, summarize
 from cts.eval.report.warnings import warnings
 from cts.eval.run.config import JudgeCanary, JudgeConfig
 from cts.eval.run.pipeline import canary_drawn, run_instance
 from cts.serving.types import ChatRequest
-from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
 
 CONDITIONS = ["blurred", "clarify@1", "oracle"]
-
-
-@pytest.fixture(scope="module")
-def search(tmp_path_factory) -> LocalSearch:
-    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
 
 
 def two_languages():

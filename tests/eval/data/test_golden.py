@@ -10,20 +10,14 @@ import jsonschema
 import pytest
 
 from cts.agents.nugget_builder import Evidence, evidence_text, nuggets_schema
-from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.golden import GOLDEN, golden_dataset, trace_evidence
 from cts.eval.data.schema import Nugget, Record
 from cts.eval.run.pipeline import run_instance, trace_name
-from cts.webdancer.backends.local import LocalSearch
 from cts.webdancer.protocol import ToolCall
 from tests.scripted import scripted_context
 
 SENTINEL = "SENTINEL-golden-4c1e"
-
-
-@pytest.fixture(scope="module")
-def search(tmp_path_factory) -> LocalSearch:
-    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
 
 
 def instances(n: int = 2):

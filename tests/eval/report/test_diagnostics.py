@@ -10,7 +10,7 @@ from statistics import mean
 
 import pytest
 
-from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Record
 from cts.eval.report.diagnostics import (
     clarification,
@@ -30,7 +30,6 @@ from cts.eval.run.run_dir import Shard
 from cts.eval.run.runner import RecordStore, run_keys
 from cts.eval.score.metrics import holm, paired_test
 from cts.serving.errors import EngineUnavailable
-from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
 
 CONDITIONS = ["blurred", "clarify@1", "oracle"]
@@ -282,11 +281,6 @@ def test_systems_are_compared_on_the_given_instances_only():
     (every,) = compare_systems(systems, ["clarify@1"])
     assert (every["n"], every["difference"]) == (4, 11.5)
     assert compare_systems(systems, ["clarify@1"], ids=["e"]) == []
-
-
-@pytest.fixture(scope="module")
-def search(tmp_path_factory) -> LocalSearch:
-    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
 
 
 def test_a_report_of_a_run_with_one_failing_instance_under_one_condition(search, tmp_path):

@@ -10,31 +10,17 @@ from typing import Any
 
 import pytest
 
-from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
 from cts.eval.data.schema import Instance
 from cts.eval.report.diagnostics import clarification
 from cts.eval.run.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
 from cts.eval.run.pipeline import PipelineContext, run_instance
 from cts.eval.run.run_dir import Shard
 from cts.eval.run.runner import RecordFileError, RecordStore, RunOutcome, merge, run_keys
-from cts.webdancer.backends.local import LocalSearch
-from tests.scripted import scripted_context
+from tests.scripted import dev_instances as instances
+from tests.scripted import scripted_context as context
 
 CONDITIONS: list[str] = list(ALL_CONDITIONS)
 SENTINEL = "SENTINEL-7f3a"
-
-
-@pytest.fixture(scope="module")
-def search(tmp_path_factory) -> LocalSearch:
-    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
-
-
-def context(search: LocalSearch, trace_dir: Path | None = None, options=None, store=None):
-    return scripted_context(search, trace_dir, options, store)
-
-
-def instances(n: int = 4):
-    return load_instances(DatasetSource(path="sample", split="dev", limit=n))
 
 
 CLARIFICATION_OPTIONS = [

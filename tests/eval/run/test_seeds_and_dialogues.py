@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.golden import GOLDEN
 from cts.eval.run.config import load_experiment
 from cts.eval.run.dialogue import Clarification, DialogueStore
@@ -28,11 +28,6 @@ from cts.webdancer.visit import LocalPages, Visitor
 from tests.scripted import scripted_context
 
 K_CONDITIONS = ["clarify@1", "clarify@2", "clarify@3"]
-
-
-@pytest.fixture(scope="module")
-def search(tmp_path_factory) -> LocalSearch:
-    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
 
 
 def instances(n: int = 2):

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import pytest
-
-from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Record
 from cts.eval.run.dialogue import Clarification, DialogueStore
 from cts.eval.run.pipeline import run_instance
@@ -17,16 +15,10 @@ from cts.eval.run.slots import KeySlots, released
 from cts.eval.run.usage import metered
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import ChatRequest, ChatResponse
-from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
 
 #: A hang guard, not a timing assertion: without the behaviour under test the run deadlocks.
 HANG_S = 60
-
-
-@pytest.fixture(scope="module")
-def search(tmp_path_factory) -> LocalSearch:  # type: ignore[no-untyped-def]
-    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
 
 
 def instances(n: int = 1):  # type: ignore[no-untyped-def]

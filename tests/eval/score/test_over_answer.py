@@ -12,7 +12,7 @@ import pytest
 
 from cts.agents import user_answerer
 from cts.agents.user_answerer import SpanLimits, is_span, span_regex
-from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
+from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.report.diagnostics import clarification, score_records, summarize
 from cts.eval.report.markdown import markdown
@@ -23,7 +23,6 @@ from cts.eval.score.over_answer import reveal
 from cts.serving.errors import ConstrainedOutputError
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import Sampling
-from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
 
 TAX = Instance(
@@ -161,11 +160,6 @@ def test_the_over_answer_rate_per_k_against_a_hand_computation():
         "Over-answer pieces found by runs of missing words (a proxy; a lower bound): 4 answers; "
         "1 answers of older records not measured (docs/reading-the-report.md)." in text
     )
-
-
-@pytest.fixture(scope="module")
-def search(tmp_path_factory) -> LocalSearch:
-    return LocalSearch(corpus_path("sample"), tmp_path_factory.mktemp("index"))
 
 
 def test_each_answer_of_a_run_is_measured(search):
