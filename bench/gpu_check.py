@@ -59,18 +59,12 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # bench.pipeline: the recording, the replay, the metrics
+    sys.path.insert(0, str(ROOT))  # bench.pipeline_*: the recording, the replay, the metrics
 
-from bench.pipeline import (  # noqa: E402
-    Call,
-    best,
-    measure_run,
-    over_ceiling,
-    saturate,
-    save_calls,
-    shared_judge,
-    warm_up,
-)
+from bench.pipeline_figures import best, over_ceiling, shared_judge  # noqa: E402
+from bench.pipeline_recording import Call, save_calls  # noqa: E402
+from bench.pipeline_runs import measure_run, warm_up  # noqa: E402
+from bench.replay_mix import saturate  # noqa: E402
 from bench.replicas import measure_routing  # noqa: E402
 from cts.agents.judge import judge_schema  # noqa: E402 - after the path fix, like the modules below
 from cts.agents.user_answerer import span_regex  # noqa: E402

@@ -30,20 +30,17 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # bench.pipeline: the metrics and the quickstart overrides
+    sys.path.insert(0, str(ROOT))  # bench/pipeline.py's metrics and quickstart overrides
 
-from bench.pipeline import (  # noqa: E402 - after the path fix, like the modules below
+from bench.pipeline_runs import (  # noqa: E402 - after the path fix, like the modules below
     VLLM_MODEL,
-    ServerMetrics,
-    deltas,
-    hit_rate,
     outcome_of,
     overrides,
     quickstart_roles,
-    reset_prefix_cache,
     vllm_python,
     warm_up,
 )
+from bench.server_metrics import ServerMetrics, deltas, hit_rate, reset_prefix_cache  # noqa: E402
 from cts.configs import CONFIG_DIR  # noqa: E402
 from cts.eval.experiment import run_experiment  # noqa: E402
 from cts.eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
