@@ -22,17 +22,29 @@ from pathlib import Path
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: A read-only file system, or a directory the user may not write (EPERM: e.g. an immutable file).
 _NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-STORAGE_ERRNOS = _NO_SPACE | _NOT_WRITABLE
+#: The storage itself failing: a disk's I/O error, an NFS server's stale handle.
+_FAILING = frozenset({errno.EIO, errno.ESTALE})
+#: A path that cannot hold the file: a part of it is a file (ENOTDIR), or a file stands where
+#: a directory must be made (EEXIST from mkdir), or a name too long for the file system.
+_BAD_PATH = frozenset({errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG})
+STORAGE_ERRNOS = _NO_SPACE | _NOT_WRITABLE | _FAILING | _BAD_PATH
 
 
 class StorageFull(OSError):
-    """A write that failed for want of space, or of a place it may write: every later write
-    would fail too, so the run stops once, at the first."""
+    """A write that failed for want of space, of a place it may write, of a storage that works
+    (an I/O error, a stale NFS handle) or of a path that can hold a file: every later write
+    would fail too, so the run stops once, at the first, naming the file."""
 
     def __str__(self) -> str:
         remedy = (
             "make it writable (or choose another --output-dir or cache path)"
             if self.errno in _NOT_WRITABLE
+            else "check the file system, or its server (or choose another --output-dir or "
+            "cache path)"
+            if self.errno in _FAILING
+            else "choose a path whose folders are folders (or another --output-dir or cache "
+            "path)"
+            if self.errno in _BAD_PATH
             else "free some space"
         )
         return (
@@ -47,8 +59,9 @@ def storage_full(path: Path | str, code: int = errno.ENOSPC) -> StorageFull:
 
 @contextmanager
 def storage_errors(path: Path | str) -> Iterator[None]:
-    """Raise an OSError of a full disk, a quota or a read-only file system met in the block as
-    StorageFull naming `path` (the file being written, not its temporary); others pass."""
+    """Raise an OSError of a full disk, a quota, a read-only file system, a failing storage or
+    a path that cannot hold a file met in the block as StorageFull naming `path` (the file
+    being written, not its temporary); others pass."""
     try:
         yield
     except StorageFull:

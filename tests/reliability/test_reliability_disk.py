@@ -9,6 +9,7 @@ driven into a full disk one by one, where a write really is cut short.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import math
 import os
@@ -397,3 +398,44 @@ def test_a_directory_one_may_not_write_is_a_storage_error_naming_the_file(
         append_line(tmp_path / "records.jsonl", b"{}\n")
     assert str(stopped.value).startswith(f"{tmp_path / 'records.jsonl'}: Permission denied")
     assert "make it writable" in str(stopped.value)
+
+
+@pytest.mark.parametrize(
+    ("code", "remedy"),
+    [
+        (errno.EIO, "check the file system, or its server"),
+        (errno.ESTALE, "check the file system, or its server"),
+        (errno.ENOTDIR, "choose a path whose folders are folders"),
+        (errno.EEXIST, "choose a path whose folders are folders"),
+    ],
+)
+def test_a_storage_that_fails_stops_the_run_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, search, code: int, remedy: str
+) -> None:
+    """An I/O error, a stale NFS handle, a path through a file: every key became an `internal`
+    failure, or a traceback. Now one stop naming the file and what to do, nothing recorded for
+    the key (it runs again on resume once the storage works)."""
+    import cts.serving.disk as disk_module
+
+    ctx, _ = context(search, tmp_path / "traces")
+    store = RecordStore(tmp_path / "run")
+    real = disk_module.os.replace
+
+    def failing(source, target):  # type: ignore[no-untyped-def]
+        if "traces" in str(target):
+            raise OSError(code, os.strerror(code), str(target))
+        return real(source, target)
+
+    monkeypatch.setattr(disk_module.os, "replace", failing)
+
+    def work(i, c, s):  # type: ignore[no-untyped-def]
+        return run_instance(i, c, s, ctx)
+
+    with pytest.raises(StorageFull) as stopped:
+        asyncio.run(run_keys(instances(1), ["oracle"], [0], work, store))
+    assert str(stopped.value).startswith(str(tmp_path / "traces")), str(stopped.value)
+    assert os.strerror(code) in str(stopped.value) and remedy in str(stopped.value)
+    assert store.completed() == {}
+    monkeypatch.setattr(disk_module.os, "replace", real)
+    again = asyncio.run(run_keys(instances(1), ["oracle"], [0], work, store))
+    assert again.ran == 1 and not again.failures
