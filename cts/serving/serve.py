@@ -473,6 +473,22 @@ class EndpointsError(ValueError):
 ENDPOINTS_POLL_S = 2.0
 
 
+#: An endpoints file names a few servers: anything larger is not one (and /dev/zero never ends).
+MAX_ENDPOINTS_BYTES = 1 << 20
+
+
+def _small_file(path: Path) -> str:
+    """The text of an endpoints file: a regular file (a device or a FIFO is refused unread)
+    of at most MAX_ENDPOINTS_BYTES."""
+    if path.exists() and not path.is_file():
+        raise ValueError("not a regular file")
+    with path.open("rb") as f:
+        raw = f.read(MAX_ENDPOINTS_BYTES + 1)
+    if len(raw) > MAX_ENDPOINTS_BYTES:
+        raise ValueError(f"larger than {MAX_ENDPOINTS_BYTES >> 20} MiB")
+    return raw.decode("utf-8")
+
+
 def read_endpoints(path: Path, wait_s: float = 0.0) -> dict[str, str | list[str]]:
     """Model key → base URL (a list, one per copy, for a model served with replicas) from an
     endpoints file written by `cts serve`; waiting up to `wait_s` seconds for the file to
@@ -481,16 +497,20 @@ def read_endpoints(path: Path, wait_s: float = 0.0) -> dict[str, str | list[str]
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(min(ENDPOINTS_POLL_S, max(0.0, deadline - time.monotonic())))
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_small_file(path))
     except FileNotFoundError:
         waited = f" after waiting {wait_s:g} s (is the shared servers job running? see its log)"
         raise EndpointsError(
             f"{path}: endpoints file not found"
             + (waited if wait_s else " (is `cts serve` running?)")
         ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as e:
         raise EndpointsError(
             f"{path}: not an endpoints file written by `cts serve` ({e})"
+        ) from None
+    except RecursionError:  # json.loads recurses per level: a file nested ~1000 deep
+        raise EndpointsError(
+            f"{path}: not an endpoints file written by `cts serve` (JSON nested too deeply)"
         ) from None
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict):

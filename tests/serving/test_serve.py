@@ -292,6 +292,17 @@ def test_endpoints_file_errors_are_clear(tmp_path):
     bad.write_text("{}")
     with pytest.raises(EndpointsError, match="not an endpoints file"):
         read_endpoints(bad)
+    # Damaged as no `cts serve` writes it: nested 100k deep, huge, or a device that never ends.
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(EndpointsError, match="nested too deeply"):
+        read_endpoints(deep)
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"models": {}, "pad": "' + "x" * (2 << 20) + '"}')
+    with pytest.raises(EndpointsError, match="larger than 1 MiB"):
+        read_endpoints(huge)
+    with pytest.raises(EndpointsError, match="not a regular file"):
+        read_endpoints(Path("/dev/zero"))
 
 
 def test_endpoints_replace_the_served_models_urls(tmp_path: Path):

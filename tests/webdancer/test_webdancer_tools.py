@@ -166,6 +166,32 @@ def test_the_index_is_reused_when_the_corpus_is_unchanged_and_rebuilt_when_it_ch
     shutil.rmtree(tmp_path / "idx")
 
 
+@pytest.mark.parametrize("damage", ["cut", "scribbled", "other corpus"])
+def test_a_damaged_index_is_built_again_not_a_traceback(tmp_path, damage):
+    """The index under $CTS_HOME/indexes/ is the toolkit's own cache of the corpus: a file of
+    it cut short, scribbled over, or saved for another number of documents was a traceback
+    at every run's start. It is built again (with a warning), and searches as before."""
+    docs = corpus_rows([f"title {i}" for i in range(5)], [f"alpha beta {i}" for i in range(5)])
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)
+    first = LocalSearch(corpus, tmp_path / "idx")
+    expected = first.search_sync("alpha 3", 3)
+    files = sorted(p for p in first.index_dir.iterdir() if p.name != "cts-index.json")
+    if damage == "cut":
+        for path in files:
+            path.write_bytes(path.read_bytes()[:5])
+    elif damage == "scribbled":
+        for path in files:
+            path.write_bytes(b"\xff" * path.stat().st_size)
+    else:
+        smaller = write_jsonl(tmp_path / "small.jsonl", docs[:2])
+        other = LocalSearch(smaller, tmp_path / "other")
+        for path in sorted(other.index_dir.iterdir()):
+            if path.name != "cts-index.json":
+                shutil.copy(path, first.index_dir / path.name)
+    again = LocalSearch(corpus, tmp_path / "idx")
+    assert again.rebuilt and again.search_sync("alpha 3", 3) == expected
+
+
 # -- HTTP search backends against scripted loopback servers --------------------------------------
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from cts.eval.data.schema import Record
 from cts.eval.run.config import ALL_CONDITIONS
 from cts.eval.run.fingerprint import judge_setup
-from cts.eval.run.run_dir import RunDir
+from cts.eval.run.run_dir import RunDir, RunDirError
 from cts.eval.run.runner import Key, RecordStore
 from cts.eval.score.metrics import paired_test, ratio_ci
 from cts.eval.score.power import paired_mde
@@ -165,7 +165,13 @@ def read_judgement(path: Path, name: str | None = None) -> Judgement:
     judge = model_label(ref, resolved.model_for("judge").name) if ref else "?"
     source = None
     if run.provenance.is_file():
-        source = Path(json.loads(run.provenance.read_text())["source"]["path"])
+        try:
+            source = Path(json.loads(run.provenance.read_text("utf-8"))["source"]["path"])
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            raise RunDirError(
+                f"{run.provenance}: unreadable ({type(e).__name__}: {e}); cannot tell which "
+                "run it rejudged: restore it from a copy, or move the rejudge aside"
+            ) from e
     document, _ = read_yaml(run.config)
     return Judgement(
         name or path.name,

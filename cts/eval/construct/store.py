@@ -176,7 +176,15 @@ def check_settings(root: Path, settings: dict[str, Any], made: str) -> None:
         root.mkdir(parents=True, exist_ok=True)
         write_whole(path, json.dumps(settings, indent=1, ensure_ascii=False))
         return
-    before = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(before, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, RecursionError) as e:
+        raise SettingsChanged(
+            f"{path}: unreadable ({type(e).__name__}: {e}): what {root}'s rows were made with is "
+            "not known; restore it, or build into another --out"
+        ) from e
     changed = [k for k in {**before, **settings} if before.get(k) != settings.get(k)]
     if changed:
         raise SettingsChanged(

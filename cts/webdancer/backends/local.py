@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -36,6 +37,9 @@ def _jieba() -> Any:
 
     jieba.setLogLevel(logging.WARNING)
     return jieba
+
+
+logger = logging.getLogger(__name__)
 
 
 def tokenize(text: str) -> list[str]:
@@ -75,17 +79,34 @@ class LocalSearch:
         self.rebuilt = False
         self._retriever = self._load_or_build()
 
+    def _load(self) -> Any | None:
+        """The saved index, or None when there is none or it is damaged (a file cut short or
+        scribbled over: it is a cache of the corpus, so it is built again, never a traceback)."""
+        import bm25s
+
+        if not (self.index_dir / "cts-index.json").is_file():
+            return None
+        try:
+            retriever = bm25s.BM25.load(str(self.index_dir), show_progress=False)
+            if retriever.scores["num_docs"] != len(self.documents):
+                raise ValueError("another number of documents than the corpus's")
+        except Exception as e:  # bm25s and numpy raise many kinds for a damaged file
+            logger.warning("search index %s unreadable (%s): building it again", self.index_dir, e)
+            return None
+        return retriever
+
     def _load_or_build(self) -> Any:
         import bm25s
 
-        marker = self.index_dir / "cts-index.json"
-        if marker.is_file():
-            return bm25s.BM25.load(str(self.index_dir), show_progress=False)
+        loaded = self._load()
+        if loaded is not None:
+            return loaded
         self.index_dir.parent.mkdir(parents=True, exist_ok=True)
         with self.index_dir.with_name(f".{self.index_dir.name}.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per corpus across processes
-            if marker.is_file():
-                return bm25s.BM25.load(str(self.index_dir), show_progress=False)
+            loaded = self._load()
+            if loaded is not None:
+                return loaded
             retriever = bm25s.BM25()
             retriever.index(
                 [tokenize(f"{d.title} {d.text}") for d in self.documents], show_progress=False

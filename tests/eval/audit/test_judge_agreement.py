@@ -396,3 +396,20 @@ def test_runs_of_other_answers_are_reported_not_joined(runs, tmp_path):
     assert read_judgement(edited).source is None
     one = CliRunner().invoke(app, ["judge", "agreement", str(source)])
     assert one.exit_code == 2 and "at least two" in one.output
+
+
+def test_a_rejudge_whose_rejudge_json_is_damaged_is_an_error_naming_it(tmp_path):
+    """`cts judge agreement` read rejudge.json unguarded: a damaged one was a traceback."""
+    import shutil
+
+    from cts.eval.audit.agreement import read_judgement
+    from cts.eval.run.config import load_experiment
+    from cts.eval.run.run_dir import RunDir, RunDirError
+
+    run = RunDir(tmp_path / "rejudged")
+    run.write_config(load_experiment(None, []))
+    for damaged in ('{"source": {"path": ', "[]", "{}"):
+        run.provenance.write_text(damaged)
+        with pytest.raises(RunDirError, match=r"rejudge.json: unreadable .* cannot tell which"):
+            read_judgement(run.root)
+    shutil.rmtree(run.root)

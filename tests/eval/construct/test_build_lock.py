@@ -85,3 +85,15 @@ def test_cts_data_fuse_on_a_busy_shard_exits_as_cts_run_does(
         result.output.replace("\n", "")
     )
     assert not (parts_dir(out) / "shard-0-of-1.jsonl").exists() and not out.exists()
+
+
+def test_a_damaged_plan_json_is_an_error_naming_it(tmp_path: Path) -> None:
+    """A step's own record of its settings cut short or scribbled over was a traceback."""
+    from cts.eval.construct.store import SettingsChanged, check_settings
+
+    root = tmp_path / "out.parts"
+    check_settings(root, {"seed": 0}, "blurred")
+    for damaged in ('{"seed": 0', "[1, 2]", "[" * 100_000):
+        (root / "plan.json").write_text(damaged)
+        with pytest.raises(SettingsChanged, match=r"plan.json: unreadable .* another --out"):
+            check_settings(root, {"seed": 0}, "blurred")
