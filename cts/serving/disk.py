@@ -42,8 +42,7 @@ class StorageFull(OSError):
             else "check the file system, or its server (or choose another --output-dir or "
             "cache path)"
             if self.errno in _FAILING
-            else "choose a path whose folders are folders (or another --output-dir or cache "
-            "path)"
+            else "choose a path whose folders are folders (or another --output-dir or cache path)"
             if self.errno in _BAD_PATH
             else "free some space"
         )
