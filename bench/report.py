@@ -38,8 +38,8 @@ import cts.eval.score.metrics
 from cts.eval.data.schema import Record
 from cts.eval.report.report import write_report
 from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.records import RecordStore, write_jsonl
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore, write_jsonl
 from cts.eval.score.resampling import cached_plan
 
 CONDITIONS: list[str] = list(ALL_CONDITIONS)

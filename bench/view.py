@@ -25,8 +25,8 @@ from typing import Any
 
 from cts.eval.data.schema import Record
 from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.records import RecordStore, write_jsonl
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 CONDITIONS: list[str] = list(ALL_CONDITIONS)

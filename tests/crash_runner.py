@@ -24,8 +24,9 @@ from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
 from cts.eval.experiment import until_signalled
 from cts.eval.run.config import ALL_CONDITIONS
 from cts.eval.run.pipeline import run_instance
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.runner import run_keys
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import ChatRequest, ChatResponse
 from cts.webdancer.backends.local import LocalSearch

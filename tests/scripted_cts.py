@@ -19,7 +19,7 @@ from pathlib import Path
 import cts.eval.construct.blur as blur_module
 import cts.eval.construct.fuse as fuse_module
 import cts.eval.experiment as experiment_module
-import cts.slurm.submit as submit_module
+import cts.slurm.render as render_module
 from cts.cli import app
 from cts.eval.run.config import ResolvedExperiment, Role
 from cts.eval.run.engines import Engines
@@ -89,5 +89,5 @@ if __name__ == "__main__":
     for module in (experiment_module, fuse_module, blur_module):
         module.open_engines = scripted_engines  # type: ignore[attr-defined]
     # Slurm jobs submitted from here run this wrapper too, so their roles are scripted as well.
-    submit_module.cts_command = lambda: [sys.executable, "-m", "tests.scripted_cts"]
+    render_module.cts_command = lambda: [sys.executable, "-m", "tests.scripted_cts"]
     app(prog_name="cts")

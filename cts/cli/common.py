@@ -31,9 +31,10 @@ from cts.eval.report.summary import Summary, SummaryError, read_summary
 from cts.eval.report.warnings import warnings
 from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
 from cts.eval.run.dialogue import DialogueFileError
+from cts.eval.run.locks import ShardBusy
 from cts.eval.run.progress import ProgressLog, ShowProgress
+from cts.eval.run.records import RecordFileError
 from cts.eval.run.run_dir import RunDir, RunDirError, Shard, ShardError
-from cts.eval.run.runner import RecordFileError, ShardBusy
 from cts.eval.sweep_power import DetectError
 from cts.serving.disk import NotAFile, StorageFull
 from cts.serving.download import DownloadError
@@ -49,7 +50,8 @@ from cts.serving.serve import (
 )
 from cts.serving.vllm_server import ServerError
 from cts.serving.yaml_config import ConfigError
-from cts.slurm.submit import SlurmOptionError, SubmitError
+from cts.slurm.chain import SubmitError
+from cts.slurm.plan import SlurmOptionError
 from cts.train.fit import FitError
 from cts.train.loop import LoopError
 from cts.train.pairs import PairsError

@@ -11,7 +11,7 @@ from cts.cli.common import command, output_console
 from cts.cli.options import CONFIG_OPTION, OUTPUT_DIR_OPTION, SET_OPTION, checked_output_dir, sbatch
 from cts.eval.run.config import load_experiment
 from cts.slurm.doctor import DoctorOptions, doctor
-from cts.slurm.submit import SlurmOptions
+from cts.slurm.plan import SlurmOptions
 
 app = typer.Typer()
 

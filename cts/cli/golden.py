@@ -39,8 +39,8 @@ from cts.eval.audit.nuggetizer import (
 from cts.eval.data.golden import GoldenReport
 from cts.eval.experiment import GOLDEN_ROLES, build_golden, finish_golden, require_roles
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import MergeReport
 from cts.eval.run.run_dir import RunDir
-from cts.eval.run.runner import MergeReport
 from cts.serving.serve import ServeOptions
 from cts.serving.yaml_config import Override
 

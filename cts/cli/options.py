@@ -14,7 +14,7 @@ import typer
 from cts.eval.audit.nuggetizer import DEFAULT_WEIGHT_MAP
 from cts.eval.run.run_dir import RunDirError, Shard
 from cts.serving.serve import DEFAULT_READY_TIMEOUT_S, ServeOptions
-from cts.slurm.submit import CPUS_PER_GPU, MEM_GB_PER_GPU, SlurmOptions
+from cts.slurm.plan import CPUS_PER_GPU, MEM_GB_PER_GPU, SlurmOptions
 from cts.train.config import TrainConfig, load_train_config
 
 CONFIG_HELP = (

@@ -14,15 +14,11 @@ from rich.table import Table
 
 from cts.cli.common import command, command_group, output_console
 from cts.cli.options import OUTPUT_DIR_OPTION, SBATCH, SET_OPTION
+from cts.slurm.chain import Submission, submit_chain
 from cts.slurm.history import submissions
+from cts.slurm.kinds import plan_job
+from cts.slurm.plan import Job, SlurmOptions
 from cts.slurm.status import chain_status, servers_state, status
-from cts.slurm.submit import (
-    Job,
-    SlurmOptions,
-    Submission,
-    plan_job,
-    submit_chain,
-)
 
 app = command_group(
     "Run the benchmark, golden construction, a rejudge or clarifier fine-tuning as Slurm jobs."

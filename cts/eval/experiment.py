@@ -30,18 +30,9 @@ from cts.eval.run.fingerprint import dataset_digest, fingerprint
 from cts.eval.run.oracle import golden_searcher
 from cts.eval.run.pipeline import PipelineContext, clarify_turns, run_instance
 from cts.eval.run.progress import key_progress
+from cts.eval.run.records import MergeReport, RecordStore, UnrecordedStore, merge, write_jsonl
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import (
-    MergeReport,
-    RecordStore,
-    RunControl,
-    RunOutcome,
-    UnrecordedStore,
-    already_done,
-    merge,
-    run_keys,
-    write_jsonl,
-)
+from cts.eval.run.runner import RunControl, RunOutcome, already_done, run_keys
 from cts.eval.run.search_agent import corpus_digest, open_agent
 from cts.serving.cache import EVALUATION, GOLDEN_CONSTRUCTION
 from cts.serving.engine import EngineStats

@@ -26,8 +26,8 @@ from cts.eval.experiment import CLARIFY_ROLES, SEARCH_ROLES
 from cts.eval.run.config import ResolvedExperiment
 from cts.eval.run.dialogue import LineUsage
 from cts.eval.run.pipeline import clarify_turns
+from cts.eval.run.records import RecordStore, UnrecordedStore, counts_over
 from cts.eval.run.run_dir import RunDir, RunDirError
-from cts.eval.run.runner import RecordStore, UnrecordedStore, counts_over
 from cts.eval.run.traces import inside, read_trace_file
 from cts.eval.run.usage import ROLE_FIGURES, role_usage
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from cts.eval.experiment import instances_for, require_roles, run_notes
 from cts.eval.run.config import ResolvedExperiment
 from cts.eval.run.fingerprint import fingerprint
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore
 from cts.eval.run.search_agent import corpus_digest
 from cts.serving.serve import ServeOptions, read_endpoints, served_models
 from cts.serving.yaml_config import ConfigError

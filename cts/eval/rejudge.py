@@ -57,8 +57,9 @@ from cts.eval.run.engines import open_engines
 from cts.eval.run.fingerprint import changes, fingerprint, results_digest, results_view
 from cts.eval.run.pipeline import PipelineContext, StageFailed, judge_record
 from cts.eval.run.progress import key_progress
+from cts.eval.run.records import Key, RecordStore
 from cts.eval.run.run_dir import RunDir, RunDirError, Shard, frozen_experiment
-from cts.eval.run.runner import Key, RecordStore, RunControl, RunOutcome, already_done, run_keys
+from cts.eval.run.runner import RunControl, RunOutcome, already_done, run_keys
 from cts.serving.disk import write_whole
 from cts.serving.engine import ChatModel, EngineStats
 from cts.serving.model_config import check_api_keys, model_label

@@ -15,7 +15,9 @@ from cts.eval.run.config import ResolvedExperiment
 from cts.serving.checks import Check, filesystems, gpu_memory, run_command, versions, weights
 from cts.serving.files import cts_home
 from cts.serving.serve import served_models
-from cts.slurm.submit import SlurmOptions, plan_job, submit_chain
+from cts.slurm.chain import submit_chain
+from cts.slurm.kinds import plan_job
+from cts.slurm.plan import SlurmOptions
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from cts.eval.construct.store import BUILD_STEPS, BuildFileError, BuildRow, RowS
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.golden import GOLDEN
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordFileError, RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordFileError, RecordStore
 from cts.slurm.history import latest_chain, submissions
 
 

@@ -1,7 +1,7 @@
 """The training loop run from Python: each step of `cts.train.loop.loop_steps` done, in order.
 
 `cts train loop` iterates `run_loop`, `cts train loop-step` calls `run_step` once, and each
-job of the Slurm chain (`cts/slurm/submit.train_loop_jobs`) is one `run_step`; a notebook can
+job of the Slurm chain (`cts/slurm/kinds.train_loop_jobs`) is one `run_step`; a notebook can
 do the same:
 
     from cts.train.config import load_train_config

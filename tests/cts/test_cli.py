@@ -359,7 +359,8 @@ def test_data_validate_takes_a_corpus_with_a_bad_first_line_for_a_corpus(tmp_pat
     assert first.startswith(f"{corpus}:1: <row>: malformed JSON") and count.startswith("1 problem")
     # A BOM on the first row: a corpus still, read past its BOM; not a dataset whose every row
     # misses id and both queries.
-    corpus.write_bytes(b"\xef\xbb\xbf" + (document + document.replace("d1", "d2")).encode())
+    other = document.replace('"d1", "url": "u"', '"d2", "url": "u2"')
+    corpus.write_bytes(b"\xef\xbb\xbf" + (document + other).encode())
     lines = runner.invoke(app, ["data", "validate", str(corpus)]).output.splitlines()
     assert lines[0] == f"{corpus}: OK (2 documents)"
 

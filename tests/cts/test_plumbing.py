@@ -17,8 +17,9 @@ from cts.cli.options import SERVING, serving
 from cts.eval.data.dataset import DatasetError
 from cts.eval.report.report import load_run
 from cts.eval.run.config import ExperimentConfig, load_experiment
+from cts.eval.run.locks import ShardBusy
+from cts.eval.run.records import RecordFileError
 from cts.eval.run.run_dir import RunDir, RunDirError, ShardError
-from cts.eval.run.runner import RecordFileError, ShardBusy
 from cts.serving.model_config import ModelConfig
 from cts.serving.serve import EndpointsError, ServeOptions, Stopped
 from cts.serving.vllm_server import ServerError

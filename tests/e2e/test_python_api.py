@@ -16,7 +16,7 @@ import cts.eval.experiment
 from cts.cli import app
 from cts.eval.experiment import serving_for
 from cts.eval.run.config import load_experiment
-from cts.eval.run.runner import RecordStore
+from cts.eval.run.records import RecordStore
 from cts.serving.serve import ServeOptions
 from tests.scripted_cts import scripted_engines
 

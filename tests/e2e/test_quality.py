@@ -30,7 +30,7 @@ from cts.cli import app
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.experiment import run_experiment
 from cts.eval.run.config import load_experiment
-from cts.eval.run.runner import RecordStore
+from cts.eval.run.records import RecordStore
 from cts.serving.engine import ChatModel, Wrapped
 from cts.serving.types import ChatRequest, ChatResponse
 from tests.builders import scripted_experiment

@@ -22,8 +22,8 @@ from cts.eval.estimate import estimate
 from cts.eval.pilot import default_pilot_dir, pilot_overrides
 from cts.eval.run.config import load_experiment
 from cts.eval.run.fingerprint import fingerprint
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir
-from cts.eval.run.runner import RecordStore
 from cts.eval.run.usage import charged_to_key, metered, role_usage
 from cts.serving.scripted import ScriptedEngine, scripted_roles
 from cts.serving.types import ChatRequest, ChatResponse, Usage

@@ -30,8 +30,8 @@ from cts.eval.rejudge import SourceRunError, rejudge_experiment, rejudge_run
 from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
 from cts.eval.run.engines import Engines
 from cts.eval.run.fingerprint import changes
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore
 from cts.eval.score.metrics import restore_score
 from cts.serving.cache import CachedEngine, ResponseCache
 from cts.serving.engine import ChatModel
@@ -39,8 +39,10 @@ from cts.serving.errors import EngineError
 from cts.serving.scripted import ScriptedEngine, scripted_roles
 from cts.serving.types import ChatRequest
 from cts.serving.yaml_config import ConfigError
-from cts.slurm import submit as submit_module
-from cts.slurm.submit import SlurmOptionError, SlurmOptions, plan_job, submit
+from cts.slurm import render as render_module
+from cts.slurm.chain import submit
+from cts.slurm.kinds import plan_job
+from cts.slurm.plan import SlurmOptionError, SlurmOptions
 
 #: Search fails on this instance's blurred query (before the judge): a copied failure.
 FAILS_SEARCH = "monthly commuter pass cost on regional rail"
@@ -406,7 +408,7 @@ def test_a_slurm_rejudge_job_renders_and_its_frozen_config_rejudges(source, tmp_
     dumper.write_text(
         "import json, os, sys\nopen(os.environ['ARGV_OUT'], 'w').write(json.dumps(sys.argv[1:]))\n"
     )
-    monkeypatch.setattr(submit_module, "cts_command", lambda: [sys.executable, str(dumper)])
+    monkeypatch.setattr(render_module, "cts_command", lambda: [sys.executable, str(dumper)])
     out = tmp_path / "new $(touch PWNED); it's"
     options = SlurmOptions(shards=2, gpus_per_task=1, cpu=True)
     (job,), name = plan_job("rejudge", None, NEW_JUDGE, out, options, source)

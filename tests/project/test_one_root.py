@@ -4,6 +4,7 @@ nothing of it."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,10 +28,15 @@ def test_the_source_tree_has_one_package_at_its_top():
 def test_the_wheel_installs_cts_only_and_user_scripts_named_like_its_parts_shadow_nothing(
     tmp_path: Path,
 ):
+    # Built from a copy: setuptools writes build/ beside the sources it builds.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "cts", source / "cts", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE", "NOTICE"):
+        shutil.copy(ROOT / name, source / name)
     dist = tmp_path / "dist"
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(dist), str(ROOT)],
+         "-w", str(dist), str(source)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr[-2000:]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.run.records import RecordStore, merge
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore, merge
 from tests.crash_runner import CONDITIONS, LIMIT
 
 ROOT = Path(__file__).resolve().parents[2]

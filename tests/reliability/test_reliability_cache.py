@@ -245,7 +245,7 @@ def test_a_run_over_a_cache_damaged_inside_stops_with_exit_2_naming_it(
 
     import cts.eval.experiment as experiment_module
     from cts.cli import app
-    from cts.eval.run.runner import RecordStore
+    from cts.eval.run.records import RecordStore
     from tests.scripted_cts import scripted_engines
 
     monkeypatch.setenv("CTS_HOME", str(tmp_path / "home"))

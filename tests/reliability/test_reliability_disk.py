@@ -27,8 +27,9 @@ from cts.eval.data.schema import Record
 from cts.eval.run.config import ALL_CONDITIONS, load_experiment
 from cts.eval.run.dialogue import Dialogue, DialogueStore
 from cts.eval.run.pipeline import run_instance
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.runner import run_keys
 from cts.serving.cache import ResponseCache
 from cts.serving.disk import StorageFull, append_line, write_whole
 from cts.serving.types import ChatResponse

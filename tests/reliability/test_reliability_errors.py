@@ -147,7 +147,7 @@ def test_garbage_run_config_is_a_config_error_naming_the_file(tmp_path, text):
 
 
 def _doc(doc_id: str) -> bytes:
-    return (json.dumps({"doc_id": doc_id, "url": "u", "text": "t"}) + "\n").encode()
+    return (json.dumps({"doc_id": doc_id, "url": f"u/{doc_id}", "text": "t"}) + "\n").encode()
 
 
 def test_corpus_invalid_utf8_is_a_problem_on_its_line(tmp_path):

@@ -14,8 +14,8 @@ from cts.cli import app
 from cts.eval.data.dataset import DatasetError, DatasetSource, GoldTable, check_source
 from cts.eval.data.schema import Record
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore
 
 
 def _query(key: str) -> str:

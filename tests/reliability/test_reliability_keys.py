@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from cts.eval.run.pipeline import run_instance
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.records import RecordStore
+from cts.eval.run.runner import run_keys
 from tests.scripted import dev_instances as instances
 from tests.scripted import scripted_context as context
 

@@ -19,8 +19,10 @@ import pytest
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.experiment import until_signalled
+from cts.eval.run.locks import ShardBusy
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore, RunOutcome, ShardBusy, run_keys
+from cts.eval.run.runner import RunOutcome, run_keys
 from cts.serving.vllm_server import ServerError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,9 @@ from cts.eval.data.schema import Instance, Record
 from cts.eval.experiment import merge_run
 from cts.eval.report.report import load_run
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.runner import run_keys
 from cts.serving.yaml_config import ConfigError, Override
 from cts.train.config import load_train_config
 
@@ -192,7 +193,7 @@ def test_a_shard_another_live_process_runs_is_refused_and_free_once_it_ends(tmp_
     import subprocess
     import sys
 
-    from cts.eval.run.runner import ShardBusy, shard_lock
+    from cts.eval.run.locks import ShardBusy, shard_lock
 
     store = RecordStore(tmp_path / "run")
     holder = subprocess.Popen(
@@ -273,7 +274,7 @@ def test_a_second_signal_while_a_record_is_written_keeps_the_shard_locked_until_
     lock is probed once the run has gone as far as it can without the write (it waits for
     the record writer to end, or it has returned), not after a delay."""
     import cts.eval.run.runner
-    from cts.eval.run.runner import ShardBusy, shard_lock
+    from cts.eval.run.locks import ShardBusy, shard_lock
 
     store = RecordStore(tmp_path)
     writing, release = held_writes(store)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cts.eval.run.runner import RecordStore
+from cts.eval.run.records import RecordStore
 from cts.serving.vllm_server import VllmServer, free_port
 from tests.conftest import VLLM_CPU_ARGS, vllm_python
 

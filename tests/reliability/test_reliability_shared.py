@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from cts.cli import app
 from cts.eval.run.config import ALL_CONDITIONS
 from cts.eval.run.dialogue import Dialogue
-from cts.eval.run.runner import RecordStore, parse_records
+from cts.eval.run.records import RecordStore, parse_records
 from cts.serving.types import ChatResponse
 from tests.fault_helpers import cts_run_args
 from tests.scripted_cts import start

@@ -13,16 +13,11 @@ from typer.testing import CliRunner
 from cts.cli import app
 from cts.cli.common import exit_for
 from cts.eval.run.config import load_experiment
-from cts.slurm import submit as submit_module
+from cts.slurm import chain as chain_module
+from cts.slurm.chain import SubmitError, submit
+from cts.slurm.kinds import eval_job, train_job
+from cts.slurm.plan import SlurmOptionError, SlurmOptions
 from cts.slurm.status import JobState
-from cts.slurm.submit import (
-    SlurmOptionError,
-    SlurmOptions,
-    SubmitError,
-    eval_job,
-    submit,
-    train_job,
-)
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -90,7 +85,7 @@ def _fake_slurm(monkeypatch, states: dict[str, dict[str, JobState]]):
         calls.append(script)
         return next(ids)
 
-    monkeypatch.setattr(submit_module, "sbatch", fake_sbatch)
+    monkeypatch.setattr(chain_module, "sbatch", fake_sbatch)
     return calls, lambda job_id: states.get(job_id, {})
 
 
@@ -138,8 +133,8 @@ def test_a_refused_array_cancels_the_shared_servers_job_it_was_for(tmp_path, mon
         submitted.append(script.name)
         return "500"
 
-    monkeypatch.setattr(submit_module, "sbatch", fake_sbatch)
-    monkeypatch.setattr(submit_module.subprocess, "run", lambda argv, **kw: cancelled.append(argv))
+    monkeypatch.setattr(chain_module, "sbatch", fake_sbatch)
+    monkeypatch.setattr(chain_module.subprocess, "run", lambda argv, **kw: cancelled.append(argv))
     resolved = load_experiment(None, ["roles.judge.model=qwen3-8b", "dataset.limit=2"])
     options = SlurmOptions(shards=2, shared_servers=["judge"])
     with pytest.raises(SubmitError, match="Invalid qos"):

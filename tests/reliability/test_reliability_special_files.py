@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 from cts.cli import app
 from cts.serving.disk import NotAFile, write_whole
 from cts.serving.serve import write_endpoints
+from cts.slurm.chain import Submission
 from cts.slurm.history import record_submission
-from cts.slurm.submit import Submission, _write
+from cts.slurm.render import _write
 from cts.train.pairs import _write as write_pairs
 
 

@@ -17,7 +17,8 @@ import tests.scripted_cts
 from cts.eval.data.schema import Record
 from cts.eval.experiment import run_experiment
 from cts.eval.run.config import load_experiment
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.records import RecordStore
+from cts.eval.run.runner import run_keys
 from cts.serving.scripted import ScriptedEngine, scripted_roles
 from cts.serving.types import ChatRequest, JsonSchemaOutput
 from cts.webdancer.backends.web_search import SearxngSearch

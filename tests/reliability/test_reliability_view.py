@@ -19,8 +19,8 @@ from starlette.testclient import TestClient
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Record
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore
 from cts.eval.viewer.app import make_app
 from cts.eval.viewer.cuts import MAX_FIELD_CHARS
 from cts.eval.viewer.highlight import highlight

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.eval.run.runner import RecordStore
+from cts.eval.run.records import RecordStore
 from cts.serving.errors import ServerUnreachable
 from cts.serving.model_config import ModelConfig, build_engine
 from cts.serving.openai_engine import OpenAIEngine

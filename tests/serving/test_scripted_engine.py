@@ -13,7 +13,7 @@ import yaml
 from cts.eval.experiment import RunResult, run_experiment
 from cts.eval.report.frame import records_frame, records_table
 from cts.eval.run.config import load_experiment
-from cts.eval.run.runner import RecordStore
+from cts.eval.run.records import RecordStore
 from cts.serving.download import hub_models
 from cts.serving.errors import EngineError
 from cts.serving.model_config import build_engine, load_model_config

@@ -14,15 +14,9 @@ from typer.testing import CliRunner
 
 from cts.cli import app
 from cts.eval.run.config import load_experiment
-from cts.slurm.submit import (
-    CPUS_PER_GPU,
-    MEM_GB_PER_GPU,
-    SlurmOptionError,
-    SlurmOptions,
-    eval_job,
-    plan_job,
-    submit_chain,
-)
+from cts.slurm.chain import submit_chain
+from cts.slurm.kinds import eval_job, plan_job
+from cts.slurm.plan import CPUS_PER_GPU, MEM_GB_PER_GPU, SlurmOptionError, SlurmOptions
 
 # What sbatch of Slurm 23.11 to 24.x (and later) refuses in a GPU request, each with its source.
 # Slurm 22.05 (our cluster) accepts the first one, so a test against it alone cannot catch it.

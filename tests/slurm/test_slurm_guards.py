@@ -18,21 +18,14 @@ from cts.eval.data.dataset import SAMPLE_DIR
 from cts.eval.data.golden import GOLDEN
 from cts.eval.data.schema import Record
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore
-from cts.slurm import submit as submit_module
+from cts.slurm import chain as chain_module
+from cts.slurm.chain import SubmitError, submit, submit_chain
 from cts.slurm.history import submissions
+from cts.slurm.kinds import eval_job, golden_job, plan_job, train_job
+from cts.slurm.plan import SlurmOptionError, SlurmOptions
 from cts.slurm.status import JobState, shard_progress
-from cts.slurm.submit import (
-    SlurmOptionError,
-    SlurmOptions,
-    SubmitError,
-    eval_job,
-    golden_job,
-    plan_job,
-    submit,
-    submit_chain,
-)
 
 SMALL = ["conditions=[blurred, clarify@1]", "seeds=[0]"]
 FAILED = {"kind": "EngineError", "stage": "search", "message": "down"}
@@ -49,13 +42,13 @@ def _fake_sbatch(monkeypatch: pytest.MonkeyPatch, refuse: str | None = None) -> 
         taken.append(script.name)
         return str(99 + len(taken))
 
-    monkeypatch.setattr(submit_module, "sbatch", sbatch)
+    monkeypatch.setattr(chain_module, "sbatch", sbatch)
     return taken
 
 
 def _fake_scancel(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     cancelled: list[list[str]] = []
-    monkeypatch.setattr(submit_module.subprocess, "run", lambda argv, **kw: cancelled.append(argv))
+    monkeypatch.setattr(chain_module.subprocess, "run", lambda argv, **kw: cancelled.append(argv))
     return cancelled
 
 
@@ -220,7 +213,7 @@ def test_a_refused_final_job_without_shared_servers_cancels_the_array(tmp_path, 
     _fake_sbatch(monkeypatch, refuse="_final.sbatch")
     cancelled = _fake_scancel(monkeypatch)
     options = SlurmOptions(shards=2, fit_gpus=8)
-    job, name = submit_module.train_job(None, ["limit=2"], tmp_path / "run", options)
+    job, name = train_job(None, ["limit=2"], tmp_path / "run", options)
     with pytest.raises(SubmitError, match=r"cancelled job\(s\) 100 \(scancel\)"):
         submit(job, name, options, job_states=lambda j: {})
     assert cancelled == [["scancel", "100"]]

@@ -16,8 +16,10 @@ import pytest
 import yaml
 
 from cts.eval.run.config import load_experiment
-from cts.slurm import submit as submit_module
-from cts.slurm.submit import SlurmOptions, eval_job, golden_job, submit, train_job
+from cts.slurm import render as render_module
+from cts.slurm.chain import submit, submit_chain
+from cts.slurm.kinds import eval_job, golden_job, plan_job, train_job
+from cts.slurm.plan import SlurmOptionError, SlurmOptions
 from cts.train.config import load_train_config
 from cts.train.sample import sampling_experiment
 
@@ -46,7 +48,7 @@ def fake_cts(tmp_path, monkeypatch) -> Path:
     """`cts` replaced by a script that records its argv (the rendered scripts exec it)."""
     dumper = tmp_path / "dump argv.py"
     dumper.write_text(ARGV_DUMPER)
-    monkeypatch.setattr(submit_module, "cts_command", lambda: [sys.executable, str(dumper)])
+    monkeypatch.setattr(render_module, "cts_command", lambda: [sys.executable, str(dumper)])
     return dumper
 
 
@@ -195,13 +197,11 @@ def test_train_loop_is_a_chain_each_job_after_the_one_before(tmp_path, fake_cts)
     loop-step` on the frozen train config."""
     run_dir = tmp_path / f"loop {HOSTILE}"
     options = SlurmOptions(shards=3, gpus_per_task=8, fit_gpus=2)
-    jobs, name = submit_module.plan_job(
-        "train-loop", None, ["limit=2"], run_dir, options, iterations=2
-    )
+    jobs, name = plan_job("train-loop", None, ["limit=2"], run_dir, options, iterations=2)
     assert [j.name for j in jobs] == [
         "loop-eval-0", "loop-sample-1", "loop-eval-1", "loop-sample-2", "loop-eval-2",
     ]  # fmt: skip
-    chain = submit_module.submit_chain(jobs, name, options, dry_run=True, workdir=tmp_path)
+    chain = submit_chain(jobs, name, options, dry_run=True, workdir=tmp_path)
     assert not run_dir.exists()
     assert not any("--dependency" in " ".join(c.commands["array"]) for c in chain[:1])
     assert all(
@@ -266,11 +266,11 @@ def test_shared_servers_refuse_what_cannot_be_shared(tmp_path):
         (["judge"], r"its model lexical-judge is not served by vLLM \(engine lexical\)"),
     ):
         options = SlurmOptions(shards=2, shared_servers=roles)
-        with pytest.raises(submit_module.SlurmOptionError, match=why):
+        with pytest.raises(SlurmOptionError, match=why):
             eval_job(resolved, tmp_path / "run", options)
     options = SlurmOptions(shards=2, shared_servers=["judge"])
-    with pytest.raises(submit_module.SlurmOptionError, match="for --job eval, golden or rejudge"):
-        submit_module.plan_job("train", None, [], tmp_path / "run", options)
+    with pytest.raises(SlurmOptionError, match="for --job eval, golden or rejudge"):
+        plan_job("train", None, [], tmp_path / "run", options)
 
 
 def _run_script(script: Path, tmp_path: Path, **env: str) -> list[str]:

@@ -12,8 +12,8 @@ from cts.eval.data.schema import Record
 from cts.eval.report.report import write_report
 from cts.eval.report.summary import Summary
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore
 from cts.eval.score.metrics import paired_test
 from cts.train.loop import Iteration, markdown, table
 

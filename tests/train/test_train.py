@@ -27,8 +27,8 @@ from cts.eval.data.dataset import SAMPLE_DIR
 from cts.eval.data.schema import Instance, Record
 from cts.eval.report.summary import Comparison
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore
 from cts.serving.model_config import ModelConfig, load_model_config
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import Sampling

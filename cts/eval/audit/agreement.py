@@ -35,8 +35,8 @@ from typing import Any
 from cts.eval.data.schema import Record
 from cts.eval.run.config import ALL_CONDITIONS
 from cts.eval.run.fingerprint import judge_setup
+from cts.eval.run.records import Key, RecordStore
 from cts.eval.run.run_dir import RunDir, RunDirError
-from cts.eval.run.runner import Key, RecordStore
 from cts.eval.score.metrics import paired_test, ratio_ci
 from cts.eval.score.power import paired_mde
 from cts.serving.model_config import model_label

@@ -56,8 +56,8 @@ from cts.eval.data.dataset import DatasetError, DatasetSource, Row, load_instanc
 from cts.eval.data.schema import Golden, Instance, Nugget, Record
 from cts.eval.run.config import ALL_CONDITIONS
 from cts.eval.run.fingerprint import dataset_digest
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir
-from cts.eval.run.runner import RecordStore
 from cts.serving.disk import write_whole
 from cts.serving.outputs import valid_unicode
 from cts.serving.yaml_config import read_yaml

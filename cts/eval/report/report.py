@@ -40,8 +40,8 @@ from cts.eval.run.bulk import collector_paused
 from cts.eval.run.config import ExperimentConfig
 from cts.eval.run.fingerprint import CODE_KEY, results_digest
 from cts.eval.run.oracle import oracle_independence
+from cts.eval.run.records import MergeReport, RecordStore, merge
 from cts.eval.run.run_dir import RunDir
-from cts.eval.run.runner import MergeReport, RecordStore, merge
 from cts.eval.run.scope import in_scope
 from cts.serving.disk import write_whole
 from cts.serving.yaml_config import read_yaml

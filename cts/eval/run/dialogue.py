@@ -124,7 +124,7 @@ def read_lines(root: Path) -> Iterator[Dialogue]:
             try:
                 yield Dialogue.model_validate_json(line)
             except ValidationError as e:
-                # Worded as runner.parse_jsonl words a bad records line (runner imports this
+                # Worded as records.parse_jsonl words a bad records line (the runner imports this
                 # module through the pipeline: it cannot be imported here).
                 problem = e.errors()[0]
                 where = ".".join(str(x) for x in problem["loc"])

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from cts.agents import judge, rewriter
-from cts.eval.data.golden import GOLDEN, NoEvidence, golden_nuggets
+from cts.eval.data.golden import GOLDEN
 from cts.eval.data.schema import Canary, Instance, Nugget, Record
 from cts.eval.run.config import GoldenConfig, JudgeConfig
 from cts.eval.run.dialogue import Clarification, Turn, failure
+from cts.eval.run.golden_search import NoEvidence, golden_nuggets
 from cts.eval.run.usage import charged_to_key
 from cts.eval.score.metrics import Label, restore_score
 from cts.eval.score.over_answer import reveal

@@ -11,265 +11,27 @@ exactly once across shards.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import json
-import math
 import os
-import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict, TypeVar
+from typing import TypedDict
 
-from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from cts.eval.data.schema import Instance, Record
-from cts.eval.run.bulk import collector_paused
 from cts.eval.run.config import KeyOrder
+from cts.eval.run.locks import shard_count_lock, shard_lock
 from cts.eval.run.progress import ShowProgress
-from cts.eval.run.run_dir import RunDir, Shard
+from cts.eval.run.records import RecordStore
+from cts.eval.run.run_dir import Shard
 from cts.eval.run.schedule import KeyCosts, group_of
 from cts.eval.run.slots import KeySlots
-from cts.serving.disk import append_line, storage_errors, write_whole
 from cts.serving.outputs import valid_unicode
 from cts.serving.replicas import conversation
 from cts.serving.secrets import redact
-
-Key = tuple[str, str, int]
-
-
-class RecordFileError(ValueError):
-    """A complete line of a records file is not a record (file:line: why)."""
-
-
-class ShardBusy(RuntimeError):
-    """Another live process is running this shard of this run directory."""
-
-
-@contextmanager
-def shard_lock(root: Path, shard: Shard) -> Iterator[None]:
-    """Hold the shard's lock while running it. Two writers of one shard (a requeued Slurm task
-    that starts while the old one still runs, a command typed twice) would each repair the
-    other's torn lines and write each key twice. The lock is the kernel's (flock): a killed
-    holder releases it, so a crash never leaves a stale lock behind."""
-    path = root / f".{shard.name}.lock"
-    with storage_errors(path):
-        root.mkdir(parents=True, exist_ok=True)
-        handle = path.open("a+")
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise ShardBusy(
-                f"{path}: shard {shard.index}/{shard.count} of this run is being run by another "
-                f"process (pid {holder}); two writers would mix their records: wait for it to "
-                "end, or stop it, then run the same command again"
-            ) from None
-        with suppress(OSError):  # the pid only names the holder; a full disk must not stop here
-            handle.truncate(0)
-            handle.write(str(os.getpid()))
-            handle.flush()
-        yield
-    finally:
-        handle.close()  # releases the lock
-
-
-def _count_of(path: Path) -> int | None:
-    """N of a shard count's lock file `.of-N.lock` (None: another file)."""
-    count = path.name.removeprefix(".of-").removesuffix(".lock")
-    return int(count) if count.isdigit() else None
-
-
-def _live_other_count(root: Path, count: int) -> int | None:
-    """Another shard count whose lock some live process holds, if any. A held lock is known
-    only by failing to take it: a free one is taken and let go at once."""
-    for path in sorted(root.glob(".of-*.lock")):
-        other = _count_of(path)
-        if other is None or other == count:
-            continue
-        with storage_errors(path), path.open("rb") as probe:
-            try:
-                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return other
-    return None
-
-
-@contextmanager
-def shard_count_lock(root: Path, shard: Shard) -> Iterator[None]:
-    """Hold the lock of the shard's count (`.of-N.lock`) while running it. Shards of one count
-    split the instances alike, so they run side by side (the lock is shared); a writer of
-    another count would take keys a live shard has yet to write and record them twice, which
-    `merge` then refuses for good: it is ShardBusy, naming the other count. Each writer takes
-    its own count's lock before looking for another's, so of two starting at once at least
-    one is refused. The kernel's lock (flock): a killed holder leaves none behind."""
-    path = root / f".of-{shard.count}.lock"
-    with storage_errors(path):
-        root.mkdir(parents=True, exist_ok=True)
-        handle = path.open("a+")
-    try:
-        # Waits only while another count's writer looks at this lock (an instant).
-        fcntl.flock(handle, fcntl.LOCK_SH)
-        other = _live_other_count(root, shard.count)
-        if other is not None:
-            raise ShardBusy(
-                f"{root / f'.of-{other}.lock'}: another live process runs this run as {other} "
-                f"shard(s); running it as {shard.count} shard(s) beside it would write keys "
-                "twice (each count splits the instances its own way): wait for those shards to "
-                "end, or stop them, then run again"
-            )
-        yield
-    finally:
-        handle.close()  # releases the lock
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def parse_jsonl(
-    path: Path, data: bytes, model: type[M], what: str, error: type[ValueError]
-) -> tuple[list[M], int]:
-    """The `model` rows of a JSONL file's bytes, and how many bytes the complete lines take (a
-    torn last line, a crash mid-write, is left out). Any other line that is not a row is
-    `error`, naming the file, line and field: someone edited or corrupted the file, and a run
-    must stop rather than silently re-run or drop keys."""
-    rows: list[M] = []
-    complete = len(data)
-    with collector_paused():  # thousands of acyclic records: see cts/eval/run/bulk.py
-        for n, line in enumerate(data.splitlines(keepends=True), 1):
-            if not line.endswith(b"\n"):
-                complete -= len(line)
-                break
-            try:
-                rows.append(model.model_validate_json(line))
-            except ValidationError as e:
-                problem = e.errors()[0]
-                where = ".".join(str(x) for x in problem["loc"])
-                raise error(
-                    f"{path}:{n}: {where + ': ' if where else ''}{problem['msg']} — "
-                    f"not {what}; fix or remove the line, then run again"
-                ) from None
-    return rows, complete
-
-
-#: What every failed record's `error` names, in every version (cts/eval/run/pipeline.py `_stage`):
-#: the report counts failures by them.
-ERROR_KEYS = ("kind", "stage")
-
-
-def _not_a_record(record: Record) -> str | None:
-    """`field: why` for what the schema lets through but no record of the toolkit holds (a
-    hand-edited or foreign line), which the report would otherwise read as a bare KeyError."""
-    for name, value in record.scores.items():
-        if not math.isfinite(value):
-            return f"scores.{name}: {value} is not a finite number"
-    for key in ERROR_KEYS:
-        if record.error is not None and key not in record.error:
-            return f"error.{key}: missing (a failed record names its {' and '.join(ERROR_KEYS)})"
-    for nugget, judged in record.labels.items():
-        if "label" not in judged:
-            return f"labels.{nugget}.label: missing (full, partial or none)"
-    return None
-
-
-def parse_records(path: Path, data: bytes) -> tuple[list[Record], int]:
-    """A records file's records (see `parse_jsonl`). A score that is NaN or infinite (JSON
-    reads `NaN` and `Infinity`: a hand-edited or foreign line) is a RecordFileError naming the
-    file and line: no statistic of the report means anything with it, and some never end. So
-    is a failed record's error without its kind or stage, and a nugget's label entry without
-    its label."""
-    records, complete = parse_jsonl(path, data, Record, "a record", RecordFileError)
-    for n, record in enumerate(records, 1):  # one record a line: parse_jsonl skips none
-        problem = _not_a_record(record)
-        if problem is not None:
-            raise RecordFileError(
-                f"{path}:{n}: {problem} — not a record; fix or remove the line, then run again"
-            )
-    return records, complete
-
-
-class RecordStore:
-    def __init__(self, run_dir: Path) -> None:
-        self.root = RunDir(run_dir).records
-        self._lock = threading.Lock()
-
-    def path(self, condition: str, shard: Shard) -> Path:
-        return self.root / condition / f"{shard.name}.jsonl"
-
-    def append(self, record: Record, shard: Shard) -> None:
-        """One line, fsync'd. A full disk raises StorageFull and leaves no torn line: the run
-        stops, and the key runs again on resume."""
-        path = self.path(record.condition, shard)
-        with self._lock:
-            append_line(path, (record.model_dump_json() + "\n").encode())
-
-    def read(self, path: Path) -> list[Record]:
-        """Every complete record of one file; a torn last line (a crash mid-write) is skipped.
-        Reading never writes: the file may be a live writer's shard, or read-only."""
-        if not path.is_file():
-            return []
-        return parse_records(path, path.read_bytes())[0]
-
-    def repair(self, path: Path) -> None:
-        """Cut a torn last line off a file this process is about to append to, so the next
-        record starts on a fresh line. Only a shard's own writer may call it (see run_keys)."""
-        if not path.is_file():
-            return
-        data = path.read_bytes()
-        complete = parse_records(path, data)[1]
-        if complete < len(data):
-            with self._lock, path.open("r+b") as f:
-                f.truncate(complete)
-
-    def all_files(self) -> list[Path]:
-        return sorted(self.root.glob("*/shard-*.jsonl"))
-
-    def completed_for(self, shard: Shard) -> dict[Key, Record]:
-        """The records that can be this shard's keys: its own files, and those of the run's
-        other shard counts (a run resumed resharded). Sibling shards of the same count hold
-        other instances only, so they are not read: a broken sibling cannot stop this shard."""
-        own_count = f"-of-{shard.count}"
-        done: dict[Key, Record] = {}
-        for path in self.all_files():
-            if path.stem == shard.name or not path.stem.endswith(own_count):
-                for record in self.read(path):
-                    done[record.key] = counts_over(done.get(record.key), record)
-        return done
-
-    def completed(self, shard: Shard | None = None) -> dict[Key, Record]:
-        """The record that counts for each key (see `counts_over`)."""
-        done: dict[Key, Record] = {}
-        for path in self.all_files():
-            if shard is None or path.stem == shard.name:
-                for record in self.read(path):
-                    done[record.key] = counts_over(done.get(record.key), record)
-        return done
-
-
-class UnrecordedStore(RecordStore):
-    """RUN_DIR/unrecorded/<condition>/shard-<i>-of-<n>.jsonl: what a key had done when the run
-    stopped before its record was written (Ctrl-C, SIGTERM, a dead server) — its model calls so
-    far, in `usage`. The key runs again on resume and finds those answers in the response cache,
-    which count as no work: `cts estimate` counts them from here. Never read as done keys."""
-
-    def __init__(self, run_dir: Path) -> None:
-        super().__init__(run_dir)
-        self.root = RunDir(run_dir).root / "unrecorded"
-        self._repaired: set[Path] = set()
-
-    def append(self, record: Record, shard: Shard) -> None:
-        path = self.path(record.condition, shard)
-        if path not in self._repaired:
-            # A crash of this shard's predecessor may have torn the last line: cut it first.
-            self.repair(path)
-            self._repaired.add(path)
-        super().append(record, shard)
 
 
 class RunControl(TypedDict, total=False):
@@ -302,14 +64,6 @@ def already_done(
         for key, r in store.completed_for(shard).items()
         if key[0] in ids and key[1] in conditions and key[2] in seeds
     )
-
-
-def counts_over(earlier: Record | None, record: Record) -> Record:
-    """Of two records of one key, the one that counts: a success over a failure (the failure
-    was retried with --retry-failed, or the success is the retry), else the later one."""
-    if earlier is None or earlier.error is not None:
-        return record
-    return earlier if record.error is not None else record
 
 
 @dataclass
@@ -535,41 +289,3 @@ async def _run_keys(
         if not isinstance(e, asyncio.CancelledError):
             raise
         outcome.interrupted = True
-
-
-@dataclass
-class MergeReport:
-    records: dict[Key, Record]
-    missing: list[Key]
-    duplicates: list[Key]
-
-    @property
-    def ok(self) -> bool:
-        return not self.missing and not self.duplicates
-
-
-def merge(
-    store: RecordStore, instances: list[Instance], conditions: Iterable[str], seeds: Iterable[int]
-) -> MergeReport:
-    """Every expected key exactly once across all shard files. A failure that was retried is
-    not a duplicate: only a key with two successful records is. Only the keys the config names
-    are checked: a narrowed run keeps records outside it, which nothing reads (the report
-    counts them in its NOTE), so their duplicates cannot make two answers of one key."""
-    seen: Counter[Key] = Counter()
-    records: dict[Key, Record] = {}
-    for path in store.all_files():
-        for record in store.read(path):
-            seen[record.key] += record.error is None
-            records[record.key] = counts_over(records.get(record.key), record)
-    expected = [(i.id, c, s) for i in instances for c in conditions for s in seeds]
-    return MergeReport(
-        records={k: records[k] for k in expected if k in records},
-        missing=[k for k in expected if k not in records],
-        duplicates=sorted(k for k in expected if seen[k] > 1),
-    )
-
-
-def write_jsonl(path: Path, records: Iterable[Record]) -> None:
-    """Whole or not at all (a full disk raises StorageFull)."""
-    lines = (json.dumps(r.model_dump(mode="json"), ensure_ascii=False) + "\n" for r in records)
-    write_whole(path, "".join(lines))

@@ -15,8 +15,8 @@ from typing import Any
 from cts.eval.data.dataset import DatasetError, load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.run.config import ExperimentConfig
+from cts.eval.run.records import Key, RecordStore
 from cts.eval.run.run_dir import RunDir
-from cts.eval.run.runner import Key, RecordStore
 from cts.eval.run.scope import in_scope, outside_because
 from cts.eval.run.traces import inside, read_trace_file
 from cts.serving.yaml_config import ConfigError

@@ -29,7 +29,7 @@ from cts.eval.audit.agreement import (
     systems_of,
 )
 from cts.eval.data.schema import Record
-from cts.eval.run.runner import RecordStore
+from cts.eval.run.records import RecordStore
 from cts.eval.score.power import mde
 from cts.serving.scripted import scripted_roles
 from tests.eval.test_rejudge import NEW_JUDGE, make_source, rejudge

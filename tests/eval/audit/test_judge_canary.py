@@ -244,8 +244,8 @@ def test_a_run_reports_its_canary_and_a_rejudge_runs_its_own(tmp_path, monkeypat
     """`cts run` then `cts rejudge` (scripted roles behind the real cache): the run's judge
     labels by position whatever the answer, and its report warns; the rejudge draws the same
     records, replaces their canary with its own judge's, and its report is silent on it."""
+    from cts.eval.run.records import RecordStore
     from cts.eval.run.run_dir import RunDir
-    from cts.eval.run.runner import RecordStore
     from tests.eval.test_rejudge import make_source, rejudge
 
     # The restated question as the canary's answer: another instance's nuggets would hold the

@@ -13,7 +13,7 @@ import pytest
 import cts.eval.run.engines
 from cts.eval.run.config import load_experiment
 from cts.eval.run.engines import open_engines
-from cts.eval.run.runner import RecordStore
+from cts.eval.run.records import RecordStore
 from cts.serving.batching import BatchingEngine, Unbatched
 from cts.serving.cache import CachedEngine, ResponseCache
 from cts.serving.errors import EngineError

@@ -16,8 +16,8 @@ from cts.cli import app
 from cts.eval.audit.agreement import agreement, compare, movement, pair
 from cts.eval.experiment import run_experiment
 from cts.eval.run.fingerprint import judge_setup
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir
-from cts.eval.run.runner import RecordStore
 from cts.eval.score.metrics import ratio_ci
 from cts.serving.scripted import scripted_roles
 from cts.serving.types import ChatRequest

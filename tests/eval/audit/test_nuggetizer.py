@@ -34,8 +34,8 @@ from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.run.config import load_experiment
 from cts.eval.run.fingerprint import fingerprint
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore
 
 runner = CliRunner()
 DEFAULT = parse_weight_map()

@@ -14,8 +14,8 @@ import pytest
 from cts.eval.construct.fuse import parts_dir
 from cts.eval.construct.store import BuildControl, BuildRow, RowStore, run_rows
 from cts.eval.data.dataset import SAMPLE_DIR
+from cts.eval.run.locks import ShardBusy, shard_count_lock, shard_lock
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import ShardBusy, shard_count_lock, shard_lock
 from cts.serving.scripted import scripted_roles
 from tests.builders import cts, scripted_cli
 

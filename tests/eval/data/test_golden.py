@@ -11,8 +11,9 @@ import pytest
 
 from cts.agents.nugget_builder import Evidence, evidence_text, nuggets_schema
 from cts.eval.data.dataset import DatasetSource, load_instances
-from cts.eval.data.golden import GOLDEN, golden_dataset, trace_evidence
+from cts.eval.data.golden import GOLDEN, golden_dataset
 from cts.eval.data.schema import Nugget, Record
+from cts.eval.run.golden_search import trace_evidence
 from cts.eval.run.pipeline import run_instance, trace_name
 from cts.webdancer.protocol import ToolCall
 from tests.scripted import scripted_context

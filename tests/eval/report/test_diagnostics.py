@@ -26,8 +26,9 @@ from cts.eval.report.markdown import markdown
 from cts.eval.report.report import write_report
 from cts.eval.run.config import load_experiment
 from cts.eval.run.pipeline import run_instance
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.runner import run_keys
 from cts.eval.score.metrics import holm, paired_test
 from cts.serving.errors import EngineUnavailable
 from tests.scripted import scripted_context

@@ -11,8 +11,8 @@ from cts.eval.data.schema import Record
 from cts.eval.report.diagnostics import paired_instances, score_records, summarize
 from cts.eval.report.report import write_report
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore
 from cts.serving.yaml_config import Override
 
 CONDITIONS = ["blurred", "oracle"]

@@ -14,8 +14,9 @@ from cts.eval.data.schema import Instance
 from cts.eval.report.diagnostics import clarification
 from cts.eval.run.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
 from cts.eval.run.pipeline import PipelineContext, run_instance
+from cts.eval.run.records import RecordFileError, RecordStore, merge
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordFileError, RecordStore, RunOutcome, merge, run_keys
+from cts.eval.run.runner import RunOutcome, run_keys
 from tests.scripted import dev_instances as instances
 from tests.scripted import scripted_context as context
 

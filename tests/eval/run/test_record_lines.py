@@ -12,8 +12,8 @@ import pytest
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Record
 from cts.eval.run.dialogue import failure
+from cts.eval.run.records import RecordFileError, RecordStore, merge
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordFileError, RecordStore, merge
 from cts.serving.errors import EngineUnavailable
 
 GOOD = '{"instance_id": "a", "condition": "blurred", "seed": 0}\n'

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from cts.eval.data.schema import Instance, Record
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.runner import run_keys
 from cts.eval.run.schedule import CLARIFY, KeyCosts, group_of
 from cts.eval.run.slots import KeySlots
 

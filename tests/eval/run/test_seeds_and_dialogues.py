@@ -17,7 +17,8 @@ from cts.eval.data.golden import GOLDEN
 from cts.eval.run.config import load_experiment
 from cts.eval.run.dialogue import Clarification, DialogueStore
 from cts.eval.run.pipeline import run_instance
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.records import RecordStore
+from cts.eval.run.runner import run_keys
 from cts.serving.cache import CachedEngine, ResponseCache
 from cts.serving.types import ChatRequest, Sampling
 from cts.serving.yaml_config import ConfigError
@@ -301,7 +302,7 @@ def test_a_corrupt_dialogue_line_is_an_error_naming_file_and_line(tmp_path):
 
 
 def test_a_dialogue_line_with_a_bad_field_is_an_error_naming_it(tmp_path):
-    """As a records line's error does (runner.parse_jsonl): file, line and field."""
+    """As a records line's error does (records.parse_jsonl): file, line and field."""
     from cts.eval.run.dialogue import DialogueFileError
 
     (tmp_path / "s.jsonl").write_text('{"instance_id": "a", "seed": "zero"}\n')

@@ -10,7 +10,8 @@ from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Record
 from cts.eval.run.dialogue import Clarification, DialogueStore
 from cts.eval.run.pipeline import run_instance
-from cts.eval.run.runner import RecordStore, run_keys
+from cts.eval.run.records import RecordStore
+from cts.eval.run.runner import run_keys
 from cts.eval.run.slots import KeySlots, released
 from cts.eval.run.usage import metered
 from cts.serving.scripted import ScriptedEngine

@@ -27,8 +27,8 @@ from cts.cli import app as cts_app
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Record
 from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore
 from cts.eval.viewer.app import make_app
 from cts.eval.viewer.highlight import highlight
 from cts.eval.viewer.index import parse_query

@@ -17,8 +17,8 @@ from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.report.report import load_run as report_load_run
 from cts.eval.run.config import load_experiment
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.eval.run.runner import RecordStore
 from cts.eval.run.scope import in_scope
 from cts.eval.viewer.app import make_app
 from cts.eval.viewer.index import parse_query

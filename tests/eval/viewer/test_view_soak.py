@@ -22,8 +22,8 @@ import pytest
 
 from bench.view import trace, write_run
 from cts.eval.data.schema import Record
+from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
-from cts.eval.run.runner import RecordStore
 from tests.scripted_cts import ROOT
 
 RECORDS = 10_000
