@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from cts.eval.sweep_power import detect
     from cts.serving.scripted import ScriptedEngine, scripted_roles
     from cts.serving.serve import ServeOptions
+    from cts.train.config import load_train_config
+    from cts.train.loop_runner import run_loop as train_loop
 
 #: Public name → (module, name there).
 _FRONT = {
@@ -48,6 +50,8 @@ _FRONT = {
     "blur": ("cts.eval.construct.blur", "blur_file"),
     "ScriptedEngine": ("cts.serving.scripted", "ScriptedEngine"),
     "scripted_roles": ("cts.serving.scripted", "scripted_roles"),
+    "load_train_config": ("cts.train.config", "load_train_config"),
+    "train_loop": ("cts.train.loop_runner", "run_loop"),
 }
 
 __all__ = [
@@ -60,12 +64,14 @@ __all__ = [
     "estimate",
     "fuse",
     "load_experiment",
+    "load_train_config",
     "open_run",
     "rejudge",
     "report",
     "run",
     "runs_frame",
     "scripted_roles",
+    "train_loop",
 ]
 
 

@@ -400,12 +400,13 @@ def main_table(summary: Summary) -> Table:
     return table
 
 
-def print_summary(console: Console, summary_path: Path) -> None:
+def print_summary(console: Console, summary: Summary | Path) -> None:
     """The main table and the warnings a reader must not miss. Without a terminal (a log, a
     pipe) the table is printed whole at its natural width, never wrapped at 80 columns."""
     if not console.is_terminal:
         console = Console(file=console.file, width=_LOG_WIDTH)
-    summary = read_summary(summary_path)
+    if isinstance(summary, Path):
+        summary = read_summary(summary)
     console.print(main_table(summary))
     for name, system in summary.systems.items():
         for line in warnings(name, system.model_dump()):

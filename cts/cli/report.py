@@ -62,6 +62,6 @@ def report_command(
     if incomplete and strict:
         typer.echo(f"{len(incomplete)} incomplete run(s): nothing written (--strict)", err=True)
         raise typer.Exit(1)
-    paths = write_report(run_dirs, out, failures, min_gap, allow_unlike)  # type: ignore[arg-type]
-    print_summary(output_console(), paths["summary"])
-    typer.echo(f"report: {paths['html']}")
+    written = write_report(run_dirs, out, failures, min_gap, allow_unlike)  # type: ignore[arg-type]
+    print_summary(output_console(), written.summary)
+    typer.echo(f"report: {written.html}")

@@ -122,8 +122,8 @@ def run(
     print_account(console, result, part, f"cts merge {run_dir.root}")
     if result.report is None:  # a shard: `cts merge` writes the report
         return
-    print_summary(console, result.report["summary"])
-    console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
+    print_summary(console, result.report.summary)
+    console.print(f"report: {result.report.html} (and report.md, summary.json, figures/)")
 
 
 def plan_lines(plan: RunPlan) -> list[str]:
@@ -308,10 +308,10 @@ def _print_rejudged(
         )
     if result.report is None:  # a shard: `cts merge` writes the report
         return
-    print_summary(console, result.report["summary"])
+    print_summary(console, result.report.summary)
     if against is not None:
         _against_source(console, against, source, new)
-    console.print(f"report: {result.report['html']} (and report.md, summary.json, figures/)")
+    console.print(f"report: {result.report.html} (and report.md, summary.json, figures/)")
 
 
 def _against_source(console: Console, against: PairAgreement, source: Path, new: Path) -> None:

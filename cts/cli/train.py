@@ -62,7 +62,7 @@ def _sample(
     merge_with = f"cts merge {train.samples_dir()}, then cts train pairs"
     print_account(console, result, part, merge_with, retry=False)
     if result.report is not None:  # None: a shard (`cts merge` writes the report)
-        print_summary(console, result.report["summary"])
+        print_summary(console, result.report.summary)
 
 
 def _pairs(train: TrainConfig) -> PairsResult:
@@ -300,7 +300,7 @@ def _print_step(done: StepDone, shard: Shard) -> None:
     for run in done.runs:
         print_account(console, run, shard, f"cts merge {run.run_dir}", retry=False)
         if done.step.name == "sample" and run.report is not None:
-            print_summary(console, run.report["summary"])
+            print_summary(console, run.report.summary)
     if done.fitted_before is not None:
         it = done.step.iteration.index
         _say(f"iteration {it}: fitted before: {done.fitted_before}")

@@ -22,7 +22,7 @@ from cts.agents import judge, lexical_judge
 from cts.eval.data.dataset import DatasetError, DatasetSource, load_instances
 from cts.eval.data.golden import GOLDEN, GoldenReport, golden_dataset
 from cts.eval.data.schema import Instance
-from cts.eval.report.report import write_report
+from cts.eval.report.report import Report, write_report
 from cts.eval.run.config import ResolvedExperiment, Role
 from cts.eval.run.dialogue import Clarification, DialogueStore
 from cts.eval.run.engines import open_engines
@@ -54,7 +54,8 @@ class RunResult:
     cache: dict[str, int] | None
     #: Model name → calls, constrained calls, tokens and errors by kind.
     engine_stats: dict[str, EngineStats]
-    report: dict[str, Path] | None
+    #: What the report wrote (None: a shard or a stopped run, whose report `cts merge` writes).
+    report: Report | None
     #: The tool cache's hits, misses and invalid rows (None: no tool cache).
     tool_cache: dict[str, int] | None = None
 

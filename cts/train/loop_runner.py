@@ -24,7 +24,6 @@ from pathlib import Path
 
 from cts.eval.experiment import RunResult, merge_run, serve_and_run
 from cts.eval.report.report import write_report
-from cts.eval.report.summary import read_summary
 from cts.eval.run.config import ResolvedExperiment
 from cts.eval.run.progress import ShowProgress
 from cts.eval.run.run_dir import Shard
@@ -172,10 +171,10 @@ def loop_tables(train: TrainConfig, done: list[Iteration]) -> list[LoopTable]:
     for variant in variants(train):
         dirs = [it.eval_dir(variant) for it in done]
         out = train.resolved_output_dir() / "loop" / variant
-        files = write_report(dirs, out)
-        rows = table(read_summary(files["summary"]), done, dirs)
+        written = write_report(dirs, out)
+        rows = table(written.summary, done, dirs)
         json_path, md = write_table(out, rows, variant)
-        tables.append(LoopTable(variant, md, json_path, files["html"]))
+        tables.append(LoopTable(variant, md, json_path, written.html))
     return tables
 
 

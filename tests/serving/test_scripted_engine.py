@@ -130,7 +130,7 @@ def test_a_whole_run_on_scripted_model_configs_needs_no_weights(tmp_path):
     assert result.outcome.failures == {}
     assert len(records) == 5
     assert all(r.error is None and "restore_score_100" in r.scores for r in records.values())
-    assert result.report is not None and result.report["summary"].exists()
+    assert result.report is not None and result.report.summary_json.exists()
 
 
 def test_bench_imports_nothing_from_tests():

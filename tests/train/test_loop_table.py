@@ -66,7 +66,7 @@ def test_every_figure_of_a_row_stands_on_the_instances_every_iteration_scored(tm
     sign, 1 for 10, 0, 0 (every flip as far from 0); one clarify@k, so p_holm = p."""
     dirs = evaluation_runs(tmp_path)
     files = write_report(dirs, tmp_path / "loop" / "main")
-    summary = Summary.model_validate_json(files["summary"].read_text())
+    summary = Summary.model_validate_json(files.summary_json.read_text())
     rows = table(summary, [Iteration(i, tmp_path, None) for i in range(3)], dirs)
 
     clarify = [row["scores"]["clarify@1"] for row in rows]

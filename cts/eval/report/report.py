@@ -237,13 +237,24 @@ def _compute(
     return _Computed(runs, policy, gap, ids, systems, comparisons, unlike)
 
 
+@dataclass(frozen=True)
+class Report:
+    """What `write_report` wrote: the typed summary and where each file is."""
+
+    summary: Summary
+    summary_json: Path
+    markdown: Path
+    html: Path
+    figures: Path
+
+
 def write_report(
     run_dirs: list[Path],
     out: Path,
     failures: FailurePolicy | None = None,
     min_gap: float | None = None,
     allow_unlike: bool = False,
-) -> dict[str, Path]:
+) -> Report:
     """The report of `run_dirs` (one per clarifier system) into `out`. The failure policy and
     gain recovered's minimum gap default to the first run's `report:` config. Runs that differ
     beyond the clarifier are refused (IncomparableRuns, nothing written) unless
@@ -271,9 +282,4 @@ def write_report(
     images = figures(systems, files.figures)
     viewable = [(run.name, d.resolve()) for run, d in zip(runs, run_dirs, strict=True)]
     write_whole(files.report_html, to_html(text, images, viewable))
-    return {
-        "summary": files.summary,
-        "markdown": files.report_md,
-        "html": files.report_html,
-        "figures": files.figures,
-    }
+    return Report(summary, files.summary, files.report_md, files.report_html, files.figures)

@@ -3,10 +3,11 @@
 `cts report` (cts/eval/report/report.py write_report) writes it; the command line's main table,
 the training loop's table and a Python user read it with `read_summary`. The sections a
 report computes in depth (scores per condition, gains, the clarification and judge
-diagnostics, breakdowns…) stay JSON objects inside their typed place: the field names of those
-sections are listed in docs/reading-the-report.md, and typing them twice would only let the two
-drift. Dumped as it was built, the file is byte-for-byte what the dicts gave before this type
-existed: fields in the order written, numbers never converted (an int stays an int)."""
+diagnostics, breakdowns…) stay JSON objects inside their typed place, as written (their fields
+are listed in docs/reading-the-report.md); the two that code reads, a score with its CI and a
+gain, are read through typed views (`SystemSummary.score`, `.gain`). Dumped as it was built,
+the file is byte-for-byte what the dicts gave before this type existed: fields in the order
+written, numbers never converted (an int stays an int)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,41 @@ class ReportInfo(_Section):
     unlike: list[dict[str, Any]] = []
 
 
+class Score(_Section):
+    """A mean restore score (points, 0–100) with its 95% bootstrap CI over `n` instances; the
+    bounds are None where a CI cannot be drawn (one instance)."""
+
+    mean: Number | None
+    low: Number | None
+    high: Number | None
+    n: int
+
+
+class Recovered(_Section):
+    """Gain recovered: the clarified gain as a share of oracle's, with its 95% CI; `undefined`
+    (no value) when oracle beats blurred by less than `min_gap` points (`gap`, the mean)."""
+
+    value: Number | None = None
+    low: Number | None = None
+    high: Number | None = None
+    n: int | None = None
+    gap: Number | None = None
+    undefined: bool = False
+
+
+class Gain(_Section):
+    """A condition's paired gain over blurred (points) with its 95% CI, its p-value and the
+    smallest gain the pairing detects with 80% power (`mde`, None when not computed)."""
+
+    gain_over_blurred: Number | None
+    low: Number | None
+    high: Number | None
+    p_value: Number | None
+    n: int
+    mde: Number | None = None
+    gain_recovered: Recovered | None = None
+
+
 class SystemSummary(_Section):
     """One clarifier system's numbers (cts/eval/report/diagnostics.py summarize)."""
 
@@ -68,10 +104,16 @@ class SystemSummary(_Section):
     #: from summaries written before it, and the between/within CIs from those before them.
     variance: dict[str, Any] | None = None
 
-    def score(self, condition: str, variant: str = "restore_score_100") -> dict[str, Any] | None:
-        """{mean, low, high, n} of `variant` under `condition`; None when it was not scored."""
+    def score(self, condition: str, variant: str = "restore_score_100") -> Score | None:
+        """`variant`'s mean under `condition` with its 95% CI; None when it was not scored."""
         entry = self.scores.get(condition)
-        return None if entry is None else entry.get(variant)
+        found = None if entry is None else entry.get(variant)
+        return None if found is None else Score.model_validate(found)
+
+    def gain(self, condition: str) -> Gain | None:
+        """`condition`'s paired gain over blurred; None for blurred or a condition not run."""
+        found = self.gains.get(condition)
+        return None if found is None else Gain.model_validate(found)
 
 
 class Comparison(_Section):

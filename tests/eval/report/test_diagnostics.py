@@ -24,6 +24,7 @@ from cts.eval.report.diagnostics import (
 from cts.eval.report.html import to_html
 from cts.eval.report.markdown import markdown
 from cts.eval.report.report import write_report
+from cts.eval.report.summary import Score, SystemSummary
 from cts.eval.run.config import load_experiment
 from cts.eval.run.pipeline import run_instance
 from cts.eval.run.records import RecordStore
@@ -85,6 +86,12 @@ def test_a_failure_excludes_its_instance_from_every_comparison():
     assert gain["gain_over_blurred"] == 10.0 and gain["n"] == 2
     # (40 − 30) / (70 − 30), on the same two instances.
     assert gain["gain_recovered"]["value"] == pytest.approx(0.25)
+    typed = SystemSummary.model_validate(summary).gain("clarify@1")  # what a Python user reads
+    assert typed is not None and typed.gain_recovered is not None
+    assert (typed.gain_over_blurred, typed.n, typed.gain_recovered.value) == (10.0, 2, 0.25)
+    assert SystemSummary.model_validate(summary).score("blurred") == Score(
+        mean=30.0, low=20.0, high=40.0, n=2
+    )
     assert summary["failures"] == {
         "total": 1,
         "by_condition": {"clarify@1": 1},
@@ -133,6 +140,9 @@ def test_gain_recovered_is_undefined_when_the_oracle_does_not_beat_blurred():
         "gap": -20.0,
         "min_gap": 1.0,
     }
+    typed = SystemSummary.model_validate(summary).gain("clarify@1")
+    assert typed is not None and typed.gain_recovered is not None
+    assert typed.gain_recovered.undefined and typed.gain_recovered.value is None
 
 
 def test_diagnostics_as_the_study_defines_them():
@@ -317,7 +327,7 @@ def test_a_report_of_a_run_with_one_failing_instance_under_one_condition(search,
             )
         )
     paths = write_report([tmp_path / "one"], tmp_path / "one")
-    document = json.loads(paths["summary"].read_text())
+    document = json.loads(paths.summary_json.read_text())
     assert document["report"]["paired_instances"] == 3
     (system,) = document["systems"].values()
     assert system["excluded_instances"] == {
@@ -325,21 +335,21 @@ def test_a_report_of_a_run_with_one_failing_instance_under_one_condition(search,
     }
     assert system["scores"]["clarify@2"]["failed"] == 1
     assert all(system["scores"][c]["n"] == 3 for c in conditions)
-    text = paths["markdown"].read_text()
+    text = paths.markdown.read_text()
     assert "WARNING quickstart (smollm2-135m-instruct): 1 of 16 records failed" in text
     assert "by stage: rewrite 1; by kind: engine_unavailable 1" in text
     assert "(n=3, 1 failed)" in text and "paired" in text.lower()
 
     zero = write_report([tmp_path / "one"], tmp_path / "zero", failures="zero")
-    (system,) = json.loads(zero["summary"].read_text())["systems"].values()
+    (system,) = json.loads(zero.summary_json.read_text())["systems"].values()
     assert system["scores"]["clarify@2"]["n"] == 4
-    assert "(n=4, 1 failed (scored 0))" in zero["markdown"].read_text()
+    assert "(n=4, 1 failed (scored 0))" in zero.markdown.read_text()
 
     both = write_report([tmp_path / "one", tmp_path / "two"], tmp_path / "both")
-    document = json.loads(both["summary"].read_text())
+    document = json.loads(both.summary_json.read_text())
     assert len(document["comparisons"]) == 4
     assert {r["condition"]: r["n"] for r in document["comparisons"]}["clarify@1"] == 4
-    assert "## Systems compared" in both["markdown"].read_text()
+    assert "## Systems compared" in both.markdown.read_text()
 
 
 def write_run(run_dir, records: list[Record], overrides: list[str]) -> None:
@@ -424,7 +434,7 @@ def test_runs_written_before_multi_label_types_and_new_config_keys_still_report(
     del data["experiment"]["golden"]["seed"]
     config.write_text(yaml.safe_dump(data))
     paths = write_report([tmp_path / "run"], tmp_path / "run")
-    (system,) = json.loads(paths["summary"].read_text())["systems"].values()
+    (system,) = json.loads(paths.summary_json.read_text())["systems"].values()
     assert system["clarification"]["question_type_counts"]["time"] == 1
 
 

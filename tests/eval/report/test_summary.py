@@ -38,13 +38,21 @@ def test_a_written_summary_reads_back_typed_and_writes_the_same_bytes(two_runs, 
     (first, second) = summary.systems
     assert summary.systems[first].instances == 3
     blurred = summary.systems[first].score("blurred")
-    assert blurred is not None and blurred["n"] == 3
+    assert blurred is not None and blurred.n == 3 and blurred.low <= blurred.mean <= blurred.high
+    assert summary.systems[first].gain("blurred") is None  # blurred is what gains are over
+    assert summary.systems[first].gain("oracle") is None  # not run
+    gain = summary.systems[first].gain("clarify@1")
+    assert gain is not None and gain.n == 3 and gain.gain_recovered is None  # no oracle to share
+    assert gain.gain_over_blurred == summary.systems[first].gains["clarify@1"]["gain_over_blurred"]
     row = summary.comparison(first, second, "blurred")
     assert row is not None and row.n == 3 and row.difference == 0.0  # the same run twice
     assert summary.comparison(second, first, "blurred") is None  # a − b, in the report's order
     copy = tmp_path / "summary.json"
     summary.write(copy)
     assert copy.read_bytes() == path.read_bytes()
+    # What `cts.report` returns is the summary it wrote, typed.
+    again = write_report(runs, tmp_path / "again")
+    assert again.summary_json.read_bytes() == path.read_bytes() and again.summary == summary
 
 
 def test_an_older_summary_without_the_later_fields_still_reads(two_runs):
