@@ -71,7 +71,7 @@ from cts.agents.user_answerer import span_regex  # noqa: E402
 from cts.eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
 from cts.serving.errors import EngineError  # noqa: E402
 from cts.serving.model_config import build_engine  # noqa: E402
-from cts.serving.serve import read_endpoints  # noqa: E402
+from cts.serving.server_group import read_endpoints  # noqa: E402
 from cts.serving.types import (  # noqa: E402
     ChatRequest,
     ChoiceOutput,

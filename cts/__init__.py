@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from cts.eval.run.config import load_experiment
     from cts.eval.sweep_power import detect
     from cts.serving.scripted import ScriptedEngine, scripted_roles
-    from cts.serving.serve import ServeOptions
+    from cts.serving.server_group import ServeOptions
     from cts.train.config import load_train_config
     from cts.train.loop_runner import run_loop as train_loop
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 _FRONT = {
     "load_experiment": ("cts.eval.run.config", "load_experiment"),
     "run": ("cts.eval.experiment", "serve_and_run"),
-    "ServeOptions": ("cts.serving.serve", "ServeOptions"),
+    "ServeOptions": ("cts.serving.server_group", "ServeOptions"),
     "report": ("cts.eval.report.report", "write_report"),
     "open_run": ("cts.api", "open_run"),
     "Run": ("cts.api", "Run"),

@@ -19,7 +19,7 @@ from cts.eval.run.config import ResolvedExperiment
 from cts.eval.run.run_dir import RunDir
 from cts.eval.run.runner import RunControl
 from cts.eval.run.traces import inside, read_trace_file
-from cts.serving.yaml_config import Override
+from cts.foundation.yaml_config import Override
 
 if TYPE_CHECKING:
     import pandas

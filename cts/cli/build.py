@@ -16,7 +16,7 @@ from cts.eval.construct.store import BuildControl, BuildOutcome
 from cts.eval.experiment import require_roles, serving_for
 from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
 from cts.eval.run.run_dir import Shard
-from cts.serving.serve import ServeOptions
+from cts.serving.server_group import ServeOptions
 
 BUILD_CONFIG_OPTION = typer.Option(
     "build",

@@ -36,12 +36,13 @@ from cts.eval.run.progress import ProgressLog, ShowProgress
 from cts.eval.run.records import RecordFileError
 from cts.eval.run.run_dir import RunDir, RunDirError, Shard, ShardError
 from cts.eval.sweep_power import DetectError
-from cts.serving.disk import NotAFile, StorageFull
+from cts.foundation.disk import NotAFile, StorageFull
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.download import DownloadError
 from cts.serving.engine import EngineStats
 from cts.serving.errors import ServerUnreachable
 from cts.serving.model_config import model_label
-from cts.serving.serve import (
+from cts.serving.server_group import (
     EndpointsError,
     PlanError,
     ServeOptions,
@@ -49,7 +50,6 @@ from cts.serving.serve import (
     read_endpoints,
 )
 from cts.serving.vllm_server import ServerError
-from cts.serving.yaml_config import ConfigError
 from cts.slurm.chain import SubmitError
 from cts.slurm.plan import SlurmOptionError
 from cts.train.fit import FitError

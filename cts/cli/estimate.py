@@ -22,8 +22,8 @@ from cts.eval.run.config import ResolvedExperiment, load_experiment
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.sweep_power import Detection
 from cts.eval.sweep_power import detect as detect_plans
-from cts.serving.disk import refuse_special, write_whole
-from cts.serving.serve import ServeOptions
+from cts.foundation.disk import refuse_special, write_whole
+from cts.serving.server_group import ServeOptions
 
 app = typer.Typer()
 

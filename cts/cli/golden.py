@@ -28,7 +28,9 @@ from cts.eval.audit.golden_review import (
     review_title,
     unsupported,
 )
-from cts.eval.audit.nuggetizer import (
+from cts.eval.data.golden import GoldenReport
+from cts.eval.experiment import GOLDEN_ROLES, build_golden, finish_golden, require_roles
+from cts.eval.interop.nuggetizer import (
     Format,
     ImportReport,
     import_nuggets,
@@ -36,13 +38,11 @@ from cts.eval.audit.nuggetizer import (
     parse_weight_map,
     write_jsonl,
 )
-from cts.eval.data.golden import GoldenReport
-from cts.eval.experiment import GOLDEN_ROLES, build_golden, finish_golden, require_roles
 from cts.eval.run.config import load_experiment
 from cts.eval.run.records import MergeReport
 from cts.eval.run.run_dir import RunDir
-from cts.serving.serve import ServeOptions
-from cts.serving.yaml_config import Override
+from cts.foundation.yaml_config import Override
+from cts.serving.server_group import ServeOptions
 
 app = command_group(
     "Golden construction (once per dataset): WebDancer on each fused query, its trace "
@@ -234,7 +234,7 @@ def audit(
         raise typer.Exit(1)
 
 
-# -- nuggetizer interoperability (cts/eval/audit/nuggetizer.py)
+# -- nuggetizer interoperability (cts/eval/interop/nuggetizer.py)
 # ----------------------------------------
 
 

@@ -41,7 +41,7 @@ from cts.eval.audit.agreement import (
     read_judgement,
 )
 from cts.eval.audit.calibration import PASSES, calibrate_experiment, read_labels, render
-from cts.eval.audit.nuggetizer import Format, export_assignments, parse_weight_map
+from cts.eval.interop.nuggetizer import Format, export_assignments, parse_weight_map
 from cts.eval.score.power import can_reject
 
 app = command_group(

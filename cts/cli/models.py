@@ -11,12 +11,12 @@ from rich.table import Table
 from cts.cli.common import command, command_group, output_console
 from cts.cli.options import CONFIG_OPTION, SET_OPTION
 from cts.configs import CONFIG_DIR
-from cts.eval.audit.model_check import DEFAULT_PROMPT, ModelCheck, check_models
 from cts.eval.run.config import load_experiment
 from cts.eval.run.local_models import download_experiment
-from cts.serving.files import cts_home
+from cts.eval.run.model_check import DEFAULT_PROMPT, ModelCheck, check_models
+from cts.foundation.files import cts_home
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.model_config import load_model_config
-from cts.serving.yaml_config import ConfigError
 
 app = command_group("Model configs, the tiny real model, and engine checks.")
 

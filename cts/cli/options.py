@@ -11,9 +11,9 @@ from typing import Any
 
 import typer
 
-from cts.eval.audit.nuggetizer import DEFAULT_WEIGHT_MAP
+from cts.eval.interop.nuggetizer import DEFAULT_WEIGHT_MAP
 from cts.eval.run.run_dir import RunDirError, Shard
-from cts.serving.serve import DEFAULT_READY_TIMEOUT_S, ServeOptions
+from cts.serving.server_group import DEFAULT_READY_TIMEOUT_S, ServeOptions
 from cts.slurm.plan import CPUS_PER_GPU, MEM_GB_PER_GPU, SlurmOptions
 from cts.train.config import TrainConfig, load_train_config
 

@@ -40,8 +40,8 @@ from cts.eval.run.engines import open_engines
 from cts.eval.run.progress import ShowProgress
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.run.search_agent import open_agent
-from cts.serving.serve import ServeOptions
-from cts.serving.yaml_config import Override
+from cts.foundation.yaml_config import Override
+from cts.serving.server_group import ServeOptions
 from cts.webdancer.agent import AgentResult
 
 app = typer.Typer()

@@ -20,7 +20,7 @@ from cts.cli.options import (
 )
 from cts.eval.run.config import load_experiment
 from cts.eval.run.run_dir import RunDir
-from cts.serving.serve import (
+from cts.serving.server_group import (
     ServeOptions,
     ServerGroup,
     Stopped,

@@ -21,7 +21,7 @@ from cts.cli.common import (
 )
 from cts.cli.options import SERVING, SHARD_OPTION, TRAIN_CONFIG, shard_of
 from cts.eval.run.run_dir import Shard
-from cts.serving.serve import ServeOptions, served
+from cts.serving.server_group import ServeOptions, served
 from cts.train.adapters import ROLE_ADAPTERS
 from cts.train.config import TrainConfig
 from cts.train.fit import FitResult, fit

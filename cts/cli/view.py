@@ -8,7 +8,7 @@ import typer
 
 from cts.cli.common import command, usage_error
 from cts.eval.viewer.errors import ViewError
-from cts.eval.viewer.serve import DEFAULT_PORT, bind, every_interface, is_loopback, serve, url_of
+from cts.eval.viewer.listen import DEFAULT_PORT, bind, every_interface, is_loopback, serve, url_of
 from cts.eval.viewer.view import Viewer
 
 app = typer.Typer()

@@ -55,7 +55,7 @@ from cts.eval.pilot_records import (
 from cts.eval.run.config import ResolvedExperiment
 from cts.eval.run.dialogue import LineUsage, asked_per_dialogue
 from cts.eval.run.run_dir import RunDir
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,12 @@ from cts.eval.run.records import MergeReport, RecordStore, UnrecordedStore, merg
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.run.runner import RunControl, RunOutcome, already_done, run_keys
 from cts.eval.run.search_agent import corpus_digest, open_agent
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.cache import EVALUATION, GOLDEN_CONSTRUCTION
 from cts.serving.engine import EngineStats
 from cts.serving.model_config import check_api_keys
-from cts.serving.serve import ServeOptions, served
+from cts.serving.server_group import ServeOptions, served
 from cts.serving.types import Sampling
-from cts.serving.yaml_config import ConfigError
 from cts.webdancer.corpus import Problem
 
 #: A cache's hits, misses and invalid rows.

@@ -24,8 +24,8 @@ from cts.eval.data.dataset import load_instances
 from cts.eval.data.schema import Instance
 from cts.eval.run.config import ResolvedExperiment, load_experiment
 from cts.eval.run.run_dir import RunDir
-from cts.serving.disk import write_whole
-from cts.serving.yaml_config import Override
+from cts.foundation.disk import write_whole
+from cts.foundation.yaml_config import Override
 
 T = TypeVar("T")
 

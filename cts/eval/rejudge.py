@@ -60,10 +60,10 @@ from cts.eval.run.progress import key_progress
 from cts.eval.run.records import Key, RecordStore
 from cts.eval.run.run_dir import RunDir, RunDirError, Shard, frozen_experiment
 from cts.eval.run.runner import RunControl, RunOutcome, already_done, run_keys
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
+from cts.foundation.yaml_config import ConfigError, Override, parse_override, read_yaml
 from cts.serving.engine import ChatModel, EngineStats
 from cts.serving.model_config import check_api_keys, model_label
-from cts.serving.yaml_config import ConfigError, Override, parse_override, read_yaml
 from cts.webdancer.agent import WebDancerAgent
 
 #: Keys of a run's config (as `results_view` names them) a rejudge may change.

@@ -32,13 +32,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from cts.serving.disk import storage_errors, storage_full
+from cts.foundation.disk import storage_errors, storage_full
+from cts.foundation.filesystems import network_filesystem
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.engine import ChatModel, Wrapped
 from cts.serving.errors import ConstrainedOutputError
-from cts.serving.filesystems import network_filesystem
 from cts.serving.outputs import validate_output
 from cts.serving.types import ChatRequest, ChatResponse, OutputSpec
-from cts.serving.yaml_config import ConfigError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (

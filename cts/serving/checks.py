@@ -16,9 +16,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from cts.serving.filesystems import network_filesystem
+from cts.foundation.filesystems import network_filesystem
 from cts.serving.model_config import ModelConfig
-from cts.serving.serve import PlanError, chat_template_problem, plan_gpus, served_models
+from cts.serving.server_group import PlanError, chat_template_problem, plan_gpus, served_models
 from cts.serving.vllm_server import vllm_executable
 
 Status = Literal["ok", "fix", "skip"]

@@ -15,12 +15,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cts.foundation.secrets import secret_from_env
+from cts.foundation.yaml_config import ConfigError, load_config
 from cts.serving.batching import Checkpoint, weights_fingerprint
 from cts.serving.cache import CachedEngine, ResponseCache
 from cts.serving.engine import ChatModel, Engine
 from cts.serving.replicas import Routing
-from cts.serving.secrets import secret_from_env
-from cts.serving.yaml_config import ConfigError, load_config
 
 #: `path: tiny:smollm2-135m-instruct` means the converted tiny model (cts/serving/tiny_model.py).
 TINY_PREFIX = "tiny:"

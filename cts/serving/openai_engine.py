@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from cts.foundation.secrets import redact, redact_cut, secret_from_env, split_credentials
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.batching import settings_digest
 from cts.serving.engine import Engine
 from cts.serving.errors import (
@@ -29,7 +31,6 @@ from cts.serving.errors import (
     ServerUnreachable,
 )
 from cts.serving.replicas import Replicas, Routing
-from cts.serving.secrets import redact, redact_cut, secret_from_env, split_credentials
 from cts.serving.types import (
     ChatRequest,
     ChatResponse,
@@ -40,7 +41,6 @@ from cts.serving.types import (
     RegexOutput,
     Usage,
 )
-from cts.serving.yaml_config import ConfigError
 
 ConstraintField = Literal["structured_outputs", "response_format"]
 _RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -163,7 +163,7 @@ class OpenAIEngine(Engine):
             if problem is not None:
                 raise ConfigError(f"model {model}: endpoint {problem}")
         # Credentials in a URL travel as basic auth; the URLs that stats and messages quote
-        # hold none (cts/serving/secrets.py).
+        # hold none (cts/foundation/secrets.py).
         public, credentials = zip(*(split_credentials(u) for u in urls), strict=True)
         self._auth = [httpx.BasicAuth(*c) if c else None for c in credentials]
         #: One URL, or a model's replicas: each key's requests stay on one

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.engine import Engine
 from cts.serving.errors import EngineError, ServerUnreachable
 from cts.serving.types import ChatRequest, ChatResponse, Usage
-from cts.serving.yaml_config import ConfigError
 
 Script = Callable[[ChatRequest], str | Exception]
 

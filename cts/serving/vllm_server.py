@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 
 
 def _die_with_parent() -> None:

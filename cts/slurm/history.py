@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cts.eval.run.run_dir import RunDir, RunDirError
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 
 
 def record_submission(path: Path, submission: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from cts.eval.construct.store import BUILD_STEPS
 from cts.eval.rejudge import rejudge_experiment
 from cts.eval.run.config import ResolvedExperiment, load_experiment
 from cts.eval.run.run_dir import RunDir
-from cts.serving.serve import DEFAULT_READY_TIMEOUT_S
+from cts.serving.server_group import DEFAULT_READY_TIMEOUT_S
 from cts.slurm.plan import (
     SHARED_WAIT_MARGIN_S,
     Job,

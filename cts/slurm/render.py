@@ -22,7 +22,7 @@ import yaml
 
 from cts.eval.run.config import ResolvedExperiment, load_experiment
 from cts.eval.run.run_dir import RunDir, frozen_experiment
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 from cts.train.config import TrainConfig
 from cts.train.sample import sampling_experiment
 

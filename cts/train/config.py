@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from cts.configs import CONFIG_DIR
 from cts.eval.run.config import ALL_CONDITIONS, check_template
-from cts.serving.yaml_config import ConfigError, Origins, Override, load_config
+from cts.foundation.yaml_config import ConfigError, Origins, Override, load_config
 
 DEFAULT_TRAIN = "quickstart"
 #: The deepest clarify@k condition an experiment runs (cts/eval/run/config.py `Condition`).

@@ -41,7 +41,7 @@ from cts.eval.report.summary import Comparison, Summary
 from cts.eval.run.config import ResolvedExperiment, Role
 from cts.eval.run.pipeline import clarify_turns
 from cts.eval.run.usage import role_usage
-from cts.serving.yaml_config import ConfigError, Override, parse_override
+from cts.foundation.yaml_config import ConfigError, Override, parse_override
 from cts.train.config import TrainConfig
 from cts.train.fit import fit_changes, lora_base
 from cts.train.held_out import describe, held_out_overlap

@@ -27,7 +27,7 @@ from cts.eval.report.report import write_report
 from cts.eval.run.config import ResolvedExperiment
 from cts.eval.run.progress import ShowProgress
 from cts.eval.run.run_dir import Shard
-from cts.serving.serve import ServeOptions
+from cts.serving.server_group import ServeOptions
 from cts.train.config import TrainConfig
 from cts.train.fit import FitResult, fit
 from cts.train.loop import (

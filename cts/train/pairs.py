@@ -30,7 +30,7 @@ from cts.eval.data.dataset import load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.run.records import RecordFileError, counts_over, parse_records
 from cts.eval.run.run_dir import RunDir
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 from cts.train.config import RewardSettings, TrainConfig
 from cts.train.sample import dialogue_condition
 

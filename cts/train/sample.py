@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cts.eval.data.dataset import DatasetSource
 from cts.eval.run.config import ResolvedExperiment, load_experiment
-from cts.serving.yaml_config import ConfigError, Override, parse_override
+from cts.foundation.yaml_config import ConfigError, Override, parse_override
 from cts.train.config import TrainConfig
 from cts.train.held_out import describe, held_out_overlap
 

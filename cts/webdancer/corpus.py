@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cts.serving.files import sha256_file
+from cts.foundation.files import sha256_file
 
 # ISO 639-1. A language tag is valid when its primary subtag is one of these ("zh", "zh-CN").
 ISO_639_1 = frozenset(

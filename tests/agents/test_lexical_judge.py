@@ -15,10 +15,10 @@ from cts.agents import judge, lexical_judge
 from cts.agents.lexical_judge import Match, match, terms
 from cts.cli import app
 from cts.eval.run.config import load_experiment
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.errors import EngineError
 from cts.serving.lexical import LexicalEngine, is_lexical
 from cts.serving.types import ChatRequest, Message
-from cts.serving.yaml_config import ConfigError
 
 NUGGET = "The Ferrow Lumen 65 has a list price of €1,899 and a refresh rate of up to 144 Hz."
 

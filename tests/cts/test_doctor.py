@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import cts.serving.filesystems
+import cts.foundation.filesystems
 from cts.cli import app
 from tests.slurm.test_slurm_cluster import cluster_up
 
@@ -56,7 +56,7 @@ def test_caches_on_a_network_file_system_are_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("CTS_HOME", str(home))
     nfs = str(home)
     monkeypatch.setattr(
-        cts.serving.filesystems,
+        cts.foundation.filesystems,
         "statfs_type",
         lambda path: 0x6969 if str(path).startswith(nfs) else 0xEF53,  # NFS, else ext4
     )

@@ -20,10 +20,10 @@ from cts.eval.run.config import ExperimentConfig, load_experiment
 from cts.eval.run.locks import ShardBusy
 from cts.eval.run.records import RecordFileError
 from cts.eval.run.run_dir import RunDir, RunDirError, ShardError
+from cts.foundation.yaml_config import ConfigError, Override, load_config, mapping_overrides
 from cts.serving.model_config import ModelConfig
-from cts.serving.serve import EndpointsError, ServeOptions, Stopped
+from cts.serving.server_group import EndpointsError, ServeOptions, Stopped
 from cts.serving.vllm_server import ServerError
-from cts.serving.yaml_config import ConfigError, Override, load_config, mapping_overrides
 from cts.train.config import load_train_config
 from cts.train.sample import sampling_experiment
 

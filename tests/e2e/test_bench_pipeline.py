@@ -204,7 +204,7 @@ def test_the_gpu_check_serves_compact_json_on_gpu_as_on_cpu(gpu_check, tmp_path,
     import yaml
 
     from cts.eval.run.config import load_experiment
-    from cts.serving.serve import plan_servers
+    from cts.serving.server_group import plan_servers
 
     settings = {"instances": 2, "concurrency": 16, "max_concurrency": 32, "memory": 0.5}
     generated = gpu_check.experiment("/ckpt/model", tmp_path, **settings, cpu=cpu)

@@ -17,7 +17,7 @@ from cts.cli import app
 from cts.eval.experiment import serving_for
 from cts.eval.run.config import load_experiment
 from cts.eval.run.records import RecordStore
-from cts.serving.serve import ServeOptions
+from cts.serving.server_group import ServeOptions
 from tests.scripted_cts import scripted_engines
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"

@@ -13,7 +13,7 @@ from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.experiment import merge_run, run_experiment
 from cts.eval.run.config import load_experiment
 from cts.eval.run.run_dir import Shard
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 from tests.scripted_cts import scripted_engines
 
 

@@ -33,12 +33,12 @@ from cts.eval.run.fingerprint import changes
 from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.score.metrics import restore_score
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.cache import CachedEngine, ResponseCache
 from cts.serving.engine import ChatModel
 from cts.serving.errors import EngineError
 from cts.serving.scripted import ScriptedEngine, scripted_roles
 from cts.serving.types import ChatRequest
-from cts.serving.yaml_config import ConfigError
 from cts.slurm import render as render_module
 from cts.slurm.chain import submit
 from cts.slurm.kinds import plan_job

@@ -1,7 +1,8 @@
 """The house's layering, checked from the code's own imports (docs/architecture.md): no import
 circle between the project's modules; inside `cts/eval/`, a module imports only from its own
 package or a lower layer, the layer-3 packages not from one another; no private name is
-imported from another `eval` module."""
+imported from another `eval` module; the foundation (`cts.foundation`) stands on nothing else of
+`cts`."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 #: eval's sub-packages by layer; a module directly under cts/eval/ is layer 4.
 EVAL_LAYERS = {
-    "data": 0, "score": 1, "run": 2, "report": 3, "audit": 3, "viewer": 3, "construct": 3
+    "data": 0, "score": 1, "run": 2,
+    "report": 3, "audit": 3, "viewer": 3, "construct": 3, "interop": 3,
 }  # fmt: skip
 EVAL = "cts.eval."
+FOUNDATION = "cts.foundation"
 
 
 def _modules() -> dict[str, Path]:
@@ -117,6 +120,20 @@ def test_no_eval_module_imports_a_private_name_of_another():
         if imported.startswith("_")
     ]
     assert private == []
+
+
+def test_the_foundation_imports_nothing_else_of_the_project():
+    """Every part reads configs and writes files through it: one import back up would tie
+    them all to what it imported."""
+    above = [
+        f"{module} -> {target}"
+        for module, targets in _graph().items()
+        if module.startswith(FOUNDATION)
+        for target in targets
+        if not target.startswith(FOUNDATION)
+    ]
+    assert above == []
+    assert f"{FOUNDATION}.yaml_config" in _graph()[f"{FOUNDATION}.secrets"]  # the check sees
 
 
 def test_the_checks_see_a_circle_and_an_upward_import():

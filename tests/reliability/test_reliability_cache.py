@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Literal
 import pytest
 from pydantic import BaseModel
 
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput, RegexOutput
-from cts.serving.yaml_config import ConfigError
 
 if TYPE_CHECKING:
     from cts.serving.cache import ResponseCache

@@ -30,8 +30,8 @@ from cts.eval.run.pipeline import run_instance
 from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.run.runner import run_keys
+from cts.foundation.disk import StorageFull, append_line, write_whole
 from cts.serving.cache import ResponseCache
-from cts.serving.disk import StorageFull, append_line, write_whole
 from cts.serving.types import ChatResponse
 from cts.webdancer.tool_cache import ToolCache
 from tests.fault_helpers import cts_run_args
@@ -416,7 +416,7 @@ def test_a_storage_that_fails_stops_the_run_naming_the_file(
     """An I/O error, a stale NFS handle, a path through a file: every key became an `internal`
     failure, or a traceback. Now one stop naming the file and what to do, nothing recorded for
     the key (it runs again on resume once the storage works)."""
-    import cts.serving.disk as disk_module
+    import cts.foundation.disk as disk_module
 
     ctx, _ = context(search, tmp_path / "traces")
     store = RecordStore(tmp_path / "run")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from cts.cli import app
 from cts.eval.run.config import load_experiment
 from cts.eval.run.run_dir import RunDir
-from cts.serving.yaml_config import ConfigError, parse_override
+from cts.foundation.yaml_config import ConfigError, parse_override
 from cts.webdancer.corpus import CorpusError, check_corpus, load_corpus
 
 runner = CliRunner()

@@ -38,6 +38,7 @@ from cts.configs import DEFAULT_EXPERIMENT
 from cts.eval.data.dataset import DatasetError, DatasetSource, GoldTable, load_instances
 from cts.eval.data.schema import CONSTRAINT_TYPES, Instance
 from cts.eval.run.config import ExperimentConfig, load_experiment
+from cts.foundation.yaml_config import ConfigError, load_config, parse_override
 from cts.serving.errors import ConstrainedOutputError
 from cts.serving.outputs import validate_output
 from cts.serving.scripted import ScriptedEngine
@@ -49,7 +50,6 @@ from cts.serving.types import (
     RegexOutput,
     Sampling,
 )
-from cts.serving.yaml_config import ConfigError, load_config, parse_override
 from cts.webdancer.agent import FINAL_REGEX, TURN_REGEX
 from cts.webdancer.corpus import CorpusError, Problem, load_corpus
 from cts.webdancer.protocol import TOOL_NAMES, FinalAnswer, ProtocolError, ToolCall, parse_turn

@@ -20,7 +20,7 @@ from cts.eval.data.dataset import (
     check_source,
     load_instances,
 )
-from cts.serving.yaml_config import ConfigError, read_yaml
+from cts.foundation.yaml_config import ConfigError, read_yaml
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def test_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from cts.serving.yaml_config import ConfigError, read_yaml\n"
+        "from cts.foundation.yaml_config import ConfigError, read_yaml\n"
         "try:\n"
         "    read_yaml(Path(sys.argv[1]))\n"
         "except ConfigError as e:\n"
@@ -91,12 +91,12 @@ def test_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path):
 def test_an_alias_is_refused_before_anything_is_composed(tmp_path, monkeypatch):
     """What bounds the work on any bomb: the refusal comes from one linear pass over the parse
     events; the composer and constructors, whose walk of aliases is exponential, never run."""
-    import cts.serving.yaml_config
+    import cts.foundation.yaml_config
 
     def composed(*args: object) -> None:
         raise AssertionError("the YAML was composed before its aliases were refused")
 
-    monkeypatch.setattr(cts.serving.yaml_config._Loader, "get_single_node", composed)
+    monkeypatch.setattr(cts.foundation.yaml_config._Loader, "get_single_node", composed)
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(_bomb(40))
     with pytest.raises(ConfigError, match=r":2: YAML aliases \(\*a0\) are not allowed"):

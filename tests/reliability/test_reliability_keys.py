@@ -72,7 +72,7 @@ def test_the_logged_traceback_of_an_internal_failure_is_redacted(
 ):
     """On a cluster the log is the Slurm log: a key quoted by an unexpected exception is
     redacted there as in the record."""
-    from cts.serving.secrets import secret_from_env
+    from cts.foundation.secrets import secret_from_env
 
     key = "sk-live-internal-0123456789"
     monkeypatch.setenv("CTS_TEST_KEY", key)

@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 
 from cts.cli import app
 from cts.eval.viewer.app import make_app
-from cts.eval.viewer.serve import allowed_hosts
+from cts.eval.viewer.listen import allowed_hosts
 from cts.eval.viewer.view import Viewer
 from cts.serving.cache import CacheFileError, ResponseCache
 from cts.webdancer.tool_cache import ToolCache
-from tests.eval.audit.test_nuggetizer import CREATED
-from tests.eval.audit.test_nuggetizer import dataset as dataset  # the fixture
+from tests.eval.interop.test_nuggetizer import CREATED
+from tests.eval.interop.test_nuggetizer import dataset as dataset  # the fixture
 from tests.eval.viewer.test_view import LOCAL, make_run
 from tests.reliability.test_reliability_disk import ran_in_a_namespace, tmpfs
 from tests.scripted_cts import cts

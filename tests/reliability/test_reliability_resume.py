@@ -12,7 +12,7 @@ from cts.eval.data.dataset import load_instances
 from cts.eval.run.config import load_experiment
 from cts.eval.run.fingerprint import fingerprint
 from cts.eval.run.run_dir import RunDir
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 
 
 def _all(resolved):

@@ -20,7 +20,7 @@ from cts.eval.run.config import load_experiment
 from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.run.runner import run_keys
-from cts.serving.yaml_config import ConfigError, Override
+from cts.foundation.yaml_config import ConfigError, Override
 from cts.train.config import load_train_config
 
 

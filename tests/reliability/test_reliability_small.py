@@ -14,9 +14,9 @@ from cts.eval.report.html import to_html
 from cts.eval.report.markdown import MAIN_COLUMNS, _main_table
 from cts.eval.run.config import load_experiment
 from cts.eval.viewer.app import SECURITY_HEADERS, make_app
-from cts.eval.viewer.serve import allowed_hosts
+from cts.eval.viewer.listen import allowed_hosts
 from cts.eval.viewer.view import Viewer
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 from cts.webdancer.ssrf import BlockedURL, check_url
 from cts.webdancer.visit import HttpPages
 from tests.eval.viewer.test_view import LOCAL

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.serving.disk import NotAFile, write_whole
-from cts.serving.serve import write_endpoints
+from cts.foundation.disk import NotAFile, write_whole
+from cts.serving.server_group import write_endpoints
 from cts.slurm.chain import Submission
 from cts.slurm.history import record_submission
 from cts.slurm.render import _write

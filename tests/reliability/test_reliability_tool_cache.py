@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from cts.eval.data.dataset import corpus_path
-from cts.serving.files import sha256_file
+from cts.foundation.files import sha256_file
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import Sampling
 from cts.webdancer.backends.local import LocalSearch

@@ -24,7 +24,7 @@ from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.viewer.app import make_app
 from cts.eval.viewer.cuts import MAX_FIELD_CHARS
 from cts.eval.viewer.highlight import highlight
-from cts.eval.viewer.serve import allowed_hosts
+from cts.eval.viewer.listen import allowed_hosts
 from cts.eval.viewer.trace import search_blocks
 from cts.eval.viewer.trace import visited_pages as visited
 from cts.eval.viewer.view import Viewer

@@ -120,22 +120,22 @@ def test_processes_opening_a_new_cache_at_once_all_succeed(tmp_path):
 
 
 def _network_writer(path: str, worker: int, n: int) -> None:
-    import cts.serving.filesystems
+    import cts.foundation.filesystems
 
     # The detector faked: statfs says NFS, as it would for a home shared by the nodes.
-    cts.serving.filesystems.statfs_type = lambda p: 0x6969  # type: ignore[assignment]
+    cts.foundation.filesystems.statfs_type = lambda p: 0x6969  # type: ignore[assignment]
     _writer(path, worker, n)
 
 
 def test_a_cache_on_a_network_file_system_uses_a_rollback_journal(tmp_path, monkeypatch):
     """SQLite's WAL needs every process on one host: on NFS, Lustre or GPFS (statfs type) the
     caches use a rollback journal with its file locks instead."""
-    import cts.serving.filesystems
+    import cts.foundation.filesystems
     from cts.serving.cache import journal_mode
     from cts.webdancer.tool_cache import ToolCache
 
     assert journal_mode(tmp_path / "local.sqlite") == "WAL"  # the real statfs: a local disk
-    monkeypatch.setattr(cts.serving.filesystems, "statfs_type", lambda p: 0x0BD00BD0)  # Lustre
+    monkeypatch.setattr(cts.foundation.filesystems, "statfs_type", lambda p: 0x0BD00BD0)  # Lustre
     assert journal_mode(tmp_path / "c.sqlite") == "DELETE"
     ResponseCache(tmp_path / "c.sqlite").close()
     ToolCache(tmp_path / "tools.sqlite").close()
@@ -143,9 +143,9 @@ def test_a_cache_on_a_network_file_system_uses_a_rollback_journal(tmp_path, monk
         db = sqlite3.connect(tmp_path / name)
         assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",), name
     # A cache made in WAL mode (on a local disk, then copied) is switched when opened there.
-    monkeypatch.setattr(cts.serving.filesystems, "statfs_type", lambda p: 0xEF53)  # ext4
+    monkeypatch.setattr(cts.foundation.filesystems, "statfs_type", lambda p: 0xEF53)  # ext4
     ResponseCache(tmp_path / "was-wal.sqlite").close()
-    monkeypatch.setattr(cts.serving.filesystems, "statfs_type", lambda p: 0x6969)  # NFS
+    monkeypatch.setattr(cts.foundation.filesystems, "statfs_type", lambda p: 0x6969)  # NFS
     ResponseCache(tmp_path / "was-wal.sqlite").close()
     db = sqlite3.connect(tmp_path / "was-wal.sqlite")
     assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.errors import (
     ConstrainedOutputError,
     EngineError,
@@ -19,7 +20,6 @@ from cts.serving.errors import (
 from cts.serving.openai_engine import OpenAIEngine
 from cts.serving.types import ChatRequest, ChoiceOutput, JsonSchemaOutput
 from cts.serving.vllm_server import free_port
-from cts.serving.yaml_config import ConfigError
 from tests.fault_helpers import QuietHandler, loopback_server
 
 

@@ -10,11 +10,11 @@ from typing import ClassVar
 
 import pytest
 
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.errors import EngineError, EngineUnavailable
 from cts.serving.model_config import ModelConfig, build_engine, check_api_keys, load_model_config
 from cts.serving.openai_engine import OpenAIEngine, endpoint_problem
 from cts.serving.types import ChatRequest
-from cts.serving.yaml_config import ConfigError
 from tests.fault_helpers import QuietHandler, loopback_server
 
 ASK = ChatRequest.of([{"role": "user", "content": "?"}])

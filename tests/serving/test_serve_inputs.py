@@ -17,9 +17,9 @@ import yaml
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.serving.serve import EndpointsError, read_endpoints
+from cts.foundation.yaml_config import ConfigError
+from cts.serving.server_group import EndpointsError, read_endpoints
 from cts.serving.vllm_server import VllmServer, free_port
-from cts.serving.yaml_config import ConfigError
 from tests.vllm_stand_in import Health
 
 ROLES = ["clarifier", "user_answerer", "rewriter", "searcher", "summarizer"]

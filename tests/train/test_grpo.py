@@ -19,11 +19,11 @@ import cts.train.grpo as grpo_module
 from cts.agents import clarifier
 from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
 from cts.eval.run.engines import Engines
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.engine import ChatModel
 from cts.serving.model_config import build_engine
 from cts.serving.scripted import ScriptedEngine, fused_query, scripted_roles
 from cts.serving.types import ChatRequest
-from cts.serving.yaml_config import ConfigError
 from cts.train.config import load_train_config
 from cts.train.grpo import GrpoError, downstream_models, experiment, prompt_rows
 from tests import scripted_cts

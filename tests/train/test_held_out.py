@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import cts.eval.experiment
 from cts.cli import app
 from cts.eval.data.dataset import DatasetSource, load_instances
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 from cts.train.config import load_train_config
 from cts.train.held_out import held_out_overlap, normalised
 from cts.train.loop import MAIN, Iteration, evaluation

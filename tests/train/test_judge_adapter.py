@@ -13,9 +13,9 @@ import pytest
 from cts.agents import judge
 from cts.configs import CONFIG_DIR
 from cts.eval.audit.calibration import read_labels
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.model_config import ModelConfig, build_engine, load_model_config
 from cts.serving.types import Sampling
-from cts.serving.yaml_config import ConfigError
 from cts.train import judge_data
 from cts.train.judge_data import (
     changed_numbers,

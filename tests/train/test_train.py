@@ -29,10 +29,10 @@ from cts.eval.report.summary import Comparison
 from cts.eval.run.config import load_experiment
 from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.model_config import ModelConfig, load_model_config
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import Sampling
-from cts.serving.yaml_config import ConfigError
 from cts.train.config import RewardSettings, TrainConfig, load_train_config
 from cts.train.fit import fine_tuned_config
 from cts.train.loop import (

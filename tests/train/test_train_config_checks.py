@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cts.eval.data.dataset import SAMPLE_DIR, load_instances
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 from cts.train.config import load_train_config
 from cts.train.loop import MAIN, evaluation, iterations
 from cts.train.sample import sampling_experiment

@@ -39,8 +39,8 @@ from cts.eval.run.records import Key, RecordStore
 from cts.eval.run.run_dir import RunDir, RunDirError
 from cts.eval.score.metrics import paired_test, ratio_ci
 from cts.eval.score.power import paired_mde
+from cts.foundation.yaml_config import read_yaml
 from cts.serving.model_config import model_label
-from cts.serving.yaml_config import read_yaml
 
 LABELS: tuple[str, ...] = ("full", "partial", "none")
 #: Strict agreement: a partial label counts as no credit, as the strict score does.

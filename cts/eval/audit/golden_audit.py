@@ -31,21 +31,20 @@ from typing import Any, Literal
 
 from cts.agents import grounding
 from cts.eval.data.dataset import (
-    SAMPLE_SPLITS,
     DatasetError,
     DatasetSource,
     check_source,
     load_corpus,
-    sample_path,
+    sample_sources,
 )
 from cts.eval.data.schema import CorpusDocument, Instance
 from cts.eval.run.config import ExperimentConfig, ResolvedExperiment
 from cts.eval.run.engines import open_engines
 from cts.eval.run.run_dir import RunDir
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.engine import ChatModel
 from cts.serving.errors import EngineError
 from cts.serving.types import Sampling
-from cts.serving.yaml_config import ConfigError
 from cts.webdancer.backends.local import tokenize
 from cts.webdancer.corpus import CorpusError, Problem
 from cts.webdancer.search import QUERY_SEPARATOR
@@ -269,14 +268,6 @@ class AuditInput:
     traces_dir: Path | None = None
     #: A golden construction folder's own run directory (its config names the corpus).
     golden_run: RunDir | None = None
-
-
-def sample_sources(split: str | None = None) -> list[DatasetSource]:
-    """What `sample` is to the golden commands (audit, export, import): the shipped sample's
-    `split`, or every split of it (SAMPLE_SPLITS, train included), as one file source each.
-    DatasetError for a split the sample does not have."""
-    splits = [split] if split else SAMPLE_SPLITS
-    return [DatasetSource(path=str(sample_path(s)), split=None) for s in splits]
 
 
 def load_audit_dataset(dataset: str, split: str | None = None) -> AuditInput:

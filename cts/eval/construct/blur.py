@@ -49,7 +49,7 @@ from cts.eval.data.dataset import DatasetError
 from cts.eval.data.schema import Instance, known_language, unsafe_id
 from cts.eval.run.config import ResolvedExperiment, Role
 from cts.eval.run.engines import open_engines
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 from cts.serving.engine import ChatModel
 from cts.serving.errors import EngineError
 from cts.webdancer.corpus import Problem

@@ -38,7 +38,7 @@ from cts.eval.data.dataset import DatasetError
 from cts.eval.data.schema import known_language, normal_form, unsafe_id
 from cts.eval.run.config import ResolvedExperiment, Role
 from cts.eval.run.engines import open_engines
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 from cts.serving.engine import ChatModel
 from cts.serving.errors import EngineError
 from cts.serving.model_config import model_label

@@ -22,7 +22,7 @@ from cts.eval.run.locks import shard_count_lock, shard_lock
 from cts.eval.run.progress import ShowProgress, progress
 from cts.eval.run.records import parse_jsonl
 from cts.eval.run.run_dir import Shard
-from cts.serving.disk import append_line, write_whole
+from cts.foundation.disk import append_line, write_whole
 
 #: The building steps, as `cts data` and `cts slurm submit --job` name them.
 BUILD_STEPS = ("fuse", "blur")

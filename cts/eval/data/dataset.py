@@ -699,6 +699,14 @@ def sample_path(split: str) -> Path:
     return SAMPLE_DIR / f"{split}.jsonl"
 
 
+def sample_sources(split: str | None = None) -> list[DatasetSource]:
+    """What `sample` is to the golden commands (audit, export, import): the shipped sample's
+    `split`, or every split of it (SAMPLE_SPLITS, train included), as one file source each.
+    DatasetError for a split the sample does not have."""
+    splits = [split] if split else SAMPLE_SPLITS
+    return [DatasetSource(path=str(sample_path(s)), split=None) for s in splits]
+
+
 def corpus_path(corpus: str) -> Path:
     return SAMPLE_DIR / "corpus.jsonl" if corpus == "sample" else _expanded(corpus)
 

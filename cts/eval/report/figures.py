@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cts.eval.report.diagnostics import QUESTION_TYPES
 from cts.eval.report.markdown import MAIN_COLUMNS
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

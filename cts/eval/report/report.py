@@ -43,8 +43,8 @@ from cts.eval.run.oracle import oracle_independence
 from cts.eval.run.records import MergeReport, RecordStore, merge
 from cts.eval.run.run_dir import RunDir
 from cts.eval.run.scope import in_scope
-from cts.serving.disk import write_whole
-from cts.serving.yaml_config import read_yaml
+from cts.foundation.disk import write_whole
+from cts.foundation.yaml_config import read_yaml
 
 
 @dataclass

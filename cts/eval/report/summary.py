@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 
 
 class SummaryError(ValueError):

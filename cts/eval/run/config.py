@@ -34,16 +34,16 @@ from cts.agents import (
 )
 from cts.configs import CONFIG_DIR, DEFAULT_EXPERIMENT
 from cts.eval.data.dataset import DatasetSource
-from cts.serving.files import cts_home
-from cts.serving.model_config import ModelConfig, model_label
-from cts.serving.types import RoleSampling, Sampling
-from cts.serving.yaml_config import (
+from cts.foundation.files import cts_home
+from cts.foundation.yaml_config import (
     ConfigError,
     Origins,
     Override,
     load_config,
     mapping_overrides,
 )
+from cts.serving.model_config import ModelConfig, model_label
+from cts.serving.types import RoleSampling, Sampling
 from cts.webdancer.agent import searcher_sampling
 from cts.webdancer.ssrf import allow_entry
 from cts.webdancer.visit import SUMMARIZER_SAMPLING

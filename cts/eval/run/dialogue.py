@@ -34,10 +34,10 @@ from cts.eval.data.schema import Instance
 from cts.eval.run.config import ClarificationConfig
 from cts.eval.run.slots import released
 from cts.eval.run.usage import KeyUsage, charge, charged_to_key
-from cts.serving.disk import append_line
+from cts.foundation.disk import append_line
+from cts.foundation.secrets import redact
 from cts.serving.engine import ChatModel
 from cts.serving.errors import EngineError
-from cts.serving.secrets import redact
 from cts.serving.types import Sampling
 from cts.webdancer.tool_cache import ToolCacheMiss
 

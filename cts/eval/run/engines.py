@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from cts.eval.run.config import ResolvedExperiment, Role
 from cts.eval.run.usage import metered
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.batching import BatchingEngine, Unbatched
 from cts.serving.cache import EVALUATION, CachedEngine, ResponseCache
 from cts.serving.engine import ChatModel
 from cts.serving.model_config import build_engine
-from cts.serving.yaml_config import ConfigError
 
 
 @dataclass

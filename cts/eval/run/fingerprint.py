@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from cts.eval.data.schema import Instance
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.model_config import ModelConfig
-from cts.serving.yaml_config import ConfigError
 
 #: Experiment keys a resumed run may change.
 FREE_EXPERIMENT_KEYS: tuple[tuple[str, ...], ...] = (

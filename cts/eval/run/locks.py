@@ -11,7 +11,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from cts.eval.run.run_dir import Shard
-from cts.serving.disk import storage_errors
+from cts.foundation.disk import storage_errors
 
 
 class ShardBusy(RuntimeError):

@@ -26,11 +26,11 @@ from cts.eval.run.golden_search import NoEvidence, golden_nuggets
 from cts.eval.run.usage import charged_to_key
 from cts.eval.score.metrics import Label, restore_score
 from cts.eval.score.over_answer import reveal
+from cts.foundation.disk import NotAFile, StorageFull, write_whole
+from cts.foundation.secrets import redact
 from cts.serving.cache import CacheFileError
-from cts.serving.disk import NotAFile, StorageFull, write_whole
 from cts.serving.engine import ChatModel
 from cts.serving.errors import EngineError, ServerUnreachable
-from cts.serving.secrets import redact
 from cts.serving.types import Sampling
 from cts.webdancer.agent import AgentResult, WebDancerAgent
 from cts.webdancer.tool_cache import ToolCacheMiss

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from cts.eval.data.schema import Instance, Record
 from cts.eval.run.bulk import collector_paused
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.serving.disk import append_line, write_whole
+from cts.foundation.disk import append_line, write_whole
 
 Key = tuple[str, str, int]
 

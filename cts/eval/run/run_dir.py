@@ -25,9 +25,9 @@ from pydantic import BaseModel
 
 from cts.eval.run.config import ExperimentConfig, ResolvedExperiment
 from cts.eval.run.fingerprint import changes, model_prints, results_view
-from cts.serving.disk import storage_errors, write_whole
+from cts.foundation.disk import storage_errors, write_whole
+from cts.foundation.yaml_config import ConfigError, load_config, read_yaml
 from cts.serving.model_config import ModelConfig
-from cts.serving.yaml_config import ConfigError, load_config, read_yaml
 
 T = TypeVar("T")
 

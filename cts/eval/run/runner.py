@@ -29,9 +29,9 @@ from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard
 from cts.eval.run.schedule import KeyCosts, group_of
 from cts.eval.run.slots import KeySlots
+from cts.foundation.secrets import redact
 from cts.serving.outputs import valid_unicode
 from cts.serving.replicas import conversation
-from cts.serving.secrets import redact
 
 
 class RunControl(TypedDict, total=False):

@@ -19,7 +19,7 @@ from cts.eval.run.records import Key, RecordStore
 from cts.eval.run.run_dir import RunDir
 from cts.eval.run.scope import in_scope, outside_because
 from cts.eval.run.traces import inside, read_trace_file
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 
 
 @dataclass

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from cts.serving.files import cts_home
+from cts.foundation.files import cts_home
 from cts.webdancer.corpus import CorpusDocument, open_corpus
 from cts.webdancer.search import SearchHit
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
+from cts.foundation.secrets import secret_from_env
 from cts.serving.outputs import valid_unicode
-from cts.serving.secrets import secret_from_env
 from cts.webdancer.search import SearchHit
 
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")

@@ -14,11 +14,11 @@ import cts.eval.run.engines
 from cts.eval.run.config import load_experiment
 from cts.eval.run.engines import open_engines
 from cts.eval.run.records import RecordStore
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.batching import BatchingEngine, Unbatched
 from cts.serving.cache import CachedEngine, ResponseCache
 from cts.serving.errors import EngineError
 from cts.serving.types import ChatRequest, ChatResponse, Usage
-from cts.serving.yaml_config import ConfigError
 
 
 class Recording(BatchingEngine):

@@ -21,9 +21,9 @@ from cts.eval.run.config import JudgeConfig, load_experiment
 from cts.eval.run.fingerprint import changes, results_view
 from cts.eval.run.pipeline import PipelineContext, _judge, judge_order, run_instance
 from cts.eval.run.run_dir import RunDir
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import ChatRequest, Sampling
-from cts.serving.yaml_config import ConfigError
 from cts.webdancer.backends.local import LocalSearch
 from tests.scripted import scripted_context
 

@@ -203,7 +203,7 @@ def test_golden_merge_refuses_a_dataset_changed_since_the_build(tmp_path):
     Refused as a resumed build is, naming fingerprint.dataset; a --limit is no change."""
     from cts.eval.experiment import build_golden, finish_golden
     from cts.eval.run.config import load_experiment
-    from cts.serving.yaml_config import ConfigError
+    from cts.foundation.yaml_config import ConfigError
     from tests.builders import scripted_experiment
 
     data = tmp_path / "ds.jsonl"

@@ -13,7 +13,7 @@ from cts.eval.report.report import write_report
 from cts.eval.run.config import load_experiment
 from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
-from cts.serving.yaml_config import Override
+from cts.foundation.yaml_config import Override
 
 CONDITIONS = ["blurred", "oracle"]
 

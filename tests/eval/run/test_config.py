@@ -6,8 +6,8 @@ import pytest
 
 from cts.configs import CONFIG_DIR
 from cts.eval.run.config import load_experiment
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.model_config import load_model_config
-from cts.serving.yaml_config import ConfigError
 
 
 def write(path: Path, text: str) -> Path:

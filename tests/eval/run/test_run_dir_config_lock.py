@@ -13,7 +13,7 @@ import pytest
 from cts.eval.run import run_dir as run_dir_module
 from cts.eval.run.config import load_experiment
 from cts.eval.run.run_dir import RunDir
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 
 
 def test_two_starts_with_other_configs_at_once_leave_one_config_and_refuse_the_other(

@@ -13,7 +13,7 @@ import yaml
 
 from cts.eval.run.config import load_experiment
 from cts.eval.run.run_dir import RunDir
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 
 ROLES = ("clarifier", "user_answerer", "rewriter", "searcher", "summarizer", "judge")
 

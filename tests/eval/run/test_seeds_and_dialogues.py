@@ -19,9 +19,9 @@ from cts.eval.run.dialogue import Clarification, DialogueStore
 from cts.eval.run.pipeline import run_instance
 from cts.eval.run.records import RecordStore
 from cts.eval.run.runner import run_keys
+from cts.foundation.yaml_config import ConfigError
 from cts.serving.cache import CachedEngine, ResponseCache
 from cts.serving.types import ChatRequest, Sampling
-from cts.serving.yaml_config import ConfigError
 from cts.webdancer.agent import AgentBudget, WebDancerAgent
 from cts.webdancer.backends.local import LocalSearch
 from cts.webdancer.tools import Tools

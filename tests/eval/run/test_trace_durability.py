@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-import cts.serving.disk
+import cts.foundation.disk
 from cts.eval.data.golden import GOLDEN
 from cts.eval.data.schema import Record
 from cts.eval.pilot_records import read_traces
 from cts.eval.run.pipeline import _write_trace
 from cts.eval.run.run_dir import RunDir
 from cts.eval.viewer.runs import ViewRun
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(fd)
         real(fd)
 
-    monkeypatch.setattr(cts.serving.disk.os, "fsync", counted)
+    monkeypatch.setattr(cts.foundation.disk.os, "fsync", counted)
     return calls
 
 

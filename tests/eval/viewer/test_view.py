@@ -32,7 +32,7 @@ from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.viewer.app import make_app
 from cts.eval.viewer.highlight import highlight
 from cts.eval.viewer.index import parse_query
-from cts.eval.viewer.serve import allowed_hosts
+from cts.eval.viewer.listen import allowed_hosts
 from cts.eval.viewer.view import Viewer
 from cts.webdancer.search import QUERY_SEPARATOR, SearchHit, render_hits
 from cts.webdancer.visit import render_visit

@@ -51,16 +51,22 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from cts.eval.audit.golden_audit import sample_sources
-from cts.eval.data.dataset import DatasetError, DatasetSource, Row, load_instances, read_rows
+from cts.eval.data.dataset import (
+    DatasetError,
+    DatasetSource,
+    Row,
+    load_instances,
+    read_rows,
+    sample_sources,
+)
 from cts.eval.data.schema import Golden, Instance, Nugget, Record
 from cts.eval.run.config import ALL_CONDITIONS
 from cts.eval.run.fingerprint import dataset_digest
 from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
+from cts.foundation.yaml_config import read_yaml
 from cts.serving.outputs import valid_unicode
-from cts.serving.yaml_config import read_yaml
 from cts.webdancer.corpus import Problem
 
 VITAL, OKAY = "vital", "okay"

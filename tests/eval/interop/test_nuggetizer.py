@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 
 from cts.cli import app
 from cts.eval.audit.golden_audit import load_audit_dataset
-from cts.eval.audit.nuggetizer import (
+from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.data.schema import Instance, Record
+from cts.eval.interop.nuggetizer import (
     NuggetizerError,
     assignment_rows,
     export_assignments,
@@ -30,8 +32,6 @@ from cts.eval.audit.nuggetizer import (
     response_length,
     write_jsonl,
 )
-from cts.eval.data.dataset import DatasetSource, load_instances
-from cts.eval.data.schema import Instance, Record
 from cts.eval.run.config import load_experiment
 from cts.eval.run.fingerprint import fingerprint
 from cts.eval.run.records import RecordStore

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from cts.serving.disk import write_whole
+from cts.foundation.disk import write_whole
 from cts.serving.model_config import ModelConfig, model_label
 from cts.serving.openai_engine import endpoint_problem
 from cts.serving.vllm_server import ServerError, VllmServer, free_port, log_tail

@@ -13,7 +13,7 @@ import os
 import re
 from urllib.parse import unquote
 
-from cts.serving.yaml_config import ConfigError
+from cts.foundation.yaml_config import ConfigError
 
 REDACTED = "[redacted]"
 # Values this short would redact ordinary words; no real API key is this short.
