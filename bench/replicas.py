@@ -45,7 +45,8 @@ from cts.configs import CONFIG_DIR  # noqa: E402
 from cts.eval.experiment import run_experiment  # noqa: E402
 from cts.eval.run.config import ResolvedExperiment, load_experiment  # noqa: E402
 from cts.serving.model_config import ModelConfig, load_model_config  # noqa: E402
-from cts.serving.server_group import ServerGroup, plan_servers, urls_of  # noqa: E402
+from cts.serving.server_group import ServerGroup, urls_of  # noqa: E402
+from cts.serving.server_plan import plan_servers  # noqa: E402
 
 
 @contextmanager

@@ -37,7 +37,8 @@ import cts.eval.report.diagnostics
 import cts.eval.score.metrics
 from cts.eval.data.schema import Record
 from cts.eval.report.report import write_report
-from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.config import load_experiment
+from cts.eval.run.config_sections import ALL_CONDITIONS
 from cts.eval.run.records import RecordStore, write_jsonl
 from cts.eval.run.run_dir import Shard
 from cts.eval.score.resampling import cached_plan

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from cts.eval.data.schema import Record
-from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.config import load_experiment
+from cts.eval.run.config_sections import ALL_CONDITIONS
 from cts.eval.run.records import RecordStore, write_jsonl
 from cts.eval.run.run_dir import RunDir, Shard
 

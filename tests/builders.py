@@ -22,8 +22,9 @@ import cts.eval.experiment as experiment_module
 import tests.scripted_cts
 from cts.cli import app
 from cts.configs import CONFIG_DIR
-from cts.eval.data.dataset import DatasetError
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.data.readers import DatasetError
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.engines import Engines
 from cts.serving.model_config import ModelConfig
 from cts.serving.scripted import ScriptedEngine

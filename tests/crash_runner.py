@@ -22,7 +22,7 @@ from pathlib import Path
 
 from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
 from cts.eval.experiment import until_signalled
-from cts.eval.run.config import ALL_CONDITIONS
+from cts.eval.run.config_sections import ALL_CONDITIONS
 from cts.eval.run.pipeline import run_instance
 from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import Shard

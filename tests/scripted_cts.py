@@ -21,7 +21,8 @@ import cts.eval.construct.fuse as fuse_module
 import cts.eval.experiment as experiment_module
 import cts.slurm.render as render_module
 from cts.cli import app
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.engines import Engines
 from cts.serving.cache import CachedEngine, ResponseCache
 from cts.serving.engine import ChatModel

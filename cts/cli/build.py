@@ -14,7 +14,8 @@ from cts.eval.construct.blur import DEFAULT_MIX, BlurPlan, blur_file, parse_mix
 from cts.eval.construct.fuse import fuse_file, parts_dir
 from cts.eval.construct.store import BuildControl, BuildOutcome
 from cts.eval.experiment import require_roles, serving_for
-from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
+from cts.eval.run.config import ResolvedExperiment, load_experiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.run_dir import Shard
 from cts.serving.server_group import ServeOptions
 

@@ -23,13 +23,14 @@ from rich.text import Text
 from cts.cli.options import OptionGroup, expand_groups
 from cts.eval.construct.blur import BlurError
 from cts.eval.construct.store import BuildFileError, SettingsChanged
-from cts.eval.data.dataset import DatasetError
+from cts.eval.data.readers import DatasetError
 from cts.eval.experiment import RunResult, require_roles, run_experiment, serving_for
 from cts.eval.report.comparability import IncomparableRuns
 from cts.eval.report.markdown import MAIN_COLUMNS, report_cell
 from cts.eval.report.summary import Summary, SummaryError, read_summary
 from cts.eval.report.warnings import warnings
-from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
+from cts.eval.run.config import ResolvedExperiment, load_experiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.dialogue import DialogueFileError
 from cts.eval.run.locks import ShardBusy
 from cts.eval.run.progress import ProgressLog, ShowProgress
@@ -42,13 +43,8 @@ from cts.serving.download import DownloadError
 from cts.serving.engine import EngineStats
 from cts.serving.errors import ServerUnreachable
 from cts.serving.model_config import model_label
-from cts.serving.server_group import (
-    EndpointsError,
-    PlanError,
-    ServeOptions,
-    Stopped,
-    read_endpoints,
-)
+from cts.serving.server_group import EndpointsError, ServeOptions, Stopped, read_endpoints
+from cts.serving.server_plan import PlanError
 from cts.serving.vllm_server import ServerError
 from cts.slurm.chain import SubmitError
 from cts.slurm.plan import SlurmOptionError

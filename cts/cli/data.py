@@ -17,13 +17,12 @@ from cts.eval.data.data_stats import dataset_stats
 from cts.eval.data.dataset import (
     SAMPLE_SPLITS,
     Checked,
-    DatasetError,
     DatasetSource,
     GoldTable,
     check_source,
     corpus_path,
-    read_rows,
 )
+from cts.eval.data.readers import DatasetError, read_rows
 from cts.eval.data.schema import Instance
 from cts.eval.experiment import no_nuggets, unscored_note
 from cts.eval.run.config import ResolvedExperiment, load_experiment

@@ -20,7 +20,7 @@ from cts.cli.options import (
     output_dir_option,
     shard_of,
 )
-from cts.eval.audit.golden_audit import load_audit_dataset
+from cts.eval.audit.citations import load_audit_dataset
 from cts.eval.audit.golden_review import (
     audit_golden,
     figure_rows,
@@ -30,12 +30,11 @@ from cts.eval.audit.golden_review import (
 )
 from cts.eval.data.golden import GoldenReport
 from cts.eval.experiment import GOLDEN_ROLES, build_golden, finish_golden, require_roles
-from cts.eval.interop.nuggetizer import (
-    Format,
+from cts.eval.interop.nuggetizer import Format, parse_weight_map
+from cts.eval.interop.nuggetizer_transfer import (
     ImportReport,
     import_nuggets,
     nugget_rows,
-    parse_weight_map,
     write_jsonl,
 )
 from cts.eval.run.config import load_experiment

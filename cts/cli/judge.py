@@ -32,16 +32,18 @@ from cts.cli.options import (
 )
 from cts.eval.audit.agreement import (
     AgreementReport,
-    Kappa,
     Movement,
     NoiseFloor,
     PairAgreement,
     agreement,
     names_for,
-    read_judgement,
 )
-from cts.eval.audit.calibration import PASSES, calibrate_experiment, read_labels, render
-from cts.eval.interop.nuggetizer import Format, export_assignments, parse_weight_map
+from cts.eval.audit.calibration import PASSES, calibrate_experiment, render
+from cts.eval.audit.judge_labels import read_labels
+from cts.eval.audit.pairing import read_judgement
+from cts.eval.interop.nuggetizer import Format, parse_weight_map
+from cts.eval.interop.nuggetizer_transfer import export_assignments
+from cts.eval.score.kappa import Kappa
 from cts.eval.score.power import can_reject
 
 app = command_group(

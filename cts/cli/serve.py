@@ -20,15 +20,8 @@ from cts.cli.options import (
 )
 from cts.eval.run.config import load_experiment
 from cts.eval.run.run_dir import RunDir
-from cts.serving.server_group import (
-    ServeOptions,
-    ServerGroup,
-    Stopped,
-    dry_run_text,
-    only_models,
-    serving,
-    stop_on_signals,
-)
+from cts.serving.server_group import ServeOptions, ServerGroup, Stopped, serving, stop_on_signals
+from cts.serving.server_plan import dry_run_text, only_models
 
 app = typer.Typer()
 

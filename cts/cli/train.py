@@ -25,15 +25,8 @@ from cts.serving.server_group import ServeOptions, served
 from cts.train.adapters import ROLE_ADAPTERS
 from cts.train.config import TrainConfig
 from cts.train.fit import FitResult, fit
-from cts.train.grpo import (
-    GrpoResult,
-    downstream_models,
-    experiment,
-    failure_counts,
-    finished,
-    grpo,
-    grpo_dir,
-)
+from cts.train.grpo import GrpoResult, downstream_models, experiment, grpo
+from cts.train.grpo_resume import failure_counts, finished, grpo_dir
 from cts.train.loop import MAIN, iterations, loop_step
 from cts.train.loop_runner import StepDone, run_loop, run_step, sample
 from cts.train.lora_sft import RoleAdapter

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Unpack
 
 from cts.agents import judge, lexical_judge
-from cts.eval.data.dataset import DatasetError, DatasetSource, load_instances
+from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.golden import GOLDEN, GoldenReport, golden_dataset
+from cts.eval.data.readers import DatasetError
 from cts.eval.data.schema import Instance
 from cts.eval.report.report import Report, write_report
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.dialogue import Clarification, DialogueStore
 from cts.eval.run.engines import open_engines
 from cts.eval.run.fingerprint import dataset_digest, fingerprint

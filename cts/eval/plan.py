@@ -14,7 +14,8 @@ from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.run.search_agent import corpus_digest
 from cts.foundation.yaml_config import ConfigError
-from cts.serving.server_group import ServeOptions, read_endpoints, served_models
+from cts.serving.server_group import ServeOptions, read_endpoints
+from cts.serving.server_plan import served_models
 
 
 @dataclass(frozen=True)

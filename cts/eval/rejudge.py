@@ -46,7 +46,8 @@ from typing import Any, Unpack, cast
 import yaml
 
 from cts.agents import judge
-from cts.eval.audit.agreement import PairAgreement, compare, read_judgement
+from cts.eval.audit.agreement import PairAgreement, compare
+from cts.eval.audit.pairing import read_judgement
 from cts.eval.data.dataset import load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.experiment import RunResult, require_judgeable, require_roles, until_signalled

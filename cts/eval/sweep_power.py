@@ -23,9 +23,8 @@ from scipy import stats
 from cts.eval.data.schema import Record
 from cts.eval.estimate import Estimate
 from cts.eval.run.pipeline import clarify_turns
+from cts.eval.score.metrics import SCORE
 from cts.eval.score.power import DifferenceNoise, Plans, difference_noise, instances_needed, plan
-
-SCORE = "restore_score_100"
 
 
 class DetectError(ValueError):

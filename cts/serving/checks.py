@@ -18,7 +18,7 @@ from typing import Literal
 
 from cts.foundation.filesystems import network_filesystem
 from cts.serving.model_config import ModelConfig
-from cts.serving.server_group import PlanError, chat_template_problem, plan_gpus, served_models
+from cts.serving.server_plan import PlanError, chat_template_problem, plan_gpus, served_models
 from cts.serving.vllm_server import vllm_executable
 
 Status = Literal["ok", "fix", "skip"]

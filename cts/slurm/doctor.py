@@ -14,7 +14,7 @@ from pathlib import Path
 from cts.eval.run.config import ResolvedExperiment
 from cts.foundation.files import cts_home
 from cts.serving.checks import Check, filesystems, gpu_memory, run_command, versions, weights
-from cts.serving.server_group import served_models
+from cts.serving.server_plan import served_models
 from cts.slurm.chain import submit_chain
 from cts.slurm.kinds import plan_job
 from cts.slurm.plan import SlurmOptions

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from cts.eval.run.config import ResolvedExperiment
 from cts.eval.run.run_dir import RunDir
-from cts.serving.server_group import served_models
+from cts.serving.server_plan import served_models
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from cts.configs import CONFIG_DIR
-from cts.eval.run.config import ALL_CONDITIONS, check_template
+from cts.eval.run.config_sections import ALL_CONDITIONS, check_template
 from cts.foundation.yaml_config import ConfigError, Origins, Override, load_config
 
 DEFAULT_TRAIN = "quickstart"

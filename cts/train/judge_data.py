@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from cts.agents.judge import LABELS, UNRELATED_ANSWERS, judge_schema
 from cts.agents.prompts import prompt_language, render
-from cts.eval.audit.calibration import labels_path
+from cts.eval.audit.judge_labels import labels_path
 from cts.train.sft import RoleCall, as_json, chat
 
 #: The sample benchmark's train split and corpus: the only inputs.

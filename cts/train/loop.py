@@ -38,7 +38,8 @@ from cts.eval.report.diagnostics import (
 from cts.eval.report.markdown import MAIN_COLUMNS
 from cts.eval.report.report import RunView, load_run
 from cts.eval.report.summary import Comparison, Summary
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.pipeline import clarify_turns
 from cts.eval.run.usage import role_usage
 from cts.foundation.yaml_config import ConfigError, Override, parse_override

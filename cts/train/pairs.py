@@ -30,11 +30,11 @@ from cts.eval.data.dataset import load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.run.records import RecordFileError, counts_over, parse_records
 from cts.eval.run.run_dir import RunDir
+from cts.eval.score.metrics import SCORE
 from cts.foundation.disk import write_whole
 from cts.train.config import RewardSettings, TrainConfig
 from cts.train.sample import dialogue_condition
 
-SCORE = "restore_score_100"
 CONDITION = "clarify@1"
 BASELINE = "blurred"
 #: A state: the earlier turns, questions normalised (what makes two dialogues the same so far).

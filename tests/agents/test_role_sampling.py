@@ -20,7 +20,8 @@ import pytest
 
 import cts.eval.experiment
 from cts.eval.experiment import build_golden, run_experiment
-from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
+from cts.eval.run.config import ResolvedExperiment, load_experiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.engines import Engines
 from cts.serving.scripted import ScriptedEngine, scripted_roles
 from cts.serving.types import ChatRequest, Sampling

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cts.cli.common import EXITS, command, exit_for
 from cts.cli.options import SERVING, serving
-from cts.eval.data.dataset import DatasetError
+from cts.eval.data.readers import DatasetError
 from cts.eval.report.report import load_run
 from cts.eval.run.config import ExperimentConfig, load_experiment
 from cts.eval.run.locks import ShardBusy

@@ -27,7 +27,8 @@ from cts.eval.data.dataset import load_instances
 from cts.eval.data.schema import Record
 from cts.eval.experiment import merge_run, run_experiment
 from cts.eval.rejudge import SourceRunError, rejudge_experiment, rejudge_run
-from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
+from cts.eval.run.config import ResolvedExperiment, load_experiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.engines import Engines
 from cts.eval.run.fingerprint import changes
 from cts.eval.run.records import RecordStore

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from cts.eval.data.schema import Record
-from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.config import load_experiment
+from cts.eval.run.config_sections import ALL_CONDITIONS
 from cts.eval.run.dialogue import Dialogue, DialogueStore
 from cts.eval.run.pipeline import run_instance
 from cts.eval.run.records import RecordStore

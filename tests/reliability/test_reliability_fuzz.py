@@ -35,7 +35,8 @@ from cts.agents.clarifier import questions_schema
 from cts.agents.judge import LABELS, judge, judge_schema
 from cts.agents.nugget_builder import nuggets_schema
 from cts.configs import DEFAULT_EXPERIMENT
-from cts.eval.data.dataset import DatasetError, DatasetSource, GoldTable, load_instances
+from cts.eval.data.dataset import DatasetSource, GoldTable, load_instances
+from cts.eval.data.readers import DatasetError
 from cts.eval.data.schema import CONSTRAINT_TYPES, Instance
 from cts.eval.run.config import ExperimentConfig, load_experiment
 from cts.foundation.yaml_config import ConfigError, load_config, parse_override

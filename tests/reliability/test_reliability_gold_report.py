@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.eval.data.dataset import DatasetError, DatasetSource, GoldTable, check_source
+from cts.eval.data.dataset import DatasetSource, GoldTable, check_source
+from cts.eval.data.readers import DatasetError
 from cts.eval.data.schema import Record
 from cts.eval.run.config import load_experiment
 from cts.eval.run.records import RecordStore

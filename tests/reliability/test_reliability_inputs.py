@@ -13,13 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.eval.data.dataset import (
-    DatasetError,
-    DatasetSource,
-    GoldTable,
-    check_source,
-    load_instances,
-)
+from cts.eval.data.dataset import DatasetSource, GoldTable, check_source, load_instances
+from cts.eval.data.readers import DatasetError
 from cts.foundation.yaml_config import ConfigError, read_yaml
 
 runner = CliRunner()

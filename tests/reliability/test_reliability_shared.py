@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.eval.run.config import ALL_CONDITIONS
+from cts.eval.run.config_sections import ALL_CONDITIONS
 from cts.eval.run.dialogue import Dialogue
 from cts.eval.run.records import RecordStore, parse_records
 from cts.serving.types import ChatResponse

@@ -19,16 +19,14 @@ from cts.cli import app
 from cts.eval.run.config import load_experiment
 from cts.foundation.yaml_config import ConfigError
 from cts.serving.model_config import ModelConfig, build_engine
-from cts.serving.server_group import (
-    EndpointsError,
+from cts.serving.server_group import EndpointsError, ServerGroup, read_endpoints
+from cts.serving.server_plan import (
     PlanError,
-    ServerGroup,
     dry_run_text,
     only_models,
     plan_gpus,
     plan_replicas,
     plan_servers,
-    read_endpoints,
     served_models,
 )
 from cts.serving.types import ChatRequest, Message, Sampling

@@ -22,7 +22,7 @@ from cts.agents.types import UNKNOWN
 from cts.cli import app
 from cts.configs import CONFIG_DIR
 from cts.eval.audit.answerer_calibration import SAMPLE_ANSWERER_LABELS, read_answer_labels
-from cts.eval.audit.calibration import labels_path
+from cts.eval.audit.judge_labels import labels_path
 from cts.serving.model_config import load_model_config
 from cts.train import answerer_data, answerer_fit, judge_fit, lora_sft, rewriter_fit, searcher_fit
 from cts.train.answerer_data import (

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 import cts.eval.experiment as experiment_module
 import cts.train.grpo as grpo_module
 from cts.agents import clarifier
-from cts.eval.run.config import ResolvedExperiment, Role, load_experiment
+from cts.eval.run.config import ResolvedExperiment, load_experiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.engines import Engines
 from cts.foundation.yaml_config import ConfigError
 from cts.serving.engine import ChatModel
@@ -25,7 +26,8 @@ from cts.serving.model_config import build_engine
 from cts.serving.scripted import ScriptedEngine, fused_query, scripted_roles
 from cts.serving.types import ChatRequest
 from cts.train.config import load_train_config
-from cts.train.grpo import GrpoError, downstream_models, experiment, prompt_rows
+from cts.train.grpo import downstream_models, experiment, prompt_rows
+from cts.train.grpo_resume import GrpoError
 from tests import scripted_cts
 from tests.builders import cts
 from tests.train.test_train import read_records, tiny_train_config, train_yaml

@@ -16,7 +16,8 @@ import yaml
 
 import cts.train.grpo as grpo_module
 from cts.train.config import load_train_config
-from cts.train.grpo import GrpoError, PipelineReward, experiment, failure_counts, grpo, prompt_rows
+from cts.train.grpo import PipelineReward, experiment, grpo, prompt_rows
+from cts.train.grpo_resume import GrpoError, failure_counts
 from tests import scripted_cts
 from tests.builders import cts
 

@@ -12,7 +12,7 @@ import pytest
 
 from cts.agents import judge
 from cts.configs import CONFIG_DIR
-from cts.eval.audit.calibration import read_labels
+from cts.eval.audit.judge_labels import read_labels
 from cts.foundation.yaml_config import ConfigError
 from cts.serving.model_config import ModelConfig, build_engine, load_model_config
 from cts.serving.types import Sampling

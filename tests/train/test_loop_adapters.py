@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cts.cli import app
 from cts.configs import CONFIG_DIR
-from cts.serving.server_group import plan_servers
+from cts.serving.server_plan import plan_servers
 from cts.train.config import TrainConfig, load_train_config
 from cts.train.fit import base_model, lora_base, result_config, write_model_config
 from cts.train.loop import LoopError, evaluation, iterations

@@ -18,328 +18,41 @@ another. With runs of several systems, each judged more than once, Kendall's τ-
 systems' rankings under the first judgement and under each other one, per condition: does the
 new judge change which clarifier wins at k?
 
-Every figure carries its n. Pure functions over records; `read_judgement` alone reads a run.
+Every figure carries its n. Pure functions over records; the pairing is cts/eval/audit/pairing.py
+(whose `read_judgement` alone reads a run), the statistics cts/eval/score/kappa.py.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
-from typing import Any
 
-from cts.eval.data.schema import Record
-from cts.eval.run.config import ALL_CONDITIONS
-from cts.eval.run.fingerprint import judge_setup
-from cts.eval.run.records import Key, RecordStore
-from cts.eval.run.run_dir import RunDir, RunDirError
+from cts.eval.audit.pairing import (
+    Judgement,
+    KeyAccount,
+    LabelPair,
+    Mismatch,
+    Pairing,
+    pair,
+    reached_judge,
+    replayed,
+)
+from cts.eval.run.config_sections import ALL_CONDITIONS
+from cts.eval.score.kappa import (
+    STRICT_LABELS,
+    Confusion,
+    Kappa,
+    Tau,
+    cohen_kappa,
+    confusion,
+    kendall_tau,
+    strict,
+)
 from cts.eval.score.metrics import paired_test, ratio_ci
 from cts.eval.score.power import paired_mde
-from cts.foundation.yaml_config import read_yaml
-from cts.serving.model_config import model_label
-
-LABELS: tuple[str, ...] = ("full", "partial", "none")
-#: Strict agreement: a partial label counts as no credit, as the strict score does.
-STRICT_LABELS: tuple[str, ...] = ("full", "rest")
-SCORE = "restore_score_100"
-# κ is undefined when chance agreement is (within float noise) certain.
-_EPS = 1e-12
-
-
-def strict(label: str) -> str:
-    return "full" if label == "full" else "rest"
-
-
-# -- statistics on small tables -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Kappa:
-    """Cohen's κ = (p_o − p_e) / (1 − p_e) over n paired labels. `kappa` is None when p_e = 1
-    (both judgements gave one and the same label throughout: agreement beyond chance is
-    undefined); every field is None when n = 0."""
-
-    kappa: float | None
-    #: p_o, the share of equal labels.
-    observed: float | None
-    #: p_e, the agreement the two judgements' label rates give by chance.
-    expected: float | None
-    n: int
-
-
-def cohen_kappa(pairs: Sequence[tuple[str, str]], labels: Sequence[str] = LABELS) -> Kappa:
-    n = len(pairs)
-    unknown = {x for pair in pairs for x in pair} - set(labels)
-    if unknown:
-        raise ValueError(f"labels {sorted(unknown)} are not among {list(labels)}")
-    if n == 0:
-        return Kappa(None, None, None, 0)
-    observed = sum(a == b for a, b in pairs) / n
-    first, second = Counter(a for a, _ in pairs), Counter(b for _, b in pairs)
-    expected = sum(first[label] * second[label] for label in labels) / (n * n)
-    if 1 - expected <= _EPS:
-        return Kappa(None, observed, expected, n)
-    return Kappa((observed - expected) / (1 - expected), observed, expected, n)
-
-
-@dataclass(frozen=True)
-class Confusion:
-    labels: tuple[str, ...]
-    #: counts[i][j]: nuggets the first judgement labelled labels[i] and the second labels[j].
-    counts: list[list[int]]
-    n: int
-
-
-def confusion(pairs: Sequence[tuple[str, str]], labels: Sequence[str] = LABELS) -> Confusion:
-    index = {label: i for i, label in enumerate(labels)}
-    counts = [[0] * len(labels) for _ in labels]
-    for a, b in pairs:
-        counts[index[a]][index[b]] += 1
-    return Confusion(tuple(labels), counts, len(pairs))
-
-
-@dataclass(frozen=True)
-class Tau:
-    """Kendall's τ-b between two rankings of the same n items:
-    (C − D) / √((P − T_a)(P − T_b)), P = n(n−1)/2 pairs, C concordant, D discordant, T_a and T_b
-    the pairs tied in each ranking. None when either ranking ties every pair (or n < 2)."""
-
-    tau: float | None
-    concordant: int
-    discordant: int
-    ties_first: int
-    ties_second: int
-    n: int
-
-
-def kendall_tau(first: Sequence[float], second: Sequence[float]) -> Tau:
-    if len(first) != len(second):
-        raise ValueError("the two rankings must score the same items")
-    n = len(first)
-    concordant = discordant = ties_first = ties_second = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            da, db = first[i] - first[j], second[i] - second[j]
-            ties_first += da == 0
-            ties_second += db == 0
-            if da * db > 0:
-                concordant += 1
-            elif da * db < 0:
-                discordant += 1
-    pairs = n * (n - 1) // 2
-    denominator = math.sqrt((pairs - ties_first) * (pairs - ties_second))
-    tau = (concordant - discordant) / denominator if denominator > 0 else None
-    return Tau(tau, concordant, discordant, ties_first, ties_second, n)
-
-
-# -- runs ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """One run directory's records: its answers and the labels its judge gave them."""
-
-    name: str
-    path: Path
-    #: The clarifier system, as reports name it.
-    system: str
-    #: The judge's model label.
-    judge: str
-    #: The run a rejudge re-scored (its rejudge.json), else None.
-    source: Path | None
-    records: dict[Key, Record] = field(repr=False)
-    #: What its labels depend on besides the answers (cts.eval.run.fingerprint.judge_setup): equal
-    #: in two judgements by the same judge; None when unknown.
-    setup: str | None = None
-
-
-def read_judgement(path: Path, name: str | None = None) -> Judgement:
-    """A run directory as a judgement (RunDirError without config.yaml)."""
-    run = RunDir(path)
-    resolved = run.read_config()
-    ref = resolved.experiment.roles["judge"].model if "judge" in resolved.experiment.roles else ""
-    judge = model_label(ref, resolved.model_for("judge").name) if ref else "?"
-    source = None
-    if run.provenance.is_file():
-        try:
-            source = Path(json.loads(run.provenance.read_text("utf-8"))["source"]["path"])
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-            raise RunDirError(
-                f"{run.provenance}: unreadable ({type(e).__name__}: {e}); cannot tell which "
-                "run it rejudged: restore it from a copy, or move the rejudge aside"
-            ) from e
-    document, _ = read_yaml(run.config)
-    return Judgement(
-        name or path.name,
-        path,
-        resolved.system_name(),
-        judge,
-        source,
-        RecordStore(path).completed(),
-        judge_setup(document),
-    )
-
-
-def replayed(record: Record) -> bool:
-    """The record's judge answers all came from the response cache: its labels are what an
-    earlier run's judge answered to the same requests, not a reading of this run's."""
-    usage = record.usage
-    return usage.get("judge_calls") == 0 and usage.get("judge_cached_calls", 0) > 0
-
-
-def _reached_judge(record: Record) -> bool:
-    """The record has an answer the judge saw or should have seen."""
-    return record.error is None or record.error.get("stage") == "judge"
-
-
-# -- one pair of judgements ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rate:
-    """`count` of `n` rows (labels that changed between two passes, answers that matched)."""
-
-    n: int
-    count: int
-
-    @property
-    def share(self) -> float | None:
-        return self.count / self.n if self.n else None
-
-    def as_dict(self, count: str = "count") -> dict[str, Any]:
-        """{n, <count>, share}: `count` names the counted rows in a file."""
-        return {"n": self.n, count: self.count, "share": self.share}
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    key: Key
-    why: str
-
-
-@dataclass(frozen=True)
-class KeyAccount:
-    """What became of every key either run recorded."""
-
-    #: Judged in both, on the same answer and nuggets: their labels are compared.
-    paired: int
-    only_first: int
-    only_second: int
-    #: Failed in both runs (before the judge, as a rejudge copies it, or at both judges).
-    failed_both: int
-    #: One judge failed where the other labelled.
-    judge_failed_first: int
-    judge_failed_second: int
-    #: Labelled by neither (an instance without golden nuggets).
-    unscored: int
-    #: Different answers or nuggets, or failed before the judge in one run only: listed.
-    mismatched: int
-
-
-@dataclass(frozen=True)
-class LabelPair:
-    key: Key
-    nugget: str
-    first: str
-    second: str
-    language: str
-    removed_constraints: tuple[str, ...]
-
-
-@dataclass
-class Pairing:
-    """Two judgements' records joined key by key."""
-
-    labels: list[LabelPair]
-    #: condition → instance → seed → (first's restore score, second's).
-    scores: dict[str, dict[str, dict[int, tuple[float, float]]]]
-    account: KeyAccount
-    mismatches: list[Mismatch]
-
-
-def pair(first: Judgement, second: Judgement) -> Pairing:
-    a, b = first.records, second.records
-    labels: list[LabelPair] = []
-    scores: dict[str, dict[str, dict[int, tuple[float, float]]]] = {}
-    mismatches: list[Mismatch] = []
-    counts: Counter[str] = Counter()
-    for key in sorted(set(a) | set(b)):
-        ra, rb = a.get(key), b.get(key)
-        if ra is None or rb is None:
-            counts["only_first" if rb is None else "only_second"] += 1
-            continue
-        reached = _reached_judge(ra), _reached_judge(rb)
-        if not any(reached):
-            counts["failed_both"] += 1
-            continue
-        if not all(reached):
-            failed, run = (ra, first.name) if not reached[0] else (rb, second.name)
-            error = failed.error or {}
-            why = (
-                f"failed before the judge in {run} only ({error.get('stage')}: {error.get('kind')})"
-            )
-            mismatches.append(Mismatch(key, why))
-            continue
-        if ra.answer != rb.answer:
-            mismatches.append(Mismatch(key, "the answers differ"))
-            continue
-        if ra.error is not None or rb.error is not None:
-            counts[
-                "failed_both"
-                if ra.error and rb.error
-                else "judge_failed_first"
-                if ra.error
-                else "judge_failed_second"
-            ] += 1
-            continue
-        if not ra.labels and not rb.labels:
-            counts["unscored"] += 1
-            continue
-        if set(ra.labels) != set(rb.labels):
-            only_a, only_b = (
-                sorted(set(ra.labels) - set(rb.labels)),
-                sorted(set(rb.labels) - set(ra.labels)),
-            )
-            mismatches.append(
-                Mismatch(
-                    key,
-                    f"the nuggets differ: only in {first.name} {only_a}, "
-                    f"only in {second.name} {only_b}",
-                )
-            )
-            continue
-        counts["paired"] += 1
-        for nugget in sorted(ra.labels):
-            labels.append(
-                LabelPair(
-                    key,
-                    nugget,
-                    ra.labels[nugget]["label"],
-                    rb.labels[nugget]["label"],
-                    ra.language or "?",
-                    tuple(ra.removed_constraints) or ("none",),
-                )
-            )
-        if SCORE in ra.scores and SCORE in rb.scores:
-            scores.setdefault(key[1], {}).setdefault(key[0], {})[key[2]] = (
-                ra.scores[SCORE],
-                rb.scores[SCORE],
-            )
-    account = KeyAccount(
-        paired=counts["paired"],
-        only_first=counts["only_first"],
-        only_second=counts["only_second"],
-        failed_both=counts["failed_both"],
-        judge_failed_first=counts["judge_failed_first"],
-        judge_failed_second=counts["judge_failed_second"],
-        unscored=counts["unscored"],
-        mismatched=len(mismatches),
-    )
-    return Pairing(labels, scores, account, mismatches)
 
 
 @dataclass(frozen=True)
@@ -679,7 +392,7 @@ def same_answers(first: Judgement, second: Judgement) -> bool:
     common = [
         k
         for k in set(first.records) & set(second.records)
-        if _reached_judge(first.records[k]) and _reached_judge(second.records[k])
+        if reached_judge(first.records[k]) and reached_judge(second.records[k])
     ]
     return bool(common) and all(first.records[k].answer == second.records[k].answer for k in common)
 

@@ -9,16 +9,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from cts.eval.audit.citations import citations_for, default_corpus, load_audit_dataset
 from cts.eval.audit.golden_audit import (
     DUPLICATE_THRESHOLD,
     GoldenAudit,
     NuggetCheck,
     check_nuggets,
-    citations_for,
-    default_corpus,
     golden_audit,
     judged_grounding,
-    load_audit_dataset,
     require_grounding_judge,
     sample_checks,
     sample_markdown,

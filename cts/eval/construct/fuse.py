@@ -34,9 +34,10 @@ from cts.eval.construct.store import (
     digest,
     run_rows,
 )
-from cts.eval.data.dataset import DatasetError
+from cts.eval.data.readers import DatasetError
 from cts.eval.data.schema import known_language, normal_form, unsafe_id
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.engines import open_engines
 from cts.foundation.disk import write_whole
 from cts.serving.engine import ChatModel

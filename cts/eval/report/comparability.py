@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cts.eval.data.schema import Instance
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.fingerprint import CODE_KEY, PROMPT_KEY, model_content, model_view
 
 #: The roles whose difference is not the clarifier's (each compared by model config, as

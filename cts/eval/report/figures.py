@@ -11,7 +11,7 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cts.eval.report.diagnostics import QUESTION_TYPES
+from cts.agents.question_type import QUESTION_TYPES
 from cts.eval.report.markdown import MAIN_COLUMNS
 from cts.foundation.disk import write_whole
 

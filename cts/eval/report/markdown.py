@@ -13,10 +13,11 @@ import re
 from collections import Counter
 from typing import Any
 
+from cts.agents.question_type import QUESTION_TYPES
 from cts.eval.report.comparability import parts
-from cts.eval.report.diagnostics import ALPHA, QUESTION_TYPES
+from cts.eval.report.diagnostics import ALPHA
 from cts.eval.report.warnings import warnings
-from cts.eval.run.config import ALL_CONDITIONS
+from cts.eval.run.config_sections import ALL_CONDITIONS
 from cts.eval.score.power import can_reject
 
 #: The main table's columns, in order (the figures' x axis and the comparisons follow them).

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cts.eval.data.dataset import DatasetError, load_instances
+from cts.eval.data.dataset import load_instances
+from cts.eval.data.readers import DatasetError
 from cts.eval.data.schema import Instance, Record
 from cts.eval.report.comparability import Unlike, refusal, setup_of, unlike_pairs
 from cts.eval.report.diagnostics import (

@@ -31,7 +31,7 @@ from cts.agents.question_type import classify, classify_with_model
 from cts.agents.types import QA
 from cts.agents.user_answerer import SpanLimits, unsupported_words
 from cts.eval.data.schema import Instance
-from cts.eval.run.config import ClarificationConfig
+from cts.eval.run.config_sections import ClarificationConfig
 from cts.eval.run.slots import released
 from cts.eval.run.usage import KeyUsage, charge, charged_to_key
 from cts.foundation.disk import append_line

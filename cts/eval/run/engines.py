@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.usage import metered
 from cts.foundation.yaml_config import ConfigError
 from cts.serving.batching import BatchingEngine, Unbatched

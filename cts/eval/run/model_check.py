@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.engines import open_engines
 from cts.serving.errors import EngineError
 from cts.serving.types import ChatRequest, JsonSchemaOutput, Message

@@ -20,7 +20,7 @@ from typing import Any, cast
 from cts.agents import judge, rewriter
 from cts.eval.data.golden import GOLDEN
 from cts.eval.data.schema import Canary, Instance, Nugget, Record
-from cts.eval.run.config import GoldenConfig, JudgeConfig
+from cts.eval.run.config_sections import GoldenConfig, JudgeConfig
 from cts.eval.run.dialogue import Clarification, Turn, failure
 from cts.eval.run.golden_search import NoEvidence, golden_nuggets
 from cts.eval.run.usage import charged_to_key

@@ -22,7 +22,7 @@ from typing import TypedDict
 from pydantic_core import PydanticSerializationError
 
 from cts.eval.data.schema import Instance, Record
-from cts.eval.run.config import KeyOrder
+from cts.eval.run.config_sections import KeyOrder
 from cts.eval.run.locks import shard_count_lock, shard_lock
 from cts.eval.run.progress import ShowProgress
 from cts.eval.run.records import RecordStore

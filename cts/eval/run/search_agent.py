@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from cts.eval.data.dataset import corpus_path
-from cts.eval.run.config import ResolvedExperiment, expand_path
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import expand_path
 from cts.eval.run.engines import Engines
 from cts.webdancer.agent import AgentBudget, WebDancerAgent
 from cts.webdancer.backends.local import LocalSearch

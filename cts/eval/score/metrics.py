@@ -61,6 +61,8 @@ STRICT_SCORE: dict[str, float] = {"full": 1.0, "partial": 0.0, "none": 0.0}
 
 # Score differences are sums of means of floats: a gap that prints as 1.0 may be 0.9999999999.
 # Comparisons against a threshold allow this much so that the printed gap and the verdict agree.
+#: The score's key in a record's `scores` and in every summary.
+SCORE = "restore_score_100"
 _EPS = 1e-9
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from cts.agents.types import UNKNOWN
 from cts.eval.data.schema import Record
-from cts.eval.run.config import ALL_CONDITIONS
+from cts.eval.run.config_sections import ALL_CONDITIONS
 from cts.eval.viewer.errors import ViewError
 from cts.eval.viewer.runs import ViewRun
 

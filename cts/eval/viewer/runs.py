@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cts.eval.data.dataset import DatasetError, load_instances
+from cts.eval.data.dataset import load_instances
+from cts.eval.data.readers import DatasetError
 from cts.eval.data.schema import Instance, Record
 from cts.eval.run.config import ExperimentConfig
 from cts.eval.run.records import Key, RecordStore

@@ -19,25 +19,22 @@ from typer.testing import CliRunner
 import cts.eval.audit.answerer_calibration
 from cts.agents.user_answerer import is_span
 from cts.cli import app
-from cts.eval.audit.agreement import Rate
+from cts.eval.audit.answer_match import LabelledQuestion, contains, disclosure_values, normalise
 from cts.eval.audit.answerer_calibration import (
     SAMPLE_ANSWERER_LABELS,
     AnswerCall,
     AnswererCalibration,
     AnswerLabelSet,
-    LabelledQuestion,
     answerer_call,
     calibrate,
-    contains,
-    disclosure_values,
     figures,
-    normalise,
     read_answer_labels,
     score,
 )
 from cts.eval.data.schema import CONSTRAINT_TYPES, Instance
-from cts.eval.run.config import AnswerSpan, ClarificationConfig
+from cts.eval.run.config_sections import AnswerSpan, ClarificationConfig
 from cts.eval.run.dialogue import Clarification
+from cts.eval.score.kappa import Rate
 from cts.serving.errors import EngineError
 from cts.serving.scripted import ScriptedEngine, fused_query
 from cts.serving.types import ChatRequest, Sampling

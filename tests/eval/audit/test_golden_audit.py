@@ -14,23 +14,20 @@ import pytest
 
 import cts.eval.audit.golden_audit as golden_audit_module
 from cts.agents.grounding import grounding_schema
+from cts.eval.audit.citations import Citations, citations_for, load_audit_dataset, trace_texts
 from cts.eval.audit.golden_audit import (
-    Citations,
     check_nuggets,
-    citations_for,
     golden_audit,
     lexical_verdict,
-    load_audit_dataset,
     model_grounding,
     near_duplicates,
     sample_checks,
-    similarity,
-    terms,
-    trace_texts,
 )
+from cts.eval.audit.text_terms import similarity, terms
 from cts.eval.data.golden import GOLDEN, golden_dataset
 from cts.eval.data.schema import Instance
-from cts.eval.run.config import ResolvedExperiment, Role
+from cts.eval.run.config import ResolvedExperiment
+from cts.eval.run.config_sections import Role
 from cts.eval.run.engines import Engines
 from cts.eval.run.pipeline import run_instance
 from cts.serving.scripted import ScriptedEngine

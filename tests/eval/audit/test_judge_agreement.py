@@ -15,21 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.eval.audit.agreement import (
-    STRICT_LABELS,
-    Judgement,
-    agreement,
-    cohen_kappa,
-    compare,
-    confusion,
-    kendall_tau,
-    pair,
-    read_judgement,
-    strict,
-    systems_of,
-)
+from cts.eval.audit.agreement import agreement, compare, systems_of
+from cts.eval.audit.pairing import Judgement, pair, read_judgement
 from cts.eval.data.schema import Record
 from cts.eval.run.records import RecordStore
+from cts.eval.score.kappa import STRICT_LABELS, cohen_kappa, confusion, kendall_tau, strict
 from cts.eval.score.power import mde
 from cts.serving.scripted import scripted_roles
 from tests.eval.test_rejudge import NEW_JUDGE, make_source, rejudge
@@ -402,7 +392,7 @@ def test_a_rejudge_whose_rejudge_json_is_damaged_is_an_error_naming_it(tmp_path)
     """`cts judge agreement` read rejudge.json unguarded: a damaged one was a traceback."""
     import shutil
 
-    from cts.eval.audit.agreement import read_judgement
+    from cts.eval.audit.pairing import read_judgement
     from cts.eval.run.config import load_experiment
     from cts.eval.run.run_dir import RunDir, RunDirError
 

@@ -15,18 +15,15 @@ from typer.testing import CliRunner
 import cts.eval.audit.calibration
 from cts.cli import app
 from cts.eval.audit.calibration import (
-    LABELS,
-    SAMPLE_LABELS,
     Calibration,
-    LabelSet,
     agreement,
     calibrate,
     flipped,
     judge_call,
     length_quartiles,
-    read_labels,
 )
-from cts.eval.run.config import JudgeConfig
+from cts.eval.audit.judge_labels import LABELS, SAMPLE_LABELS, LabelSet, read_labels
+from cts.eval.run.config_sections import JudgeConfig
 from cts.serving.errors import EngineError
 from cts.serving.scripted import ScriptedEngine
 from cts.serving.types import ChatRequest, Sampling

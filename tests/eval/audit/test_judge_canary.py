@@ -15,7 +15,7 @@ from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Canary, Record
 from cts.eval.report.diagnostics import judge_labels, paired_instances, score_records, summarize
 from cts.eval.report.warnings import warnings
-from cts.eval.run.config import JudgeCanary, JudgeConfig
+from cts.eval.run.config_sections import JudgeCanary, JudgeConfig
 from cts.eval.run.pipeline import canary_drawn, run_instance
 from cts.serving.types import ChatRequest
 from tests.scripted import scripted_context

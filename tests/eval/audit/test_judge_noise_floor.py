@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.eval.audit.agreement import agreement, compare, movement, pair
+from cts.eval.audit.agreement import agreement, compare, movement
+from cts.eval.audit.pairing import pair
 from cts.eval.experiment import run_experiment
 from cts.eval.run.fingerprint import judge_setup
 from cts.eval.run.records import RecordStore

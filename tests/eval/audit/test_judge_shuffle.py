@@ -17,7 +17,8 @@ import yaml
 from cts.agents import judge
 from cts.eval.data.dataset import DatasetSource, corpus_path, load_instances
 from cts.eval.data.schema import Instance, Nugget
-from cts.eval.run.config import JudgeConfig, load_experiment
+from cts.eval.run.config import load_experiment
+from cts.eval.run.config_sections import JudgeConfig
 from cts.eval.run.fingerprint import changes, results_view
 from cts.eval.run.pipeline import PipelineContext, _judge, judge_order, run_instance
 from cts.eval.run.run_dir import RunDir

@@ -21,7 +21,8 @@ from cts.eval.construct.blur import (
 )
 from cts.eval.construct.checks import REASONS, overlaps
 from cts.eval.construct.fuse import read_raw
-from cts.eval.data.dataset import SAMPLE_DIR, DatasetError, DatasetSource, load_instances
+from cts.eval.data.dataset import SAMPLE_DIR, DatasetSource, load_instances
+from cts.eval.data.readers import DatasetError
 from cts.eval.report.report import load_run
 from cts.serving.errors import EngineError
 from cts.serving.scripted import ScriptedEngine, scripted_roles

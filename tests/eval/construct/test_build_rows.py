@@ -13,7 +13,7 @@ from cts.agents.blurrer import blurred_schema
 from cts.agents.fuser import StatedConstraint
 from cts.eval.construct.blur import BlurPlan, BlurredRow, blur_summary, read_fused
 from cts.eval.construct.fuse import read_raw, stated, verbatim_span
-from cts.eval.data.dataset import DatasetError
+from cts.eval.data.readers import DatasetError
 from cts.serving.errors import ConstrainedOutputError
 from cts.serving.outputs import validate_output
 from cts.serving.scripted import ScriptedEngine, scripted_roles

@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cts.eval.data.dataset import (
-    DatasetError,
-    DatasetSource,
-    GoldTable,
-    check_source,
-    load_instances,
-)
+from cts.eval.data.dataset import DatasetSource, GoldTable, check_source, load_instances
+from cts.eval.data.readers import DatasetError
 from cts.eval.data.schema import Instance
 from cts.webdancer.corpus import check_corpus
 

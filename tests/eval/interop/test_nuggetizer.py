@@ -16,19 +16,21 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from cts.cli import app
-from cts.eval.audit.golden_audit import load_audit_dataset
+from cts.eval.audit.citations import load_audit_dataset
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Instance, Record
 from cts.eval.interop.nuggetizer import (
     NuggetizerError,
-    assignment_rows,
-    export_assignments,
-    import_nuggets,
     labels_by_id,
-    nugget_rows,
     parse_weight_map,
     read_assignments,
     read_nuggets,
+)
+from cts.eval.interop.nuggetizer_transfer import (
+    assignment_rows,
+    export_assignments,
+    import_nuggets,
+    nugget_rows,
     response_length,
     write_jsonl,
 )

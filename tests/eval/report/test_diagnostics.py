@@ -13,14 +13,13 @@ import pytest
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Record
 from cts.eval.report.diagnostics import (
-    clarification,
     compare_systems,
     judge_labels,
     paired_instances,
-    score_by_answered,
     score_records,
     summarize,
 )
+from cts.eval.report.dialogue_diagnostics import clarification, score_by_answered
 from cts.eval.report.html import to_html
 from cts.eval.report.markdown import markdown
 from cts.eval.report.report import write_report

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from cts.eval.data.schema import Instance
-from cts.eval.report.diagnostics import clarification
-from cts.eval.run.config import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
+from cts.eval.report.dialogue_diagnostics import clarification
+from cts.eval.run.config_sections import ALL_CONDITIONS, ClarificationConfig, JudgeConfig
 from cts.eval.run.pipeline import PipelineContext, run_instance
 from cts.eval.run.records import RecordFileError, RecordStore, merge
 from cts.eval.run.run_dir import Shard

@@ -14,9 +14,10 @@ from cts.agents import user_answerer
 from cts.agents.user_answerer import SpanLimits, is_span, span_regex
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Instance, Record
-from cts.eval.report.diagnostics import clarification, score_records, summarize
+from cts.eval.report.diagnostics import score_records, summarize
+from cts.eval.report.dialogue_diagnostics import clarification
 from cts.eval.report.markdown import markdown
-from cts.eval.run.config import AnswerSpan, ClarificationConfig
+from cts.eval.run.config_sections import AnswerSpan, ClarificationConfig
 from cts.eval.run.dialogue import _fingerprint
 from cts.eval.run.pipeline import run_instance
 from cts.eval.score.over_answer import reveal

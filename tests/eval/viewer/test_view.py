@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 from cts.cli import app as cts_app
 from cts.eval.data.dataset import DatasetSource, load_instances
 from cts.eval.data.schema import Record
-from cts.eval.run.config import ALL_CONDITIONS, load_experiment
+from cts.eval.run.config import load_experiment
+from cts.eval.run.config_sections import ALL_CONDITIONS
 from cts.eval.run.records import RecordStore
 from cts.eval.run.run_dir import RunDir, Shard
 from cts.eval.viewer.app import make_app
