@@ -255,6 +255,23 @@ def judge_order(nuggets: list[Nugget], key: tuple[str, str, int]) -> list[Nugget
     return judge.shuffled(nuggets, f"{instance_id}\x1f{condition}\x1f{seed}")
 
 
+async def _labels(
+    instance: Instance, shown: list[Nugget], answer: str, ctx: PipelineContext
+) -> dict[str, judge.NuggetLabel]:
+    """The judge's call on `answer` against the nuggets in the order `shown`, as the run's
+    `judge:` options set it (a record's labels and its canary's are asked alike)."""
+    return await judge.judge(
+        ctx.roles["judge"],
+        answer,
+        shown,
+        instance.language,
+        ctx.sampling["judge"],
+        query=instance.fused_query if ctx.judge.show_query else None,
+        batch_size=ctx.judge.batch_size,
+        asked=instance.fused_query,
+    )
+
+
 async def _judge(
     instance: Instance,
     nuggets: list[Nugget],
@@ -271,16 +288,7 @@ async def _judge(
         if key is None:
             raise ValueError("judge.shuffle needs the record's key to order the nuggets")
         shown = judge_order(nuggets, key)
-    labels = await judge.judge(
-        ctx.roles["judge"],
-        answer,
-        shown,
-        instance.language,
-        ctx.sampling["judge"],
-        query=instance.fused_query if ctx.judge.show_query else None,
-        batch_size=ctx.judge.batch_size,
-        asked=instance.fused_query,
-    )
+    labels = await _labels(instance, shown, answer, ctx)
     # The judge's output schema admits only the three labels.
     chosen = cast(dict[str, Label], {i: v.label for i, v in labels.items()})
     weights = {n.id: n.weight for n in nuggets}
@@ -333,16 +341,7 @@ async def _canary(
     )
     try:
         with _stage("judge"):
-            labels = await judge.judge(
-                ctx.roles["judge"],
-                answer,
-                nuggets,
-                instance.language,
-                ctx.sampling["judge"],
-                query=instance.fused_query if ctx.judge.show_query else None,
-                batch_size=ctx.judge.batch_size,
-                asked=instance.fused_query,
-            )
+            labels = await _labels(instance, nuggets, answer, ctx)
     except StageFailed as e:
         return Canary(answer=kind, error=e.error["message"])
     return Canary(answer=kind, labels={i: v.label for i, v in labels.items()})
