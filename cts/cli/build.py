@@ -1,5 +1,6 @@
-"""`cts data fuse|blur`: building a benchmark from your own queries (cts/eval/construct/);
-cts/cli/data.py registers them on the `cts data` group."""
+"""`cts data fuse|blur`: building a benchmark from your own queries (cts/eval/construct/), and
+`cts data synth`: a synthetic one drawn from a seed; cts/cli/data.py registers them on the
+`cts data` group."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from cts.cli.options import SERVING, SET_OPTION, SHARD_OPTION, shard_of
 from cts.eval.construct.blur import DEFAULT_MIX, BlurPlan, blur_file, parse_mix
 from cts.eval.construct.fuse import fuse_file, parts_dir
 from cts.eval.construct.store import BuildControl, BuildOutcome
+from cts.eval.construct.synth import counts, synthesize, write_synthetic
 from cts.eval.experiment import require_roles, serving_for
 from cts.eval.run.config import ResolvedExperiment, load_experiment
 from cts.eval.run.config_sections import Role
@@ -157,3 +159,37 @@ def blur(
             f"{removed['got']} (n {removed['n_removed']})"
         )
     _account(result.outcome, control.shard, written, f"run without --shard to write {out}")
+
+
+def synth(
+    out: Path = typer.Option(..., "--out", help="The folder to write (created if missing)."),
+    train: int = typer.Option(200, min=0, help="Instances of the train split."),
+    heldout: int = typer.Option(100, min=0, help="Instances of the held-out split."),
+    seed: int = typer.Option(0, help="The seed every name, value and number is drawn from."),
+    zh_share: float = typer.Option(
+        0.25, min=0.0, max=1.0, help="The share of instances in Chinese (the rest English)."
+    ),
+) -> None:
+    """Write a synthetic benchmark: made-up entities, one removed constraint each.
+
+    Families of every removed-constraint type (cts/eval/construct/synth_families.yaml) each
+    make an instance from one made-up entity and one of its values: the fused query names the
+    value, the blurred query leaves it out, and the corpus holds one page per value of the
+    entity, so the blurred query finds competing pages and the fused query the right one. The
+    golden nuggets are the right page's facts. OUT gets train.jsonl, heldout.jsonl,
+    corpus.jsonl and a README.md with this command; the same options write the same bytes.
+    Nothing in it is true of anything."""
+    command = (
+        f"cts data synth --out {out} --train {train} --heldout {heldout} --seed {seed} "
+        f"--zh-share {zh_share:g}"
+    )
+    synthetic = synthesize({"train": train, "heldout": heldout}, seed, zh_share)
+    written = write_synthetic(synthetic, out, command)
+    figures = counts(synthetic)
+    for split in ("train", "heldout"):
+        each = figures[split]
+        languages = ", ".join(f"{k} {v}" for k, v in each["languages"].items())
+        types = ", ".join(f"{k} {v}" for k, v in each["types"].items())
+        typer.echo(f"{split}: {each['instances']} instances ({languages}; removed: {types})")
+    typer.echo(f"corpus: {figures['corpus']['pages']} pages")
+    typer.echo("wrote " + ", ".join(str(p) for p in written))

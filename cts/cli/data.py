@@ -30,7 +30,7 @@ from cts.webdancer.corpus import CorpusError, Problem, check_corpus
 
 app = command_group(
     "Validate and describe datasets and corpora; build a benchmark from your own queries "
-    "(fuse, blur)."
+    "(fuse, blur), or draw a synthetic one (synth)."
 )
 
 PATH_HELP = (
@@ -332,3 +332,4 @@ def _spans_cell(spans: dict[str, Any]) -> str:
 
 command(app, "fuse")(build.fuse)
 command(app, "blur")(build.blur)
+command(app, "synth")(build.synth)
