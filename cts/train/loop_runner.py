@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cts.eval.data.dataset import load_instances
 from cts.eval.experiment import RunResult, merge_run, serve_and_run
 from cts.eval.report.report import write_report
 from cts.eval.run.config import ResolvedExperiment
@@ -30,6 +31,7 @@ from cts.eval.run.run_dir import Shard
 from cts.serving.server_group import ServeOptions
 from cts.train.config import TrainConfig
 from cts.train.fit import FitResult, fit
+from cts.train.held_out import roles_fitted_on
 from cts.train.loop import (
     Iteration,
     LoopError,
@@ -111,6 +113,8 @@ def sample(
     resolved = sampling_experiment(train)
     run_dir = train.samples_dir()
     dataset = resolved.experiment.dataset
+    for fitted in roles_fitted_on(resolved, load_instances(dataset)):
+        notify("WARNING " + fitted.describe())
     notify(
         f"sampling {train.candidates} clarify@{train.turns} dialogues per instance at "
         f"temperature {train.temperature:g}: experiment {resolved.experiment.name}, "

@@ -22,8 +22,13 @@ from types import ModuleType
 from typing import Any
 
 from cts.configs import CONFIG_DIR
+from cts.train.answerer_data import read_instances
 from cts.train.fit import checkpointing, load_model, load_tokenizer, require_train_extra
+from cts.train.held_out import TRAINED_ON, fitting_record
 from cts.train.sft import sft_row
+
+#: Where every role adapter's examples are read from (`answerer_data.read_instances`).
+TRAINED_FROM = "sample:train"
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ class RoleAdapter:
             "labels": self.data.label_counts(examples),
             **{name: count(examples) for name, count in self.counts},
             "languages": language_counts(examples),
+            # Every role's examples come from the sample's train split: the loop checks it.
+            TRAINED_ON: fitting_record(read_instances(), TRAINED_FROM),
         }
         rows = [sft_row(e) for e in examples]
         return fit_lora_sft(

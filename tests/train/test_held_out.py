@@ -1,6 +1,7 @@
 """Training queries are held out from evaluation queries by what they are, not where they are:
 a copy of the evaluated dev split under another path (renamed ids, queries re-cased and
-re-punctuated, golden construction's dataset.jsonl) is refused naming the overlapping ids."""
+re-punctuated, golden construction's dataset.jsonl) is refused naming the overlapping ids; a
+role adapter fitted on the queries the loop samples is named."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ from typer.testing import CliRunner
 import cts.eval.experiment
 from cts.cli import app
 from cts.eval.data.dataset import DatasetSource, load_instances
+from cts.eval.run.config import load_experiment
 from cts.foundation.yaml_config import ConfigError
 from cts.train.config import load_train_config
-from cts.train.held_out import held_out_overlap, normalised
+from cts.train.held_out import (
+    TRAINED_ON,
+    fitting_record,
+    held_out_overlap,
+    normalised,
+    roles_fitted_on,
+)
 from cts.train.loop import MAIN, Iteration, evaluation
 from cts.train.sample import sampling_experiment
 from tests.scripted_cts import scripted_engines
@@ -126,3 +134,42 @@ def test_the_loops_evaluation_is_checked_by_instances_too(tmp_path):
             continue
         with pytest.raises(ConfigError, match=r"loop's evaluation .* holds 24 of the instances"):
             evaluation(config, iteration, MAIN)
+
+
+def _fitted_adapter(folder: Path, instances: list) -> Path:  # type: ignore[type-arg]
+    """An adapter folder whose record says it was fitted on `instances`."""
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    record = {"steps": 1, TRAINED_ON: fitting_record(instances, "dev copy")}
+    (folder / "answerer_train.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_a_role_fitted_on_the_sampled_instances_is_named_whatever_their_ids(tmp_path):
+    dev = load_instances(DatasetSource(path=str(DEV)))
+    adapter = _fitted_adapter(tmp_path / "adapter", dev[:5])
+    resolved = load_experiment("quickstart", [f"models.smollm2-135m-answerer.adapter={adapter}"])
+    record = json.loads((adapter / "answerer_train.json").read_text())[TRAINED_ON]
+    assert dev[0].fused_query not in json.dumps(record)  # digests, never the query text
+    (fit,) = roles_fitted_on(resolved, dev)
+    assert (fit.role, fit.model, fit.shared, fit.sampled) == (
+        "user_answerer", "smollm2-135m-answerer", 5, len(dev),
+    )  # fmt: skip
+    assert fit.describe().startswith("role user_answerer (smollm2-135m-answerer) was fitted on 5")
+    renamed = [i.model_copy(update={"id": f"x{n}", "fused_query": i.fused_query.upper()})
+               for n, i in enumerate(dev[:2])]  # fmt: skip
+    assert [f.shared for f in roles_fitted_on(resolved, renamed)] == [2]
+    assert roles_fitted_on(resolved, dev[5:]) == []  # held out from the role: nothing to say
+
+
+def test_the_shipped_role_adapters_record_the_train_split_they_were_fitted_on():
+    train = load_instances(DatasetSource(path="sample", split="train"))
+    resolved = load_experiment("quickstart")
+    found = {f.role: (f.shared, f.source) for f in roles_fitted_on(resolved, train)}
+    assert found == {
+        "user_answerer": (24, "sample:train"),
+        "rewriter": (24, "sample:train"),
+        "searcher": (24, "sample:train"),
+    }
+    dev = load_instances(DatasetSource(path="sample", split="dev"))
+    assert roles_fitted_on(resolved, dev) == []

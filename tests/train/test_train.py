@@ -1137,6 +1137,11 @@ def test_the_loop_runs_from_python_step_by_step(tmp_path, monkeypatch):
     assert main.variant == "main" and main.json.is_file() and main.report_html.is_file()
     assert lines[0].startswith("iteration 0: evaluating ")
     assert any(line.startswith("sampling ") for line in lines)
+    # The shipped role adapters were fitted on the train split this loop samples: said, by role.
+    warned = [line for line in lines if line.startswith("WARNING role ")]
+    assert [w.split(" (")[0] for w in warned] == [
+        "WARNING role user_answerer", "WARNING role rewriter", "WARNING role searcher",
+    ]  # fmt: skip
     again = list(loop_runner_module.run_loop(config, 1, show_progress=False))
     assert [d.records_written for d in again] == [0] * 6  # resumed: nothing runs again
     assert again[3].fitted_before == tmp_path / "out" / "iter-1" / "clarifier.yaml"
