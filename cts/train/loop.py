@@ -351,9 +351,49 @@ def table(summary: Summary, loop: list[Iteration], eval_dirs: list[Path]) -> lis
                 },
                 "questions_asked": _questions_asked(evaluated),
                 "spent": _spent([*evaluated, *sampled]),
+                "signal": _signal(iteration),
             }
         )
     return rows
+
+
+def _signal(iteration: Iteration) -> dict[str, Any] | None:
+    """What the iteration's sampling gave its fit to prefer (pairs_stats.json, cts/train/
+    signal.py); None for the base, or before the pairs are built."""
+    if iteration.train is None:
+        return None
+    path = iteration.train.data_file().parent / "pairs_stats.json"
+    if not path.is_file():
+        return None
+    found = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        "candidates": found.get("candidates"),
+        "distinct_questions": found.get("distinct_questions"),
+        "reward_spread": found.get("reward_spread"),
+        "kept": found.get("pairs", found.get("examples")),
+        "kept_questions": found.get("kept_questions"),
+    }
+
+
+def _signal_cells(signal: dict[str, Any] | None) -> str:
+    if signal is None:
+        return "– | – | – | – | –"
+    spread, kept = signal.get("reward_spread") or {}, signal.get("kept_questions") or {}
+    spreads = (
+        "–"
+        if spread.get("mean") is None
+        else f"{spread['mean']:.1f} (max {spread['max']:.1f}; {spread['apart']} of "
+        f"{spread['states']} states apart)"
+    )
+    about = (
+        f"{kept.get('about_removed', 0)} of {kept.get('with_spans', 0)}"
+        if kept.get("with_spans")
+        else "no spans"
+    )
+    return (
+        f"{signal['candidates']} | {signal['distinct_questions']} | {spreads} | "
+        f"{signal['kept']} | {about}"
+    )
 
 
 def _ci(entry: dict[str, Any] | None) -> str:
@@ -410,6 +450,17 @@ def markdown(rows: list[dict[str, Any]], variant: str) -> str:
             f"| {row['iteration']} | {answered or '–'} | {asked or '–'} | "
             f"{spent['model_calls']} | {spent['prompt_tokens']} | {spent['completion_tokens']} |"
         )
+    lines += [
+        "",
+        "What each iteration's sampling gave its fit (kept: pairs or SFT examples; about a "
+        "removed constraint: kept questions whose answer held a removed span, of those on "
+        "instances that record spans):",
+        "",
+        "| iteration | candidates | distinct questions | reward spread | kept | about a removed "
+        "constraint |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {row['iteration']} | {_signal_cells(row.get('signal'))} |" for row in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,7 @@ from cts.eval.score.metrics import SCORE
 from cts.foundation.disk import write_whole
 from cts.train.config import RewardSettings, TrainConfig
 from cts.train.sample import dialogue_condition
+from cts.train.signal import kept_questions, spread_figures
 
 CONDITION = "clarify@1"
 BASELINE = "blurred"
@@ -417,6 +418,7 @@ def stats(
         "pairs" if method == "dpo" else "examples": len(rows),
         "by_turn": dict(sorted(Counter(str(r["turn"]) for r in rows).items())),
         "mean_margin": round(mean(margins), 3) if margins else None,
+        "reward_spread": spread_figures(spread, TIE),
         "skipped": dict(sorted(skipped.items())),
     }
 
@@ -507,10 +509,14 @@ def build_pairs(config: TrainConfig) -> PairsResult:
     if config.method == "dpo":
         pairs = dpo_pairs(collected.candidates, config.min_margin, config.pairing)
         rows = [dpo_row(p, instances[p.instance_id], config.allow_stop) for p in pairs]
+        chosen = [(p.instance_id, p.chosen) for p in pairs]
     else:
         examples = sft_examples(collected.candidates, config.sft_min_score, config.sft_above_mean)
         rows = [sft_row(e, instances[e.instance_id], config.allow_stop) for e in examples]
+        chosen = [(e.instance_id, e.best) for e in examples]
+    kept = [(i, c.turn, c.question) for i, c in chosen if not c.stop]
     summary = stats(collected, rows, config.method, config.min_margin, read_skipped)
+    summary["kept_questions"] = kept_questions(kept, records, instances)
     summary["samples_dir"] = str(samples)
     summary["reward"] = config.reward.model_dump()
     path = config.data_file()

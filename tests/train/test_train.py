@@ -940,6 +940,13 @@ def test_train_loop_continues_from_each_fit_and_resumes(tmp_path, tiny_path, mon
     assert sum(cached) > 0
     table_md = (out / "loop" / "main" / "loop.md").read_text()
     assert "| 2 | clarify@1 |" in table_md and "Δ vs previous" in table_md
+    # The signal each iteration's sampling gave its fit, from its pairs_stats.json.
+    assert rows[0]["signal"] is None
+    for row in rows[1:]:
+        signal = row["signal"]
+        assert signal["candidates"] > 0 and signal["reward_spread"]["states"] >= 0
+        assert signal["kept_questions"]["n"] <= signal["kept"]
+    assert "| iteration | candidates | distinct questions | reward spread |" in table_md
     assert (out / "loop" / "other_judge" / "loop.json").is_file()
     assert (out / "loop" / "main" / "report.html").is_file()
 
