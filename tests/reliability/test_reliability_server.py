@@ -29,7 +29,7 @@ from cts.eval.run.records import RecordStore
 from cts.serving.vllm_server import VllmServer, free_port
 from tests.conftest import VLLM_CPU_ARGS, vllm_python
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.demo]
 
 NAME = "smollm2-135m-instruct"
 EXPERIMENT = """

