@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cts.agents.question_type import QUESTION_TYPES, QuestionType
 from cts.foundation.yaml_config import read_yaml
@@ -40,9 +40,17 @@ class _Strict(BaseModel):
 
 
 class Slot(_Strict):
+    """Exactly one of: an integer range, a pool to pick from, a kind of made-up name."""
+
     number: tuple[int, int] | tuple[int, int, int] | None = None
     pick: str | None = None
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Slot:
+        if sum(v is not None for v in (self.number, self.pick, self.name)) != 1:
+            raise ValueError("a slot is one of number, pick or name")
+        return self
 
 
 class Texts(_Strict):
@@ -166,7 +174,7 @@ def _slots(family: Family, pools: Families, language: Language, names: Names) ->
             drawn[key] = rng.choice([p for p in pools.pools[slot.pick][language] if p not in used])
             used.add(drawn[key])
         else:
-            drawn[key] = names.new(slot.name or "brand", language)
+            drawn[key] = names.new(str(slot.name), language)
     return drawn
 
 
