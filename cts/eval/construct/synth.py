@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cts.agents.question_type import QUESTION_TYPES, QuestionType
+from cts.foundation.disk import write_whole
 from cts.foundation.yaml_config import read_yaml
 
 FAMILIES_PATH = Path(__file__).with_name("synth_families.yaml")
@@ -273,14 +274,7 @@ def _jsonl(rows: list[dict[str, Any]]) -> str:
 
 def write_synthetic(synthetic: Synthetic, out: Path, command: str) -> list[Path]:
     """SPLIT.jsonl per split, corpus.jsonl and README.md (what it is, the command that made it,
-    its counts) under `out`; the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for split, rows in synthetic.splits.items():
-        written.append(out / f"{split}.jsonl")
-        written[-1].write_text(_jsonl(rows), encoding="utf-8")
-    written.append(out / "corpus.jsonl")
-    written[-1].write_text(_jsonl(synthetic.corpus), encoding="utf-8")
+    its counts) under `out`, each written whole or not at all; the paths written."""
     figures = json.dumps(counts(synthetic), indent=1, ensure_ascii=False)
     readme = (
         "# A synthetic Clarify-Then-Search benchmark\n\n"
@@ -291,6 +285,9 @@ def write_synthetic(synthetic: Synthetic, out: Path, command: str) -> list[Path]
         f"Made by: `{command}` (seed {synthetic.seed}; the same command writes the same bytes).\n\n"
         f"Counts:\n\n```json\n{figures}\n```\n"
     )
-    written.append(out / "README.md")
-    written[-1].write_text(readme, encoding="utf-8")
-    return written
+    files = {f"{split}.jsonl": _jsonl(rows) for split, rows in synthetic.splits.items()}
+    files |= {"corpus.jsonl": _jsonl(synthetic.corpus), "README.md": readme}
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_whole(out / name, text)
+    return [out / name for name in files]
